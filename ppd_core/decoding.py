@@ -1,0 +1,197 @@
+"""Prefill, one guess-and-verify step over a sparse tree, and the generation loop.
+
+Read top to bottom: ``prefill`` runs the prompt; ``tree_step`` builds the step's tokens
+(root, guessed candidates, prompt tokens), runs one forward pass with the tree mask,
+accepts the longest path the model agrees with, keeps that path's KV entries and reads
+the next guesses off the prompt tokens of the last accepted node; ``generate`` loops.
+Plain decoding is the same loop with a root-only tree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ppd_core import kv_cache
+from ppd_core.stats import StepStats
+from ppd_core.tree import Tree, TreeFamily, root_only_tree
+from ppd_core.verify import greedy_accept
+
+# (tokens so far, the model's guesses [m, K]) -> guesses [m, K]; lets tests plant guesses.
+GuessHook = Callable[[list[int], torch.Tensor], torch.Tensor]
+
+
+class PromptTooLongError(ValueError):
+    """The prompt leaves no room in the model's context for an answer."""
+
+
+@dataclass
+class StepOutput:
+    stats: StepStats
+    guesses: torch.Tensor | None  # [m, K] guesses for depths 1..m of the next step
+
+
+def forward_hidden(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    inputs_embeds: torch.Tensor,  # [T, hidden]
+    position_ids: torch.Tensor,  # [T]
+    attention_mask: torch.Tensor | None,  # [1, 1, T, cached + T] additive, or None for causal
+) -> torch.Tensor:
+    """Run the decoder body (no LM head) and return the last hidden states [T, hidden]."""
+    output = model.base_model(
+        inputs_embeds=inputs_embeds[None],
+        position_ids=position_ids[None],
+        attention_mask=attention_mask,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return output.last_hidden_state[0]
+
+
+def logits_of(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """LM head on selected rows only: [rows, hidden] -> [rows, vocab] float32."""
+    return model.get_output_embeddings()(hidden).float()
+
+
+@torch.inference_mode()
+def prefill(model: PreTrainedModel, cache: DynamicCache, input_ids: Sequence[int]) -> StepStats:
+    """Process the prompt (after whatever ``cache`` already holds); emits the first new token."""
+    start = time.perf_counter()
+    device = model.get_input_embeddings().weight.device
+    past = kv_cache.cache_length(cache)
+    ids = torch.tensor(list(input_ids), dtype=torch.long, device=device)  # [P]
+    positions = torch.arange(past, past + len(ids), device=device)  # [P]
+    hidden = forward_hidden(model, cache, model.get_input_embeddings()(ids), positions, None)
+    token = int(logits_of(model, hidden[-1:]).argmax(-1))
+    return StepStats(tokens=[token], from_guesses=0, tree_tokens=len(ids), seconds=time.perf_counter() - start, prefill=True)
+
+
+@torch.inference_mode()
+def tree_step(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    tree: Tree,
+    prompt_table: torch.Tensor | None,  # [n * V, hidden]
+    root: int,
+    guesses: torch.Tensor | None,  # [m, K], m >= tree depth
+    top_k: int,
+) -> StepOutput:
+    """One forward pass over ``tree``: verify the guesses and produce the next ones."""
+    start = time.perf_counter()
+    embedding = model.get_input_embeddings()
+    device = embedding.weight.device
+    cached = kv_cache.cache_length(cache)
+
+    # 1. The step's tokens: root, guessed candidates, then prompt tokens.
+    node_tokens = torch.tensor([root], dtype=torch.long, device=device)  # [1]
+    if tree.num_nodes > 1:
+        candidates = guesses[tree.candidate_depths.to(device) - 1, tree.candidate_ranks.to(device)]  # [N - 1]
+        node_tokens = torch.cat([node_tokens, candidates])  # [N]
+    embeds = embedding(node_tokens)  # [N, hidden]
+    if tree.num_tokens > tree.num_nodes:
+        prompts = prompt_table[tree.prompt_embedding_index.to(device)].to(embeds.dtype)  # [T - N, hidden]
+        embeds = torch.cat([embeds, prompts])  # [T, hidden]
+    positions = tree.position_offsets.to(device) + cached  # [T]
+    mask = tree.additive_mask(cached, embeds.dtype, device) if tree.num_tokens > 1 else None
+
+    # 2. One forward pass; the model's own choice at every node. One LM-head call over all
+    # rows: on a CPU a matmul of 2..16 rows costs about the same as one of 2.
+    hidden = forward_hidden(model, cache, embeds, positions, mask)  # [T, hidden]
+    logits = logits_of(model, hidden)  # [T, vocab]
+    targets = logits[: tree.num_nodes].argmax(-1)  # [N]
+
+    # 3. Accept the longest agreeing path; the model's choice after it is a free token.
+    node_list, target_list = node_tokens.tolist(), targets.tolist()
+    last = greedy_accept(tree.parents, node_list, target_list)
+    path = tree.node_paths[last]  # node indices, root first
+    tokens = [node_list[i] for i in path[1:]] + [target_list[last]]
+
+    # 4. Keep the accepted path's KV at contiguous positions; drop the rest.
+    kv_cache.keep_tree_entries(cache, cached, path)
+
+    # 5. Next guesses: the prompt tokens attached to the last accepted node.
+    depth = tree.prompt_counts[last]
+    next_guesses = None
+    if depth:
+        slots = tree.prompt_slots[last, :depth].to(device)  # [m, V]
+        ensemble = logits[slots.flatten()].view(depth, tree.ensemble_size, -1)  # [m, V, vocab]
+        next_guesses = ensemble.mean(1).topk(top_k, dim=-1).indices  # [m, K]
+
+    stats = StepStats(
+        tokens=tokens,
+        from_guesses=len(path) - 1,
+        tree_tokens=tree.num_tokens,
+        seconds=time.perf_counter() - start,
+    )
+    return StepOutput(stats=stats, guesses=next_guesses)
+
+
+def generate(
+    model: PreTrainedModel,
+    input_ids: Sequence[int],
+    family: TreeFamily,
+    prompt_table: torch.Tensor | None,
+    max_new_tokens: int,
+    eos_token_ids: frozenset[int],
+    max_context: int,
+    cache: DynamicCache | None = None,
+    guess_hook: GuessHook | None = None,
+) -> Iterator[StepStats]:
+    """Yield the stats of each forward pass, prefill first, until EOS, the token limit or the context end.
+
+    A step's tokens are cut at EOS (kept, as ``generate()`` does) and at the limits, so the
+    concatenated tokens equal plain greedy decoding exactly. The last step has ``stop`` set.
+    """
+    if not input_ids:
+        raise ValueError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    cache = kv_cache.new_cache(model) if cache is None else cache
+    prompt_end = kv_cache.cache_length(cache) + len(input_ids)  # sequence length before the answer
+    if prompt_end >= max_context:
+        raise PromptTooLongError(
+            f"the prompt has {prompt_end} tokens but the model's context holds {max_context} "
+            "(prompt and answer together)"
+        )
+    top_k = family.max_rank + 1
+
+    stats = prefill(model, cache, input_ids)
+    produced: list[int] = []
+    guesses = None  # none yet: the depth-0 tree only attaches prompt tokens to the root
+    while True:
+        room = max_context - prompt_end - len(produced)
+        stats.tokens, stats.stop = clip_tokens(stats.tokens, len(produced), eos_token_ids, max_new_tokens, room)
+        produced.extend(stats.tokens)
+        yield stats
+        if stats.stop:
+            return
+
+        tree = family.for_depth(0 if guesses is None else guesses.shape[0])
+        root_position = prompt_end + len(produced) - 1
+        if root_position + int(tree.position_offsets.max()) >= max_context:
+            tree = root_only_tree()  # no room left for guesses near the end of the context
+        output = tree_step(model, cache, tree, prompt_table, produced[-1], guesses, top_k)
+        stats, guesses = output.stats, output.guesses
+        if guess_hook is not None and guesses is not None:
+            guesses = guess_hook(produced + stats.tokens, guesses)
+
+
+def clip_tokens(
+    tokens: list[int], done: int, eos_token_ids: frozenset[int], max_new_tokens: int, room: int
+) -> tuple[list[int], str | None]:
+    """Cut a step's tokens at the first EOS and the limits; say why generation stops, if it does."""
+    keep = next((i + 1 for i, t in enumerate(tokens) if t in eos_token_ids), len(tokens))
+    keep = min(keep, max_new_tokens - done, room)
+    tokens = tokens[:keep]
+    if tokens and tokens[-1] in eos_token_ids:
+        return tokens, "eos"
+    if done + keep >= max_new_tokens:
+        return tokens, "length"
+    if keep >= room:
+        return tokens, "context"
+    return tokens, None

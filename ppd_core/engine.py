@@ -1,0 +1,172 @@
+"""The public API: load a model with its prompt tokens and stream answers, PPD or plain.
+
+    engine = Engine.load(EngineConfig(model="default"))
+    for event in engine.stream(engine.chat_ids([{"role": "user", "content": "Hi"}])):
+        print(event.delta, end="")
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ppd_core import decoding
+from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
+from ppd_core.prompt_tokens import PromptTokens
+from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
+from ppd_core.stats import GenerationStats, StepStats
+from ppd_core.tree import TreeFamily, family_from_spec, vanilla_family
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+SHIPPED_PROMPT_TOKENS = {DEFAULT_NAME: ASSETS / "smollm2-135m-instruct.prompt-tokens.safetensors"}
+INIT_TEXT = " next word"
+MODES = ("ppd", "vanilla")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    model: str = "default"
+    prompt_tokens: str | None = None  # a prompt-token file; None: the one shipped for the model
+    quant: str = "none"
+    device: str = "auto"
+    dtype: str = "auto"
+    tree: str = DEFAULT_TREE  # a static tree name
+    max_context: int | None = None  # default: the model's
+
+
+@dataclass
+class GenerationEvent:
+    """The answer so far, after one forward pass."""
+
+    text: str
+    delta: str  # text added by this step
+    tokens: list[int]  # answer token ids so far
+    step: StepStats
+    stats: GenerationStats
+    stop_reason: str | None = None  # set on the last event
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    stats: GenerationStats
+    stop_reason: str
+    steps: list[StepStats] = field(default_factory=list)
+
+
+def resolve_prompt_tokens(loaded: LoadedModel, path: str | None, num_prompt_tokens: int = 3) -> PromptTokens:
+    """The given file, else the file shipped for this model, else fresh (untrained) tokens."""
+    embedding = loaded.model.get_input_embeddings().weight
+    if path is None and loaded.name in SHIPPED_PROMPT_TOKENS and SHIPPED_PROMPT_TOKENS[loaded.name].is_file():
+        path = str(SHIPPED_PROMPT_TOKENS[loaded.name])
+    if path is None:
+        log.warning("no prompt tokens for %s: using untrained ones (expect little speedup; see `ppd train`)", loaded.name)
+        init_ids = loaded.tokenizer.encode(INIT_TEXT, add_special_tokens=False)
+        return PromptTokens.initialize(embedding, init_ids, loaded.name, num_prompt_tokens)
+    tokens = PromptTokens.load(path)
+    tokens.check_compatible(embedding, loaded.name)
+    return tokens
+
+
+class Engine:
+    """A frozen model, its prompt tokens and the current tree; streams answers."""
+
+    def __init__(self, loaded: LoadedModel, prompt_tokens: PromptTokens, family: TreeFamily, max_context: int):
+        self.loaded = loaded
+        self.prompt_tokens = prompt_tokens
+        self.family = family
+        self.max_context = max_context
+        self._prompt_table = prompt_tokens.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> Engine:
+        loaded = load_model(config.model, config.quant, config.device, config.dtype)
+        prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
+        if config.tree not in STATIC_TREES:
+            raise ValueError(f"unknown tree {config.tree!r}; choose one of {', '.join(STATIC_TREES)}")
+        family = family_from_spec(
+            config.tree, STATIC_TREES[config.tree], prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
+        )
+        max_context = min(config.max_context or loaded.max_context, loaded.max_context)
+        return cls(loaded, prompt_tokens, family, max_context)
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    def set_tree(self, family: TreeFamily) -> None:
+        self.family = family
+
+    def chat_ids(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of a conversation in the model's chat template, ready for the answer."""
+        if not messages or not any(str(m.get("content", "")).strip() for m in messages if m.get("role") == "user"):
+            raise ValueError("the message is empty")
+        encoded = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    def stream(
+        self,
+        input_ids: Sequence[int],
+        mode: str = "ppd",
+        max_new_tokens: int = 256,
+        guess_hook: decoding.GuessHook | None = None,
+    ) -> Iterator[GenerationEvent]:
+        """Yield the growing answer after every forward pass (the prompt's first)."""
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        family = self.family if mode == "ppd" else vanilla_family()
+        stats = GenerationStats(prompt_tokens=len(input_ids))
+        tokens: list[int] = []
+        text = ""
+        steps = decoding.generate(
+            self.loaded.model,
+            input_ids,
+            family,
+            self._prompt_table,
+            max_new_tokens,
+            self.loaded.eos_token_ids,
+            self.max_context,
+            guess_hook=guess_hook,
+        )
+        for step in steps:
+            stats.add(step)
+            tokens.extend(step.tokens)
+            new_text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            if new_text.endswith("\ufffd") and step.stop is None:
+                new_text = text  # an incomplete UTF-8 sequence: wait for its next byte
+            delta, text = new_text[len(text) :], new_text
+            yield GenerationEvent(text, delta, list(tokens), step, stats, step.stop)
+
+    def generate(self, input_ids: Sequence[int], mode: str = "ppd", max_new_tokens: int = 256, **kwargs) -> GenerationResult:
+        """Run ``stream`` to the end."""
+        steps = []
+        event = None
+        for event in self.stream(input_ids, mode, max_new_tokens, **kwargs):
+            steps.append(event.step)
+        return GenerationResult(event.text, event.tokens, event.stats, event.stop_reason, steps)
+
+    @torch.inference_mode()
+    def reference_generate(self, input_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """transformers ``generate(do_sample=False)``: the yardstick for exactness and speed."""
+        model = self.loaded.model
+        ids = torch.tensor([list(input_ids)], device=self.loaded.device)
+        output = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(self.loaded.eos_token_ids),
+            pad_token_id=self.tokenizer.pad_token_id or sorted(self.loaded.eos_token_ids)[0],
+        )
+        return output[0, ids.shape[1] :].tolist()

