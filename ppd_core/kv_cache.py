@@ -20,6 +20,7 @@ def cache_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
+@torch.inference_mode()
 def keep_tree_entries(cache: DynamicCache, start: int, keep: Sequence[int]) -> None:
     """Keep tree rows ``start + keep[i]`` at ``start + i`` and drop all rows after them.
 

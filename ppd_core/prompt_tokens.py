@@ -112,6 +112,7 @@ class PromptTokens:
         }
         tmp = path.with_name(path.name + ".tmp")
         save_file({"prompt_embeddings": self.embeddings.detach().float().contiguous().cpu()}, str(tmp), metadata)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
 
     @staticmethod

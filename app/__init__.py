@@ -1,0 +1,1 @@
+"""User-facing entry points: the `ppd` command line (and the chat UI)."""

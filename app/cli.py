@@ -1,0 +1,145 @@
+"""The `ppd` command line. Argument parsing lives here and nowhere else."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from ppd_core.loading import DEVICE_CHOICES, DTYPE_CHOICES, QUANT_CHOICES
+from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
+
+DEFAULT_QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "mt_bench.jsonl"
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default", help="Hugging Face model directory, .gguf file, or 'default'")
+    parser.add_argument("--prompt-tokens", default=None, help="prompt-token file (default: the one shipped for the model)")
+    parser.add_argument("--quant", default="none", choices=QUANT_CHOICES)
+    parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
+    parser.add_argument("--dtype", default="auto", choices=list(DTYPE_CHOICES))
+    parser.add_argument("--tree", default=DEFAULT_TREE, choices=list(STATIC_TREES), help="guess tree")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppd", description="Parallel Prompt Decoding for local chat")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="answer one chat message")
+    generate.add_argument("text")
+    generate.add_argument("--mode", default="ppd", choices=["ppd", "vanilla"])
+    generate.add_argument("--max-new-tokens", type=int, default=256)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--system", default=None, help="system prompt")
+    generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    add_model_options(generate)
+
+    bench = commands.add_parser("bench", help="plain decoding against PPD on the same questions")
+    bench.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS)
+    bench.add_argument("--limit", type=int, default=None)
+    bench.add_argument("--turns", type=int, default=1, choices=[1, 2])
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--json", type=Path, default=None, dest="json_path", help="write the result object here")
+    bench.add_argument("--plot", type=Path, default=None, help="write a tokens/s chart (PNG) here")
+    bench.add_argument("--compare-generate", action="store_true", help="also time transformers generate()")
+    add_model_options(bench)
+    return parser
+
+
+def load_engine(args: argparse.Namespace):
+    from ppd_core.engine import Engine, EngineConfig
+
+    config = EngineConfig(
+        model=args.model, prompt_tokens=args.prompt_tokens, quant=args.quant, device=args.device,
+        dtype=args.dtype, tree=args.tree,
+    )
+    return Engine.load(config)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    if args.temperature != 0.0:
+        raise ValueError("sampling (--temperature > 0) is not supported yet; use --temperature 0")
+    if args.max_new_tokens < 1:
+        raise ValueError("--max-new-tokens must be at least 1")
+    if not args.text.strip():
+        raise ValueError("the message is empty")
+    engine = load_engine(args)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.text}
+    ]
+    event = None
+    for event in engine.stream(engine.chat_ids(messages), args.mode, args.max_new_tokens):
+        if not args.json:
+            print(event.delta, end="", flush=True)
+    stats = event.stats
+    if args.json:
+        print(json.dumps({
+            "text": event.text,
+            "new_tokens": stats.new_tokens,
+            "steps": stats.steps,
+            "mean_accepted": round(stats.mean_accepted, 4),
+            "tok_s": round(stats.tok_s, 3),
+            "mode": args.mode,
+        }))
+    else:
+        print()
+        if event.stop_reason == "context":
+            print("ppd: stopped at the end of the model's context window", file=sys.stderr)
+        print(
+            f"[{args.mode}] {stats.new_tokens} tokens in {stats.seconds:.2f} s, {stats.tok_s:.1f} tokens/s, "
+            f"{stats.mean_accepted:.2f} tokens/step",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from app.bench import run_benchmark
+
+    engine = load_engine(args)
+    result = run_benchmark(
+        engine, args.questions, limit=args.limit, turns=args.turns, max_new_tokens=args.max_new_tokens,
+        compare_generate=args.compare_generate,
+    )
+    text = json.dumps(result, indent=2)
+    if args.json_path:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(text + "\n")
+    if args.plot:
+        from app.bench import plot_result
+
+        plot_result(result, args.plot)
+    print(text)
+    return 0
+
+
+def quiet_libraries() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.basicConfig(level=logging.WARNING, format="ppd: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_libraries()
+    from ppd_core.decoding import PromptTooLongError
+    from ppd_core.loading import ModelLoadError
+    from ppd_core.prompt_tokens import PromptTokenError
+
+    handlers = {"generate": run_generate, "bench": run_bench}
+    try:
+        return handlers[args.command](args)
+    except (ModelLoadError, PromptTokenError, PromptTooLongError, ValueError, FileNotFoundError) as error:
+        print(f"ppd: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ppd: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

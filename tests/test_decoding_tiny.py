@@ -1,0 +1,118 @@
+"""Greedy tree decoding on a tiny random model: exactness, oracle guesses, limits."""
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from ppd_core.decoding import PromptTooLongError, clip_tokens, generate
+from ppd_core.static_trees import STATIC_TREES
+from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
+
+EOS = frozenset({127})
+CHAIN = TreeSpec({(): 3, (0,): 1, (1,): 3, (1, 0): 3, (1, 1): 1, (1, 0, 1): 3, (1, 0, 0): 1})
+
+
+def run(model, prompt, family, table, max_new_tokens=60, max_context=256, hook=None, eos=frozenset()):
+    steps = list(generate(model, prompt, family, table, max_new_tokens, eos, max_context, guess_hook=hook))
+    tokens = [t for s in steps for t in s.tokens]
+    return tokens, steps
+
+
+def plain_generate(model, prompt, max_new_tokens):
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("tree_name", list(STATIC_TREES))
+@pytest.mark.parametrize("ensemble", [1, 2])
+def test_ppd_equals_plain_decoding(tree_name, ensemble):
+    model = tiny_llama(seed=3)
+    table = torch.randn(3 * ensemble, 64, generator=torch.Generator().manual_seed(1)) * 5
+    family = family_from_spec(tree_name, STATIC_TREES[tree_name], 3, ensemble)
+    prompt = list(range(5, 25))
+    reference, _ = run(model, prompt, vanilla_family(), None)
+    tokens, steps = run(model, prompt, family, table)
+    assert tokens == reference == plain_generate(model, prompt, 60)
+    assert steps[0].prefill and steps[-1].stop == "length"
+
+
+def oracle(reference, ranks):
+    """Put the true future token of depth d at rank ranks[d - 1]; the other ranks get wrong tokens."""
+
+    def hook(produced, guesses):
+        planted = guesses.clone()
+        for d in range(planted.shape[0]):
+            position = len(produced) + d
+            truth = reference[position] if position < len(reference) else -1
+            planted[d] = torch.tensor([(truth + 1 + r) % 128 for r in range(planted.shape[1])])
+            if ranks is not None and truth >= 0:
+                planted[d, ranks[d]] = truth
+        return planted
+
+    return hook
+
+
+def test_oracle_at_chosen_ranks_accepts_full_depth():
+    model = tiny_llama(seed=4)
+    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    family = family_from_spec("chain", CHAIN, 3)
+    prompt = list(range(30, 50))
+    reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=120)
+    tokens, steps = run(model, prompt, family, table, 120, hook=oracle(reference, ranks=(1, 0, 1)))
+    assert tokens == reference
+    decode = [s for s in steps if not s.prefill]
+    # every full-depth step accepts (1, 0, 1) plus the bonus token: 4 tokens
+    assert all(len(s.tokens) == 4 for s in decode[1:-1])
+    mean = sum(len(s.tokens) for s in decode) / len(decode)
+    assert mean > 3.8
+
+
+def test_oracle_nowhere_accepts_exactly_one():
+    model = tiny_llama(seed=4)
+    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    family = family_from_spec("large", STATIC_TREES["large"], 3)
+    prompt = list(range(30, 50))
+    reference, _ = run(model, prompt, vanilla_family(), None)
+    tokens, steps = run(model, prompt, family, table, hook=oracle(reference, ranks=None))
+    assert tokens == reference
+    assert all(len(s.tokens) == 1 and s.from_guesses == 0 for s in steps)
+
+
+def test_stops_at_eos_inside_an_accepted_run():
+    model = tiny_llama(seed=4)
+    table = torch.randn(3, 64)
+    prompt = list(range(30, 50))
+    reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=40)
+    eos = frozenset({reference[17]})
+    first = reference.index(reference[17])
+    tokens, steps = run(model, prompt, family_from_spec("chain", CHAIN, 3), table, 40, hook=oracle(reference, (1, 0, 1)), eos=eos)
+    assert tokens == reference[: first + 1] and steps[-1].stop == "eos"
+
+
+def test_context_limit_stops_cleanly_and_matches_plain():
+    model = tiny_llama(seed=5)
+    table = torch.randn(3, 64)
+    prompt = list(range(10, 40))  # 30 tokens; context 50 leaves room for 20
+    reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=100, max_context=50)
+    tokens, steps = run(model, prompt, family_from_spec("large", STATIC_TREES["large"], 3), table, 100, 50, hook=oracle(reference, (0, 0, 0)))
+    assert len(reference) == 20 and tokens == reference
+    assert steps[-1].stop == "context"
+
+
+def test_prompt_longer_than_context_is_refused():
+    model = tiny_llama(seed=5)
+    with pytest.raises(PromptTooLongError, match="context holds 16"):
+        run(model, list(range(16)), vanilla_family(), None, max_context=16)
+    with pytest.raises(ValueError, match="empty"):
+        run(model, [], vanilla_family(), None)
+
+
+def test_clip_tokens():
+    eos = frozenset({9})
+    assert clip_tokens([1, 2, 3], 0, eos, 10, 10) == ([1, 2, 3], None)
+    assert clip_tokens([1, 9, 3], 0, eos, 10, 10) == ([1, 9], "eos")
+    assert clip_tokens([1, 2, 3], 8, eos, 10, 10) == ([1, 2], "length")
+    assert clip_tokens([1, 2, 3], 0, eos, 10, 2) == ([1, 2], "context")
+    assert clip_tokens([9, 2], 9, eos, 10, 1) == ([9], "eos")

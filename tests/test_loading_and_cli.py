@@ -1,0 +1,141 @@
+"""Model loading paths and the `ppd` command line, bad inputs included."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from app.cli import main
+from ppd_core.engine import Engine, EngineConfig
+from ppd_core.loading import ModelLoadError, default_model_file, load_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, default_engine):
+    """A tiny random Llama saved as a Hugging Face directory, with the default model's tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny")
+    vocab = default_engine.loaded.model.config.vocab_size
+    model = tiny_llama(vocab_size=vocab, max_positions=512)
+    model.generation_config.eos_token_id = default_engine.tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    default_engine.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu"))
+    assert engine.loaded.name == tiny_model_dir.name and engine.prompt_tokens.hidden_size == 64
+    ids = engine.chat_ids([{"role": "user", "content": "Hello there"}])
+    ppd = engine.generate(ids, "ppd", 24)
+    assert ppd.tokens == engine.generate(ids, "vanilla", 24).tokens == engine.reference_generate(ids, 24)
+
+
+def test_gguf_file_path_loads():
+    loaded = load_model(str(default_model_file()), device="cpu")
+    assert loaded.model.config.num_hidden_layers == 30 and loaded.dtype == torch.float32
+
+
+def test_bitsandbytes_4bit_on_cpu_is_exact():
+    engine = Engine.load(EngineConfig(quant="4bit", device="cpu"))
+    assert engine.loaded.num_bytes < 250 * 2**20  # NF4: about 166 MB against 540 MB in fp32
+    ids = engine.chat_ids([{"role": "user", "content": "Name three planets."}])
+    assert engine.generate(ids, "ppd", 32).tokens == engine.generate(ids, "vanilla", 32).tokens
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model": "/no/such/model"}, "model not found"),
+        ({"quant": "8bit", "device": "cpu"}, "8-bit runs on CUDA only"),
+        ({"quant": "2bit"}, "unknown quantization"),
+    ],
+)
+def test_load_errors(kwargs, message):
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without a GPU")
+def test_missing_gpu_is_a_clear_error():
+    with pytest.raises(ModelLoadError, match="no CUDA GPU was found"):
+        load_model(device="cuda")
+
+
+def test_not_a_model_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path))
+    with pytest.raises(ModelLoadError, match="neither a Hugging Face model directory nor a .gguf"):
+        load_model(str(tmp_path / "notes.txt"))
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    with pytest.raises(ModelLoadError, match="not a supported causal LM"):
+        load_model(str(tmp_path))
+
+
+def test_model_too_large_for_memory(tmp_path, tiny_model_dir):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config.update(hidden_size=16384, intermediate_size=65536, num_hidden_layers=80, num_attention_heads=128, num_key_value_heads=8)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="needs about .* GiB but only .* GiB is free"):
+        load_model(str(tmp_path), device="cpu")
+
+
+def test_cli_errors_are_one_line(capsys, tmp_path, tiny_model_dir):
+    code, out, err = run_cli(capsys, "generate", "   ")
+    assert code == 2 and err.strip() == "ppd: error: the message is empty"
+    code, out, err = run_cli(capsys, "generate", "hi", "--model", str(tmp_path / "missing"))
+    assert code == 2 and err.count("\n") == 1 and "model not found" in err
+    # prompt tokens made for the tiny model (hidden 64) given to the default model (hidden 576)
+    tiny = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu"))
+    tiny.prompt_tokens.save(tmp_path / "tiny.safetensors")
+    code, out, err = run_cli(capsys, "generate", "hi", "--prompt-tokens", str(tmp_path / "tiny.safetensors"))
+    assert code == 2 and "hidden size 64 but SmolLM2-135M-Instruct has 576" in err and err.count("\n") == 1
+    code, out, err = run_cli(capsys, "generate", "hello " * 9000, "--max-new-tokens", "4")
+    assert code == 2 and "context holds 8192" in err and err.count("\n") == 1
+
+
+def test_cli_generate_json_matches_plain_mode(capsys):
+    code, out, _ = run_cli(capsys, "generate", "What is the capital of France?", "--max-new-tokens", "24", "--json")
+    ppd = json.loads(out)
+    code2, out2, _ = run_cli(capsys, "generate", "What is the capital of France?", "--max-new-tokens", "24", "--json", "--mode", "vanilla")
+    plain = json.loads(out2)
+    assert code == code2 == 0
+    assert set(ppd) == {"text", "new_tokens", "steps", "mean_accepted", "tok_s", "mode"}
+    assert ppd["text"] == plain["text"] and ppd["mode"] == "ppd" and plain["mean_accepted"] == 1.0
+    assert "Paris" in ppd["text"]
+
+
+def test_cli_bench_writes_the_contract(tmp_path):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(
+        "\n".join(json.dumps({"turns": [t, "Say it again, shorter."]}) for t in ["Name a fruit.", "Name a color."]) + "\n"
+    )
+    ppd = shutil.which("ppd") or [sys.executable, "-m", "app.cli"]
+    command = ([ppd] if isinstance(ppd, str) else ppd) + [
+        "bench", "--questions", str(questions), "--turns", "2", "--max-new-tokens", "12",
+        "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "b.json").read_text())
+    for key in ("model", "device", "quant", "questions", "max_new_tokens", "tree", "vanilla", "ppd", "speedup",
+                "identical", "mismatches", "memory_overhead_bytes"):
+        assert key in result
+    assert set(result["tree"]) >= {"tokens_per_step", "candidates", "prompt_tokens"}
+    assert set(result["ppd"]) == {"new_tokens", "seconds", "tok_s", "peak_mem_mb", "steps", "mean_accepted"}
+    assert result["identical"] is True and result["questions"] == 2 and result["ppd"]["peak_mem_mb"] > 100
+    assert result["vanilla"]["new_tokens"] == result["ppd"]["new_tokens"] > 0
+    assert (tmp_path / "b.png").stat().st_size > 1000

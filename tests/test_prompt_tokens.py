@@ -1,0 +1,80 @@
+"""The prompt-token file: round trip, and clear refusals for bad or foreign files."""
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from ppd_core.prompt_tokens import PromptTokenError, PromptTokens
+
+
+def make(model, n=3, V=2):
+    return PromptTokens.initialize(model.get_input_embeddings().weight, [1, 2], "tiny", n, V)
+
+
+def test_round_trip_with_metadata(tmp_path):
+    model = tiny_llama()
+    tokens = make(model)
+    tokens.training = {"samples": 10, "steps": 5, "final_loss": 1.5, "top1_acceptance": [0.3, 0.2, 0.1]}
+    tokens.save(tmp_path / "p.safetensors")
+    loaded = PromptTokens.load(tmp_path / "p.safetensors")
+    assert torch.equal(loaded.embeddings, tokens.embeddings)
+    assert loaded.embeddings.shape == (3, 2, 64)
+    assert loaded.training == tokens.training and loaded.base_model == "tiny"
+    loaded.check_compatible(model.get_input_embeddings().weight, "tiny")
+    # ensemble members start apart, or they could never diverge in training
+    assert not torch.equal(loaded.embeddings[0, 0], loaded.embeddings[0, 1])
+
+
+def test_signature_tolerates_a_bf16_cast():
+    model = tiny_llama()
+    make(model).check_compatible(model.get_input_embeddings().weight.bfloat16(), "tiny")
+
+
+def test_other_model_is_refused():
+    tokens = make(tiny_llama(seed=0))
+    with pytest.raises(PromptTokenError, match="made for tiny, not for other"):
+        tokens.check_compatible(tiny_llama(seed=1).get_input_embeddings().weight, "other")
+
+
+def test_other_hidden_size_is_refused():
+    tokens = make(tiny_llama())
+    with pytest.raises(PromptTokenError, match="hidden size 64 but wide has 32"):
+        tokens.check_compatible(tiny_llama(hidden_size=32).get_input_embeddings().weight, "wide")
+
+
+def test_corrupt_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x00\x01 not a safetensors file")
+    with pytest.raises(PromptTokenError, match="not a valid prompt-token file"):
+        PromptTokens.load(bad)
+    with pytest.raises(PromptTokenError, match="not found"):
+        PromptTokens.load(tmp_path / "missing.safetensors")
+
+
+def test_file_without_metadata_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "bare.safetensors"
+    save_file({"prompt_embeddings": torch.zeros(3, 1, 64)}, str(path))
+    with pytest.raises(PromptTokenError, match="bad metadata"):
+        PromptTokens.load(path)
+
+
+def test_shape_disagreeing_with_metadata_is_refused(tmp_path):
+    tokens = make(tiny_llama(), V=1)
+    tokens.embeddings = torch.zeros(3, 1, 64)
+    tokens.save(tmp_path / "p.safetensors")
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(tmp_path / "p.safetensors"), framework="pt") as handle:
+        metadata = handle.metadata()
+    save_file({"prompt_embeddings": torch.zeros(2, 1, 64)}, str(tmp_path / "q.safetensors"), metadata)
+    with pytest.raises(PromptTokenError, match="disagrees with its metadata"):
+        PromptTokens.load(tmp_path / "q.safetensors")
+
+
+def test_save_is_atomic(tmp_path):
+    tokens = make(tiny_llama())
+    tokens.save(tmp_path / "p.safetensors")
+    assert [p.name for p in tmp_path.iterdir()] == ["p.safetensors"]
