@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,34 +32,35 @@ def read_questions(path: Path, limit: int | None) -> list[list[str]]:
 
 
 class PeakMemory:
-    """Peak memory over a block: CUDA allocator peak, or resident set size sampled every 2 ms on a CPU."""
+    """Peak memory over a block: the CUDA allocator's peak, or the process's peak resident set.
+
+    On Linux the kernel's peak-RSS counter (VmHWM) is reset by writing 5 to
+    /proc/self/clear_refs, so nothing has to poll (a polling thread would slow the decode loop).
+    """
 
     def __init__(self, device: torch.device):
         self.device = device
         self.peak = 0
-        self._stop = threading.Event()
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            process = psutil.Process()
-            self.peak = process.memory_info().rss
-
-            def sample() -> None:
-                while not self._stop.wait(0.002):
-                    self.peak = max(self.peak, process.memory_info().rss)
-
-            self._thread = threading.Thread(target=sample, daemon=True)
-            self._thread.start()
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                pass  # not Linux: the peak then covers the whole process lifetime
         return self
 
     def __exit__(self, *exc) -> None:
         if self.device.type == "cuda":
             self.peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            self._stop.set()
-            self._thread.join()
+            return
+        try:
+            status = Path("/proc/self/status").read_text()
+            self.peak = int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1]) * 1024
+        except (OSError, StopIteration):
+            self.peak = psutil.Process().memory_info().rss
 
 
 @dataclass
@@ -124,10 +124,12 @@ def run_benchmark(
             order = ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla")
             answers = {mode: timed_answer(engine, ids, mode, max_new_tokens, totals[mode]) for mode in order}
             if compare_generate:
-                start = time.perf_counter()
-                tokens = engine.reference_generate(ids, max_new_tokens)
-                reference.seconds += time.perf_counter() - start
+                with PeakMemory(engine.loaded.device) as memory:
+                    start = time.perf_counter()
+                    tokens = engine.reference_generate(ids, max_new_tokens)
+                    reference.seconds += time.perf_counter() - start
                 reference.new_tokens += len(tokens)
+                reference.peak_bytes = max(reference.peak_bytes, memory.peak)
             if answers["ppd"] != answers["vanilla"]:
                 mismatches.append(number)
             history.append({"role": "assistant", "content": engine.tokenizer.decode(answers["vanilla"], skip_special_tokens=True)})

@@ -45,6 +45,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", type=Path, default=None, help="write a tokens/s chart (PNG) here")
     bench.add_argument("--compare-generate", action="store_true", help="also time transformers generate()")
     add_model_options(bench)
+
+    train = commands.add_parser("train", help="learn prompt tokens by self-distillation")
+    train.add_argument("--samples", type=int, default=2000, help="conversations the model answers and trains on")
+    train.add_argument("--out", type=Path, default=None, help="output prompt-token file")
+    train.add_argument("--data", type=Path, default=None, help="your conversations (JSON or JSONL); default ShareGPT")
+    train.add_argument("--eval-questions", type=Path, default=DEFAULT_QUESTIONS, help="held-out MT-Bench style JSONL")
+    train.add_argument("--eval-limit", type=int, default=20)
+    train.add_argument("--epochs", type=float, default=2.0)
+    train.add_argument("--cuts", type=int, default=32, help="cuts per conversation per step")
+    train.add_argument("--accumulate", type=int, default=4, help="conversations per optimizer step")
+    train.add_argument("--ensemble", type=int, default=2, help="ensemble members per prompt token")
+    train.add_argument("--lr", type=float, default=1e-2)
+    train.add_argument("--max-prompt-tokens", type=int, default=384)
+    train.add_argument("--max-new-tokens", type=int, default=192, help="length of the model's teacher answers")
+    train.add_argument("--generation-batch", type=int, default=16)
+    train.add_argument("--work-dir", type=Path, default=None, help="answers and checkpoints (resumed if present)")
+    train.add_argument("--seed", type=int, default=0)
+    add_model_options(train)
     return parser
 
 
@@ -115,6 +133,42 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_train(args: argparse.Namespace) -> int:
+    import platformdirs
+    from tqdm import tqdm
+
+    from ppd_core.loading import load_model
+    from ppd_core.training.pipeline import TrainRun, run_training
+    from ppd_core.training.trainer import TrainConfig
+
+    if args.samples < 1:
+        raise ValueError("--samples must be at least 1")
+    loaded = load_model(args.model, args.quant, args.device, args.dtype)
+    config = TrainConfig(
+        samples=args.samples, epochs=args.epochs, cuts=args.cuts, accumulate=args.accumulate,
+        ensemble_size=args.ensemble, lr=args.lr, max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens, generation_batch=args.generation_batch, seed=args.seed,
+    )
+    out = args.out or Path(platformdirs.user_data_dir("ppd")) / "prompt-tokens" / f"{loaded.name}.safetensors"
+    eval_questions = args.eval_questions if args.eval_questions and args.eval_questions.is_file() else None
+    run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir)
+    bars: dict[str, tqdm] = {}
+
+    def progress(phase: str, done: int, total: int, numbers: dict) -> None:
+        bar = bars.get(phase) or bars.setdefault(phase, tqdm(total=total, desc=phase, unit="step" if phase == "train" else "item"))
+        bar.n = done
+        if "loss" in numbers:
+            bar.set_postfix(loss=f"{numbers['loss']:.3f}")
+        bar.refresh()
+        if done >= total:
+            bar.close()
+
+    trained = run_training(loaded, config, run, progress)
+    print(json.dumps(trained.training, indent=2))
+    print(f"prompt tokens written to {out}")
+    return 0
+
+
 def quiet_libraries() -> None:
     import transformers
 
@@ -130,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     from ppd_core.loading import ModelLoadError
     from ppd_core.prompt_tokens import PromptTokenError
 
-    handlers = {"generate": run_generate, "bench": run_bench}
+    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train}
     try:
         return handlers[args.command](args)
     except (ModelLoadError, PromptTokenError, PromptTooLongError, ValueError, FileNotFoundError) as error:

@@ -81,7 +81,7 @@ def tree_step(
     guesses: torch.Tensor | None,  # [m, K], m >= tree depth
     top_k: int,
 ) -> StepOutput:
-    """One forward pass over ``tree``: verify the guesses and produce the next ones."""
+    """One forward pass over ``tree`` (its tensors on the model's device): verify the guesses, make the next ones."""
     start = time.perf_counter()
     embedding = model.get_input_embeddings()
     device = embedding.weight.device
@@ -90,13 +90,13 @@ def tree_step(
     # 1. The step's tokens: root, guessed candidates, then prompt tokens.
     node_tokens = torch.tensor([root], dtype=torch.long, device=device)  # [1]
     if tree.num_nodes > 1:
-        candidates = guesses[tree.candidate_depths.to(device) - 1, tree.candidate_ranks.to(device)]  # [N - 1]
+        candidates = guesses[tree.candidate_depths - 1, tree.candidate_ranks]  # [N - 1]
         node_tokens = torch.cat([node_tokens, candidates])  # [N]
     embeds = embedding(node_tokens)  # [N, hidden]
     if tree.num_tokens > tree.num_nodes:
-        prompts = prompt_table[tree.prompt_embedding_index.to(device)].to(embeds.dtype)  # [T - N, hidden]
+        prompts = prompt_table[tree.prompt_embedding_index].to(embeds.dtype)  # [T - N, hidden]
         embeds = torch.cat([embeds, prompts])  # [T, hidden]
-    positions = tree.position_offsets.to(device) + cached  # [T]
+    positions = tree.position_offsets + cached  # [T]
     mask = tree.additive_mask(cached, embeds.dtype, device) if tree.num_tokens > 1 else None
 
     # 2. One forward pass; the model's own choice at every node. One LM-head call over all
@@ -118,7 +118,7 @@ def tree_step(
     depth = tree.prompt_counts[last]
     next_guesses = None
     if depth:
-        slots = tree.prompt_slots[last, :depth].to(device)  # [m, V]
+        slots = tree.prompt_slots[last, :depth]  # [m, V]
         ensemble = logits[slots.flatten()].view(depth, tree.ensemble_size, -1)  # [m, V, vocab]
         next_guesses = ensemble.mean(1).topk(top_k, dim=-1).indices  # [m, K]
 
@@ -159,6 +159,7 @@ def generate(
             "(prompt and answer together)"
         )
     top_k = family.max_rank + 1
+    last_resort = root_only_tree().to(model.get_input_embeddings().weight.device)
 
     stats = prefill(model, cache, input_ids)
     produced: list[int] = []
@@ -173,8 +174,8 @@ def generate(
 
         tree = family.for_depth(0 if guesses is None else guesses.shape[0])
         root_position = prompt_end + len(produced) - 1
-        if root_position + int(tree.position_offsets.max()) >= max_context:
-            tree = root_only_tree()  # no room left for guesses near the end of the context
+        if root_position + tree.max_offset >= max_context:
+            tree = last_resort  # no room left for guesses near the end of the context
         output = tree_step(model, cache, tree, prompt_table, produced[-1], guesses, top_k)
         stats, guesses = output.stats, output.guesses
         if guess_hook is not None and guesses is not None:

@@ -85,8 +85,9 @@ class Engine:
     def __init__(self, loaded: LoadedModel, prompt_tokens: PromptTokens, family: TreeFamily, max_context: int):
         self.loaded = loaded
         self.prompt_tokens = prompt_tokens
-        self.family = family
+        self.family = family.to(loaded.device)
         self.max_context = max_context
+        self._vanilla = vanilla_family().to(loaded.device)
         self._prompt_table = prompt_tokens.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
 
     @classmethod
@@ -106,7 +107,7 @@ class Engine:
         return self.loaded.tokenizer
 
     def set_tree(self, family: TreeFamily) -> None:
-        self.family = family
+        self.family = family.to(self.loaded.device)
 
     def chat_ids(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of a conversation in the model's chat template, ready for the answer."""
@@ -125,7 +126,7 @@ class Engine:
         """Yield the growing answer after every forward pass (the prompt's first)."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-        family = self.family if mode == "ppd" else vanilla_family()
+        family = self.family if mode == "ppd" else self._vanilla
         stats = GenerationStats(prompt_tokens=len(input_ids))
         tokens: list[int] = []
         text = ""

@@ -17,6 +17,7 @@ decoding step needs (attention mask, position offsets, guess indices, paths).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -98,6 +99,19 @@ class Tree:
     @property
     def max_rank(self) -> int:
         return max((p[-1] for p in self.paths if p), default=-1)
+
+    @functools.cached_property
+    def max_offset(self) -> int:
+        """The largest position offset: how far past the root this tree reaches."""
+        return int(self.position_offsets.max())
+
+    def to(self, device: torch.device) -> Tree:
+        """The same tree with its index tensors on ``device``."""
+        moved = {
+            name: getattr(self, name).to(device)
+            for name in ("candidate_depths", "candidate_ranks", "position_offsets", "prompt_embedding_index", "prompt_slots")
+        }
+        return dataclasses.replace(self, **moved, _masks={})
 
     def additive_mask(self, cache_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Float mask [1, 1, T, cache_length + T]: 0 where allowed, the dtype's minimum elsewhere."""
@@ -196,6 +210,9 @@ class TreeFamily:
     @property
     def max_rank(self) -> int:
         return max(t.max_rank for t in self.trees)
+
+    def to(self, device: torch.device) -> TreeFamily:
+        return TreeFamily(name=self.name, trees=tuple(t.to(device) for t in self.trees))
 
 
 def family_from_spec(name: str, spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1) -> TreeFamily:

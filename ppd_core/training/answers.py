@@ -1,0 +1,109 @@
+"""The teacher's data: the frozen model's own greedy answers to chat prompts, cached on disk.
+
+A greedy answer is, at every cut inside it, the model's own greedy continuation from that
+cut, so one sequence serves as the teacher for every cut (DESIGN.md: training). The teacher
+distributions are recomputed from the cached token ids by one forward pass during training:
+exact full-vocabulary targets for the cost of storing token ids only.
+
+The cache is JSON lines ``{"index", "prompt_length", "ids"}``, appended batch by batch, so an
+interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+Message = dict[str, str]
+
+
+def encode_prompt(tokenizer, history: list[Message], max_prompt_tokens: int) -> list[int] | None:
+    """Chat-template ids, dropping the oldest turns until it fits; None if even the last turn does not."""
+    history = list(history)
+    while history:
+        encoded = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True)
+        ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        if len(ids) <= max_prompt_tokens:
+            return ids
+        history = history[1:] if history[0]["role"] == "system" else history[2:]
+    return None
+
+
+def read_cache(path: Path) -> list[dict]:
+    """Records already generated; a half-written last line (an interrupted run) is dropped."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+@torch.inference_mode()
+def greedy_batch(model: PreTrainedModel, prompts: Sequence[list[int]], max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]) -> list[list[int]]:
+    """Greedy answers for several prompts at once (left padding); each cut after its first EOS."""
+    device = model.get_input_embeddings().weight.device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    output = model.generate(
+        ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens, do_sample=False,
+        pad_token_id=pad_id, eos_token_id=list(eos_ids),
+    )
+    answers = []
+    for row in output[:, width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        answers.append(row[:end])
+    return answers
+
+
+def build_answer_cache(
+    model: PreTrainedModel,
+    tokenizer,
+    histories: list[list[Message]],
+    path: Path,
+    count: int,
+    max_prompt_tokens: int = 384,
+    max_new_tokens: int = 192,
+    batch_size: int = 16,
+    eos_ids: Sequence[int] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> list[dict]:
+    """Make sure ``path`` holds answers for the first ``count`` usable histories; returns the records."""
+    records = read_cache(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:  # rewrite the intact records: drops a torn last line
+        handle.writelines(json.dumps(r) + "\n" for r in records)
+    done = {r["index"] for r in records}
+    todo = []
+    for index, history in enumerate(histories):
+        if len(done) + len(todo) >= count:
+            break
+        if index in done:
+            continue
+        prompt = encode_prompt(tokenizer, history, max_prompt_tokens)
+        if prompt is not None:
+            todo.append((index, prompt))
+    todo.sort(key=lambda item: len(item[1]))  # similar lengths batch with little padding
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else list(eos_ids)[0]
+    for start in range(0, len(todo), batch_size):
+        batch = todo[start : start + batch_size]
+        answers = greedy_batch(model, [p for _, p in batch], max_new_tokens, pad_id, eos_ids)
+        with path.open("a") as handle:
+            for (index, prompt), answer in zip(batch, answers):
+                record = {"index": index, "prompt_length": len(prompt), "ids": prompt + answer}
+                handle.write(json.dumps(record) + "\n")
+                records.append(record)
+        if progress:
+            progress(len(records), count)
+    return records
