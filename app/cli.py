@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ppd_core.loading import DEVICE_CHOICES, DTYPE_CHOICES, QUANT_CHOICES
-from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
+from ppd_core.static_trees import STATIC_TREES
 
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "mt_bench.jsonl"
 
@@ -20,7 +20,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant", default="none", choices=QUANT_CHOICES)
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument("--dtype", default="auto", choices=list(DTYPE_CHOICES))
-    parser.add_argument("--tree", default=DEFAULT_TREE, choices=list(STATIC_TREES), help="guess tree")
+    parser.add_argument(
+        "--tree", default="auto",
+        help=f"guess tree: auto (calibrated for this device), {', '.join(STATIC_TREES)}, or a token budget such as 12",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare-generate", action="store_true", help="also time transformers generate()")
     add_model_options(bench)
 
+    calibrate = commands.add_parser("calibrate", help="measure this device and choose the guess tree")
+    calibrate.add_argument("--json", type=Path, default=None, dest="json_path", help="also write the profile here")
+    add_model_options(calibrate)
+
     train = commands.add_parser("train", help="learn prompt tokens by self-distillation")
     train.add_argument("--samples", type=int, default=2000, help="conversations the model answers and trains on")
     train.add_argument("--out", type=Path, default=None, help="output prompt-token file")
@@ -66,14 +73,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_engine(args: argparse.Namespace):
-    from ppd_core.engine import Engine, EngineConfig
+class ProgressBars:
+    """tqdm bars for a calibration's phases."""
 
+    def __init__(self):
+        self.bars = {}
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        bar = self.bars.get(phase) or self.bars.setdefault(phase, tqdm(total=total, desc=f"calibrating: {phase}", leave=False))
+        bar.n = done
+        bar.refresh()
+        if done >= total:
+            bar.close()
+
+
+def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
+    from ppd_core.engine import Engine, EngineConfig, check_tree_name
+
+    check_tree_name(args.tree)
     config = EngineConfig(
         model=args.model, prompt_tokens=args.prompt_tokens, quant=args.quant, device=args.device,
-        dtype=args.dtype, tree=args.tree,
+        dtype=args.dtype, tree=args.tree, auto_calibrate=auto_calibrate,
     )
-    return Engine.load(config)
+    return Engine.load(config, ProgressBars())
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    args.tree = "medium"  # calibration replaces it; never calibrate twice
+    engine = load_engine(args, auto_calibrate=False)
+    profile = engine.calibrate(ProgressBars())
+    measured = set(next(iter(profile.latency_ms.values())))
+    print(f"{'tokens':>6} {'step ms':>8} {'tokens/step':>11} {'tokens/s':>9}")
+    for row in profile.budgets:
+        if row["budget"] in measured or row["budget"] == profile.budget:
+            mark = "  <- chosen" if row["budget"] == profile.budget else ""
+            print(f"{row['budget']:>6} {row['ms_per_step']:>8.1f} {row['tokens_per_step']:>11.3f} {row['tokens_per_second']:>9.2f}{mark}")
+    print(
+        f"chosen: {profile.budget} tokens per step (trees of {', '.join(map(str, profile.tree_sizes))} tokens by guess depth), "
+        f"expected {profile.expected_tokens_per_step:.2f} tokens/step, expected speedup {profile.expected_speedup:.2f}x; "
+        f"calibrated in {profile.calibration_seconds:.0f} s"
+    )
+    print(f"profile saved to {engine.profile_path}")
+    if args.json_path:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+    return 0
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -184,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     from ppd_core.loading import ModelLoadError
     from ppd_core.prompt_tokens import PromptTokenError
 
-    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train}
+    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate}
     try:
         return handlers[args.command](args)
     except (ModelLoadError, PromptTokenError, PromptTooLongError, ValueError, FileNotFoundError) as error:

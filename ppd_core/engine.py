@@ -15,11 +15,14 @@ from pathlib import Path
 import torch
 
 from ppd_core import decoding
+from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
+from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
+from ppd_core.calibration.tree_search import design_family
 from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
 from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
-from ppd_core.tree import TreeFamily, family_from_spec, vanilla_family
+from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanilla_family
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_PROMPT_TOKENS = {DEFAULT_NAME: ASSETS / "smollm2-135m-instruct.prompt-tokens.safetensors"}
@@ -36,7 +39,8 @@ class EngineConfig:
     quant: str = "none"
     device: str = "auto"
     dtype: str = "auto"
-    tree: str = DEFAULT_TREE  # a static tree name
+    tree: str = "auto"  # "auto" (the device profile), a static tree name, or a token budget like "12"
+    auto_calibrate: bool = True  # "auto" without a profile: calibrate now (else use the default static tree)
     max_context: int | None = None  # default: the model's
 
 
@@ -79,6 +83,11 @@ def resolve_prompt_tokens(loaded: LoadedModel, path: str | None, num_prompt_toke
     return tokens
 
 
+def check_tree_name(tree: str) -> None:
+    if tree != "auto" and tree not in STATIC_TREES and not (tree.isdigit() and int(tree) >= 1):
+        raise ValueError(f"unknown tree {tree!r}; use auto, {', '.join(STATIC_TREES)} or a token budget such as 12")
+
+
 class Engine:
     """A frozen model, its prompt tokens and the current tree; streams answers."""
 
@@ -87,20 +96,58 @@ class Engine:
         self.prompt_tokens = prompt_tokens
         self.family = family.to(loaded.device)
         self.max_context = max_context
+        self.profile: DeviceProfile | None = None  # the calibration behind ``family``, if any
+        self.profile_path: Path | None = None  # where the last calibration was saved
         self._vanilla = vanilla_family().to(loaded.device)
         self._prompt_table = prompt_tokens.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
 
     @classmethod
-    def load(cls, config: EngineConfig) -> Engine:
+    def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
+        """Load the model and prompt tokens and pick the tree; ``progress`` reports a calibration."""
+        check_tree_name(config.tree)
         loaded = load_model(config.model, config.quant, config.device, config.dtype)
         prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
-        if config.tree not in STATIC_TREES:
-            raise ValueError(f"unknown tree {config.tree!r}; choose one of {', '.join(STATIC_TREES)}")
-        family = family_from_spec(
-            config.tree, STATIC_TREES[config.tree], prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
-        )
+        static = config.tree if config.tree in STATIC_TREES else DEFAULT_TREE  # until a profile says otherwise
+        family = family_from_spec(static, STATIC_TREES[static], prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size)
         max_context = min(config.max_context or loaded.max_context, loaded.max_context)
-        return cls(loaded, prompt_tokens, family, max_context)
+        engine = cls(loaded, prompt_tokens, family, max_context)
+        if config.tree not in STATIC_TREES:
+            profile = engine.saved_profile()
+            if profile is None and config.auto_calibrate:
+                profile = engine.calibrate(progress)
+            if profile is not None:
+                engine.use_profile(profile, None if config.tree == "auto" else int(config.tree))
+            elif config.tree != "auto":
+                raise ValueError(f"--tree {config.tree} needs a calibration profile (run `ppd calibrate`)")
+        return engine
+
+    def profile_key(self) -> dict:
+        return profile_key(self.loaded, self.prompt_tokens)
+
+    def saved_profile(self) -> DeviceProfile | None:
+        """The profile saved for this device, model and prompt tokens; a corrupt or stale one is ignored with a warning."""
+        try:
+            return load_profile(self.profile_key())
+        except ProfileError as error:
+            log.warning("ignoring the saved calibration: %s; recalibrating", error)
+            return None
+
+    def calibrate(self, progress: Progress | None = None, **options) -> DeviceProfile:
+        """Measure this device, save the profile, and switch to its tree."""
+        log.warning("calibrating the guess tree for this device (about a minute on a CPU)")
+        profile = calibrate(self.loaded, self.prompt_tokens, progress, **options)
+        self.profile_path = save_profile(profile)
+        self.use_profile(profile)
+        return profile
+
+    def use_profile(self, profile: DeviceProfile, budget: int | None = None) -> None:
+        """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
+        self.profile = profile
+        if budget is None:
+            self.set_tree(profile.family())
+            return
+        n, V = self.prompt_tokens.num_prompt_tokens, self.prompt_tokens.ensemble_size
+        self.set_tree(family_from_specs(f"budget-{budget}", design_family(profile.acceptance, budget, n, V), n, V))
 
     @property
     def tokenizer(self):

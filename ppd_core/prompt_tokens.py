@@ -7,6 +7,7 @@ File: tensor ``prompt_embeddings`` [n, V, hidden]; string metadata ``format_vers
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -64,6 +65,12 @@ class PromptTokens:
     @property
     def num_bytes(self) -> int:
         return self.embeddings.numel() * self.embeddings.element_size()
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the embeddings: calibration profiles are only valid for these tokens."""
+        data = self.embeddings.detach().float().contiguous().cpu().numpy().tobytes()
+        return hashlib.sha256(data).hexdigest()[:16]
 
     def flat(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """[n * V, hidden] table indexed by ``k * V + j`` (see ``Tree.prompt_embedding_index``)."""

@@ -223,6 +223,11 @@ def family_from_spec(name: str, spec: TreeSpec, num_prompt_tokens: int, ensemble
     return TreeFamily(name=name, trees=trees)
 
 
+def family_from_specs(name: str, specs: list[TreeSpec], num_prompt_tokens: int, ensemble_size: int = 1) -> TreeFamily:
+    """A family whose tree for depth m is ``specs[m]`` (calibration designs each one)."""
+    return TreeFamily(name=name, trees=tuple(build_tree(s, num_prompt_tokens, ensemble_size) for s in specs))
+
+
 @functools.cache
 def root_only_tree() -> Tree:
     """The root alone: one plain autoregressive step."""

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+
+# Calibration profiles go to the user's data directory: keep the tests' own apart.
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="ppd-test-data-")
 
 
 def tiny_llama(seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, max_positions: int = 256) -> LlamaForCausalLM:
@@ -32,4 +39,16 @@ def default_engine():
     """The embedded default model with its shipped prompt tokens (loaded once per test session)."""
     from ppd_core.engine import Engine, EngineConfig
 
-    return Engine.load(EngineConfig(model="default", device="cpu"))
+    return Engine.load(EngineConfig(model="default", device="cpu", tree="medium"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_engine):
+    """A tiny random Llama saved as a Hugging Face directory, with the default model's tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny")
+    vocab = default_engine.loaded.model.config.vocab_size
+    model = tiny_llama(vocab_size=vocab, max_positions=512)
+    model.generation_config.eos_token_id = default_engine.tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    default_engine.tokenizer.save_pretrained(folder)
+    return folder

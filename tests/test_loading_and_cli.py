@@ -14,18 +14,6 @@ from ppd_core.engine import Engine, EngineConfig
 from ppd_core.loading import ModelLoadError, default_model_file, load_model
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, default_engine):
-    """A tiny random Llama saved as a Hugging Face directory, with the default model's tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny")
-    vocab = default_engine.loaded.model.config.vocab_size
-    model = tiny_llama(vocab_size=vocab, max_positions=512)
-    model.generation_config.eos_token_id = default_engine.tokenizer.eos_token_id
-    model.save_pretrained(folder)
-    default_engine.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def run_cli(capsys, *args):
     code = main(list(args))
     captured = capsys.readouterr()
@@ -33,7 +21,7 @@ def run_cli(capsys, *args):
 
 
 def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
-    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu"))
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
     assert engine.loaded.name == tiny_model_dir.name and engine.prompt_tokens.hidden_size == 64
     ids = engine.chat_ids([{"role": "user", "content": "Hello there"}])
     ppd = engine.generate(ids, "ppd", 24)
@@ -46,7 +34,7 @@ def test_gguf_file_path_loads():
 
 
 def test_bitsandbytes_4bit_on_cpu_is_exact():
-    engine = Engine.load(EngineConfig(quant="4bit", device="cpu"))
+    engine = Engine.load(EngineConfig(quant="4bit", device="cpu", tree="medium"))
     assert engine.loaded.num_bytes < 250 * 2**20  # NF4: about 166 MB against 540 MB in fp32
     ids = engine.chat_ids([{"role": "user", "content": "Name three planets."}])
     assert engine.generate(ids, "ppd", 32).tokens == engine.generate(ids, "vanilla", 32).tokens
@@ -99,7 +87,7 @@ def test_cli_errors_are_one_line(capsys, tmp_path, tiny_model_dir):
     code, out, err = run_cli(capsys, "generate", "hi", "--model", str(tmp_path / "missing"))
     assert code == 2 and err.count("\n") == 1 and "model not found" in err
     # prompt tokens made for the tiny model (hidden 64) given to the default model (hidden 576)
-    tiny = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu"))
+    tiny = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
     tiny.prompt_tokens.save(tmp_path / "tiny.safetensors")
     code, out, err = run_cli(capsys, "generate", "hi", "--prompt-tokens", str(tmp_path / "tiny.safetensors"))
     assert code == 2 and "hidden size 64 but SmolLM2-135M-Instruct has 576" in err and err.count("\n") == 1

@@ -1,0 +1,95 @@
+"""Acceptance statistics p_d(r) of the prompt tokens, measured on this model.
+
+The model answers the calibration prompts greedily; then, as in training, prompt tokens are
+attached at every position of each answer in one batched forward, and the rank of the
+model's own token among each prompt token's guesses is recorded. p_d(r) counts rank r at
+depth d among the positions where depths 1..d-1 were guessed within the top k.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+from ppd_core.training.answers import greedy_batch
+from ppd_core.training.distill import student_logits, teacher_pass, teacher_targets, valid_cuts
+
+TOP_K = 10
+
+
+def calibration_prompts() -> list[str]:
+    """Chat prompts shipped with the package (none from MT-Bench)."""
+    return json.loads(resources.files("ppd_core.calibration").joinpath("prompts.json").read_text())
+
+
+@dataclass
+class AcceptanceStats:
+    """Counts per depth: ``hits[d][r]`` guesses right at rank r, out of ``trials[d]`` eligible positions."""
+
+    hits: list[list[int]]  # [n][k]
+    trials: list[int]  # [n]
+
+    @property
+    def probs(self) -> list[list[float]]:
+        """p_d(r) as observed frequencies (a depth never reached: all zero)."""
+        return [[h / max(t, 1) for h in row] for row, t in zip(self.hits, self.trials)]
+
+    @property
+    def top1(self) -> list[float]:
+        return [row[0] / max(t, 1) for row, t in zip(self.hits, self.trials)]
+
+    def add(self, ranks: torch.Tensor) -> None:
+        """``ranks`` [C, n]: rank of the model's token among the guesses, or -1 when outside the top k."""
+        eligible = torch.ones(ranks.shape[0], dtype=torch.bool)
+        for depth in range(ranks.shape[1]):
+            self.trials[depth] += int(eligible.sum())
+            found = ranks[:, depth]
+            for rank in found[eligible & (found >= 0)].tolist():
+                self.hits[depth][rank] += 1
+            eligible &= found >= 0
+
+
+def guess_ranks(student: torch.Tensor, teacher: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Ranks [C, n] of the teacher's argmax among the student's top k; -1 where absent."""
+    truth = teacher.argmax(-1)  # [C, n]
+    ranked = student.topk(top_k, dim=-1).indices  # [C, n, K]
+    found = ranked == truth[..., None]  # [C, n, K]
+    return torch.where(found.any(-1), found.float().argmax(-1), torch.full_like(truth, -1))
+
+
+@torch.inference_mode()
+def measure_acceptance(
+    model,
+    tokenizer,
+    prompt_table: torch.Tensor,  # [n * V, hidden]
+    num_prompt_tokens: int,
+    ensemble_size: int,
+    prompts: Sequence[str],
+    eos_ids: Sequence[int],
+    max_new_tokens: int = 96,
+    top_k: int = TOP_K,
+    chunk: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+) -> AcceptanceStats:
+    """p_d(r) over the model's greedy answers to ``prompts``."""
+    n = num_prompt_tokens
+    encoded = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True) for p in prompts]
+    ids = [list(e["input_ids"] if hasattr(e, "keys") else e) for e in encoded]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    answers = greedy_batch(model, ids, max_new_tokens, pad, eos_ids)
+    stats = AcceptanceStats(hits=[[0] * top_k for _ in range(n)], trials=[0] * n)
+    for done, (prompt, answer) in enumerate(zip(ids, answers), 1):
+        sequence = prompt + answer
+        cache, teacher = teacher_pass(model, sequence)
+        cuts = valid_cuts(len(prompt), len(sequence), n)
+        for start in range(0, len(cuts), chunk):
+            part = cuts[start : start + chunk]
+            student = student_logits(model, cache, prompt_table, part, n, ensemble_size)  # [C, n, vocab]
+            stats.add(guess_ranks(student, teacher_targets(teacher, part, n), top_k).cpu())
+        if progress:
+            progress(done, len(ids))
+    return stats

@@ -1,0 +1,91 @@
+"""Calibration: latency curve + acceptance statistics -> the tree family for this device.
+
+    profile = calibrate(loaded, prompt_tokens)   # about a minute on a 2-core CPU
+    save_profile(profile)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from ppd_core.calibration.acceptance import calibration_prompts, measure_acceptance
+from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency
+from ppd_core.calibration.profiles import DeviceProfile
+from ppd_core.calibration.tree_search import choose_family
+from ppd_core.device_info import describe
+from ppd_core.loading import LoadedModel
+from ppd_core.prompt_tokens import PromptTokens, embedding_signature
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
+    """Device + model fingerprint + quantization + dtype + prompt tokens."""
+    signature = embedding_signature(loaded.model.get_input_embeddings().weight)
+    return {
+        "device": describe(loaded.device).to_json(),
+        "model": {"name": loaded.name, "fingerprint": hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]},
+        "quant": loaded.quant,
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "prompt_tokens": prompt_tokens.fingerprint,
+    }
+
+
+def calibrate(
+    loaded: LoadedModel,
+    prompt_tokens: PromptTokens,
+    progress: Progress | None = None,
+    prompts: int = 12,
+    max_new_tokens: int = 96,
+    contexts: tuple[int, ...] = CONTEXTS,
+    repeats: int = 5,
+) -> DeviceProfile:
+    """Measure this device and these prompt tokens; choose the tree family with the most tokens/s."""
+    started = time.perf_counter()
+    model = loaded.model
+    n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
+    table = prompt_tokens.flat(model.get_input_embeddings().weight.dtype, loaded.device)
+    report = progress or (lambda phase, done, total: None)
+
+    sizes = GPU_SIZES if loaded.device.type == "cuda" else CPU_SIZES
+    latency = measure_latency(
+        model, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
+    )
+    stats = measure_acceptance(
+        model, loaded.tokenizer, table, n, V, calibration_prompts()[:prompts], sorted(loaded.eos_token_ids),
+        max_new_tokens, progress=lambda d, t: report("acceptance", d, t),
+    )
+    report("tree search", 0, 1)
+    curve = mean_curve(latency)
+    budgets = sorted(set(range(1, 33)) | set(curve))  # every small tree; measured sizes beyond
+    choice = choose_family(stats.probs, curve, n, V, budgets)
+    report("tree search", 1, 1)
+    best = choice.best
+    return DeviceProfile(
+        key=profile_key(loaded, prompt_tokens),
+        latency_ms=latency,
+        acceptance=[[round(p, 6) for p in row] for row in stats.probs],
+        acceptance_positions=stats.trials[0],
+        budget=choice.budget,
+        trees=list(best.specs),
+        tree_sizes=list(best.sizes),
+        expected_tokens_per_step=round(best.tokens_per_step, 4),
+        expected_ms_per_step=round(1000 * best.seconds_per_step, 3),
+        expected_speedup=round(choice.expected_speedup, 4),
+        ensemble_size=V,
+        budgets=[
+            {
+                "budget": budget,
+                "tokens_per_step": round(e.tokens_per_step, 4),
+                "ms_per_step": round(1000 * e.seconds_per_step, 3),
+                "tokens_per_second": round(e.tokens_per_second, 3),
+            }
+            for budget, e in sorted(choice.by_budget.items())
+        ],
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        calibration_seconds=round(time.perf_counter() - started, 1),
+    )

@@ -1,0 +1,86 @@
+"""Step latency against tree size on this device: the hardware half of the tree choice.
+
+Each probe is a real ``tree_step`` (forward with the tree mask, LM head, verification, KV
+compaction, next guesses) over a tree of the given number of tokens, after a context of
+realistic length; the cache is cut back to the context after every probe. Medians of
+repeated runs after a warm-up; CUDA work is synchronised before the clock is read.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ppd_core import kv_cache
+from ppd_core.decoding import prefill, tree_step
+from ppd_core.tree import Tree, TreeSpec, build_tree
+
+CPU_SIZES = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+GPU_SIZES = CPU_SIZES + (96, 128, 160, 192, 256)
+CONTEXTS = (256, 1024)
+
+
+def probe_tree(size: int, num_prompt_tokens: int, ensemble_size: int) -> Tree:
+    """A tree of exactly ``size`` tokens: prompt tokens on the root, the rest depth-1 candidates."""
+    if size <= 1:
+        return build_tree(TreeSpec({(): 0}), num_prompt_tokens, ensemble_size)
+    prompts = min(num_prompt_tokens, (size - 1) // ensemble_size)
+    spec = {(): prompts}
+    spec.update({(rank,): 0 for rank in range(size - 1 - prompts * ensemble_size)})
+    return build_tree(TreeSpec(spec), max(num_prompt_tokens, 1), ensemble_size)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_latency(
+    model,
+    prompt_table: torch.Tensor | None,  # [n * V, hidden]
+    num_prompt_tokens: int,
+    ensemble_size: int,
+    sizes: Sequence[int],
+    contexts: Sequence[int] = CONTEXTS,
+    repeats: int = 5,
+    warmup: int = 2,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[int, dict[int, float]]:
+    """Median step milliseconds: ``{context length: {tree tokens: ms}}``."""
+    device = model.get_input_embeddings().weight.device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+    generator = torch.Generator().manual_seed(0)
+    result: dict[int, dict[int, float]] = {}
+    total, done = len(contexts) * len(sizes), 0
+    for context in contexts:
+        context = min(context, max_context - max(sizes) - 4)
+        cache = kv_cache.new_cache(model)
+        prefill(model, cache, torch.randint(vocab, (context,), generator=generator).tolist())
+        result[context] = {}
+        for size in sizes:
+            tree = probe_tree(size, num_prompt_tokens, ensemble_size).to(device)
+            guesses = torch.randint(vocab, (max(tree.depth, 1), max(tree.max_rank + 1, 1)), generator=generator).to(device)
+            times = []
+            for run in range(warmup + repeats):
+                synchronize(device)
+                start = time.perf_counter()
+                tree_step(model, cache, tree, prompt_table, 0, guesses, top_k=10)
+                synchronize(device)
+                if run >= warmup:
+                    times.append(time.perf_counter() - start)
+                kv_cache.truncate(cache, context)
+            result[context][size] = round(1000 * statistics.median(times), 3)
+            done += 1
+            if progress:
+                progress(done, total)
+    return result
+
+
+def mean_curve(latency_ms: dict[int, dict[int, float]]) -> dict[int, float]:
+    """Latency per tree size averaged over the measured context lengths."""
+    sizes = sorted(set.intersection(*(set(c) for c in latency_ms.values())))
+    return {s: statistics.fmean(c[s] for c in latency_ms.values()) for s in sizes}

@@ -1,0 +1,119 @@
+"""Device profiles: what calibration measured and chose, saved as JSON per device and model.
+
+A profile is keyed by the device (kind, name, memory, threads), the model (name and a
+fingerprint of its embedding table), the quantization, the dtype and the prompt tokens, so a
+profile made for another machine, model or set of prompt tokens is never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import platformdirs
+
+from ppd_core.tree import TreeFamily, TreeSpec, family_from_specs
+
+FORMAT_VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used (corrupt, another format, another key)."""
+
+
+def profiles_dir() -> Path:
+    """Where profiles made on this machine live (the user's data directory)."""
+    return Path(platformdirs.user_data_dir("ppd")) / "profiles"
+
+
+@dataclass
+class DeviceProfile:
+    """Calibration result for one (device, model, quantization, dtype, prompt tokens) key."""
+
+    key: dict
+    latency_ms: dict[int, dict[int, float]]  # context length -> tree tokens -> median step ms
+    acceptance: list[list[float]]  # p_d(r): [n][k]
+    acceptance_positions: int  # answer positions the acceptance was measured on
+    budget: int  # chosen tokens per step
+    trees: list[TreeSpec]  # the chosen tree for each available guess depth m = 0..n
+    tree_sizes: list[int]
+    expected_tokens_per_step: float
+    expected_ms_per_step: float
+    expected_speedup: float
+    ensemble_size: int
+    budgets: list[dict] = field(default_factory=list)  # every budget tried: tokens/step, ms/step, tokens/s
+    created: str = ""
+    calibration_seconds: float = 0.0
+
+    @property
+    def key_hash(self) -> str:
+        return key_hash(self.key)
+
+    def family(self) -> TreeFamily:
+        return family_from_specs(f"calibrated-{self.budget}", self.trees, len(self.acceptance), self.ensemble_size)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["format_version"] = FORMAT_VERSION
+        data["key_hash"] = self.key_hash
+        data["trees"] = [spec.to_json() for spec in self.trees]
+        data["latency_ms"] = {str(c): {str(s): ms for s, ms in curve.items()} for c, curve in self.latency_ms.items()}
+        return data
+
+    @staticmethod
+    def from_json(data: dict) -> DeviceProfile:
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ProfileError(f"profile format {data.get('format_version')!r}, expected {FORMAT_VERSION}")
+        fields = {name: data[name] for name in DeviceProfile.__dataclass_fields__ if name in data}
+        try:
+            fields["trees"] = [TreeSpec.from_json(items) for items in data["trees"]]
+            fields["latency_ms"] = {int(c): {int(s): float(ms) for s, ms in curve.items()} for c, curve in data["latency_ms"].items()}
+            profile = DeviceProfile(**fields)
+            profile.family()  # every tree must build
+        except (KeyError, TypeError, ValueError) as error:
+            raise ProfileError(f"profile is malformed ({error})") from None
+        return profile
+
+
+def key_hash(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def profile_path(key: dict, folder: Path | None = None) -> Path:
+    device = "".join(ch if ch.isalnum() else "-" for ch in str(key.get("device", {}).get("name", "device")))[:40]
+    return (folder or profiles_dir()) / f"{key.get('model', {}).get('name', 'model')}-{device}-{key_hash(key)}.json"
+
+
+def save_profile(profile: DeviceProfile, folder: Path | None = None) -> Path:
+    """Write atomically; returns the path."""
+    path = profile_path(profile.key, folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_profile(path: Path) -> DeviceProfile:
+    """A profile file; raises ProfileError with a one-line reason when it is unusable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProfileError(f"{path} is not a readable profile ({error})") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path} is not a profile object")
+    return DeviceProfile.from_json(data)
+
+
+def load_profile(key: dict, folder: Path | None = None) -> DeviceProfile | None:
+    """The saved profile for ``key``: None when there is none; ProfileError when it is corrupt or stale."""
+    path = profile_path(key, folder)
+    if not path.is_file():
+        return None
+    profile = read_profile(path)
+    if profile.key != key:
+        raise ProfileError(f"{path} was made for another device or model")
+    return profile

@@ -1,0 +1,143 @@
+"""Calibration: acceptance counting, latency probes, profiles on disk, and the engine using them."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from ppd_core.calibration.acceptance import AcceptanceStats, calibration_prompts, guess_ranks
+from ppd_core.calibration.latency import mean_curve, probe_tree
+from ppd_core.calibration.profiles import ProfileError, load_profile, profile_path, read_profile, save_profile
+from ppd_core.engine import Engine, EngineConfig
+
+
+def test_acceptance_counts_are_conditional_on_earlier_depths():
+    stats = AcceptanceStats(hits=[[0] * 3 for _ in range(3)], trials=[0, 0, 0])
+    ranks = torch.tensor([
+        [0, 0, 1],  # all three guessed: depth 3 counted at rank 1
+        [1, -1, 0],  # depth 2 missed: depth 3 is not eligible
+        [-1, 0, 0],  # depth 1 missed: depths 2 and 3 not eligible
+        [0, 2, -1],
+    ])
+    stats.add(ranks)
+    assert stats.trials == [4, 3, 2]  # depth 2: rows 0, 1, 3; depth 3: rows 0, 3
+    assert stats.hits == [[2, 1, 0], [1, 0, 1], [0, 1, 0]]
+    assert stats.top1 == [0.5, 1 / 3, 0.0]
+    assert stats.probs == [[0.5, 0.25, 0.0], [1 / 3, 0.0, 1 / 3], [0.0, 0.5, 0.0]]
+
+
+def test_guess_ranks_finds_the_models_token_among_the_guesses():
+    student = torch.tensor([[[0.1, 0.9, 0.5, 0.0]], [[0.8, 0.1, 0.3, 0.2]]])  # [C=2, n=1, vocab=4]
+    teacher = torch.tensor([[[0.0, 0.0, 1.0, 0.0]], [[0.0, 1.0, 0.0, 0.0]]])
+    # cut 0: token 2 is the 2nd guess (rank 1); cut 1: token 1 is 4th, outside the top 3
+    assert guess_ranks(student, teacher, top_k=3).tolist() == [[1], [-1]]
+
+
+def test_calibration_prompts_are_not_from_mt_bench():
+    from app.cli import DEFAULT_QUESTIONS
+
+    prompts = calibration_prompts()
+    assert len(prompts) >= 24 and len(set(prompts)) == len(prompts)
+    if DEFAULT_QUESTIONS.is_file():
+        bench = [json.loads(line)["turns"][0] for line in DEFAULT_QUESTIONS.read_text().splitlines() if line.strip()]
+        assert not set(prompts) & set(bench)
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 7, 16, 33])
+def test_probe_trees_have_the_asked_size(size):
+    for ensemble in (1, 2):
+        assert probe_tree(size, 3, ensemble).num_tokens == size
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir):
+    """The tiny model, calibrated (a fresh profile in the tests' data directory)."""
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
+    phases = []
+    engine.calibrate(lambda phase, done, total: phases.append((phase, done, total)), prompts=3, max_new_tokens=24, contexts=(64,), repeats=2)
+    engine.phases = phases
+    return engine
+
+
+def test_calibration_measures_and_chooses(tiny_engine):
+    profile = tiny_engine.profile
+    n = tiny_engine.prompt_tokens.num_prompt_tokens
+    assert {phase for phase, _, _ in tiny_engine.phases} == {"latency", "acceptance", "tree search"}
+    assert all(done <= total for _, done, total in tiny_engine.phases)
+    curve = profile.latency_ms[64]
+    assert set(curve) >= {1, 2, 4, 8, 16, 32, 64} and all(ms > 0 for ms in curve.values())
+    assert len(profile.acceptance) == n and all(len(row) == 10 for row in profile.acceptance)
+    assert all(0 <= sum(row) <= 1.0 + 1e-6 for row in profile.acceptance)
+    assert profile.acceptance_positions > 0
+    # the choice is the best budget it tried, and the engine decodes with it
+    best = max(profile.budgets, key=lambda row: row["tokens_per_second"])
+    assert best["budget"] == profile.budget
+    assert profile.expected_speedup == pytest.approx(best["tokens_per_second"] * curve_at_one(profile) / 1000, rel=1e-3)
+    assert tiny_engine.family.name == f"calibrated-{profile.budget}"
+    assert [t.num_tokens for t in tiny_engine.family.trees] == profile.tree_sizes
+
+
+def curve_at_one(profile) -> float:
+    return mean_curve(profile.latency_ms)[1]
+
+
+def test_calibrated_tree_is_exact(tiny_engine):
+    ids = tiny_engine.chat_ids([{"role": "user", "content": "Tell me a story"}])
+    for budget in (None, 4, 12):
+        tiny_engine.use_profile(tiny_engine.profile, budget)
+        assert tiny_engine.generate(ids, "ppd", 24).tokens == tiny_engine.generate(ids, "vanilla", 24).tokens
+
+
+def test_profile_round_trip_and_key_mismatch(tiny_engine, tmp_path):
+    profile = tiny_engine.profile
+    path = save_profile(profile, tmp_path)
+    assert path == profile_path(profile.key, tmp_path)
+    again = read_profile(path)
+    assert again == profile
+    assert load_profile(profile.key, tmp_path) == profile
+    # another device or model: its key names another file, so this profile is never used for it
+    for field, value in (("device", {**profile.key["device"], "name": "Other CPU"}), ("model", {"name": "x", "fingerprint": "0"}),
+                         ("quant", "4bit"), ("prompt_tokens", "feedfacefeedface")):
+        assert load_profile({**profile.key, field: value}, tmp_path) is None
+
+
+def test_corrupt_and_stale_profiles_are_errors(tiny_engine, tmp_path):
+    profile = tiny_engine.profile
+    path = save_profile(profile, tmp_path)
+    path.write_text("{not json")
+    with pytest.raises(ProfileError, match="not a readable profile"):
+        load_profile(profile.key, tmp_path)
+    data = profile.to_json()
+    data["trees"] = [[[[0], 1]]]  # a candidate without its root
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="malformed"):
+        load_profile(profile.key, tmp_path)
+    data = profile.to_json()
+    data["key"] = {**profile.key, "quant": "8bit"}  # a file at this key's path made for another key
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="another device or model"):
+        load_profile(profile.key, tmp_path)
+
+
+def test_engine_uses_the_saved_profile_and_recalibrates_a_corrupt_one(tiny_engine, tiny_model_dir, caplog):
+    config = EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", auto_calibrate=False)
+    engine = Engine.load(config)
+    assert engine.profile == tiny_engine.profile  # found on disk: no calibration
+    assert engine.family.name == tiny_engine.profile.family().name == f"calibrated-{engine.profile.budget}"
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="6", auto_calibrate=False))
+    assert engine.family.name == "budget-6" and max(t.num_tokens for t in engine.family.trees) <= 6
+
+    path = profile_path(tiny_engine.profile.key)
+    path.write_text("garbage")
+    with caplog.at_level(logging.WARNING):
+        engine = Engine.load(config)  # auto_calibrate off: warns and falls back to the static tree
+    assert "ignoring the saved calibration" in caplog.text and engine.profile is None
+    with pytest.raises(ValueError, match="needs a calibration profile"):
+        Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="6", auto_calibrate=False))
+    save_profile(tiny_engine.profile)
+
+
+def test_unknown_tree_name_is_refused():
+    with pytest.raises(ValueError, match="unknown tree 'huge'"):
+        Engine.load(EngineConfig(tree="huge"))
