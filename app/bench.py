@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -13,6 +14,7 @@ import torch
 
 from ppd_core.device_info import describe
 from ppd_core.engine import Engine
+from ppd_core.sampling import GREEDY, SamplingParams
 
 
 def read_questions(path: Path, limit: int | None) -> list[list[str]]:
@@ -85,9 +87,9 @@ class ModeTotals:
         return out
 
 
-def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int, totals: ModeTotals) -> list[int]:
+def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int, totals: ModeTotals, sampling: SamplingParams) -> list[int]:
     with PeakMemory(engine.loaded.device) as memory:
-        result = engine.generate(ids, mode, max_new_tokens)
+        result = engine.generate(ids, mode, max_new_tokens, sampling=sampling)
     stats = result.stats
     totals.new_tokens += stats.new_tokens
     totals.seconds += stats.seconds
@@ -105,9 +107,14 @@ def run_benchmark(
     turns: int = 1,
     max_new_tokens: int = 128,
     compare_generate: bool = False,
+    sampling: SamplingParams = GREEDY,
     log=sys.stderr,
 ) -> dict:
-    """Greedy answers both ways for every question (order alternating), then the JSON summary."""
+    """Answers both ways for every question (order alternating), then the JSON summary.
+
+    Greedy by default: the answers must then be identical. When sampling, both modes get
+    the same seed per question, and ``identical`` is null (samples differ by design).
+    """
     questions = read_questions(questions_path, limit)
     warmup = engine.chat_ids([{"role": "user", "content": "Say hello."}])
     for mode in ("vanilla", "ppd"):
@@ -122,8 +129,9 @@ def run_benchmark(
             history.append({"role": "user", "content": turn})
             ids = engine.chat_ids(history)
             order = ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla")
-            answers = {mode: timed_answer(engine, ids, mode, max_new_tokens, totals[mode]) for mode in order}
-            if compare_generate:
+            seeded = dataclasses.replace(sampling, seed=(sampling.seed or 0) + number) if not sampling.greedy else sampling
+            answers = {mode: timed_answer(engine, ids, mode, max_new_tokens, totals[mode], seeded) for mode in order}
+            if compare_generate and sampling.greedy:
                 with PeakMemory(engine.loaded.device) as memory:
                     start = time.perf_counter()
                     tokens = engine.reference_generate(ids, max_new_tokens)
@@ -156,15 +164,24 @@ def run_benchmark(
             "tokens_per_step": family.num_tokens,
             "candidates": family.num_nodes - 1,
             "prompt_tokens": family.num_tokens - family.num_nodes,
+            "tokens_by_guess_depth": [tree.num_tokens for tree in engine.family.trees],
         },
         "prompt_tokens": engine.prompt_tokens.training,
         "vanilla": vanilla,
         "ppd": ppd,
         "speedup": round(ppd["tok_s"] / vanilla["tok_s"], 4) if vanilla["tok_s"] else 0.0,
-        "identical": not mismatches,
-        "mismatches": mismatches,
-        "memory_overhead_bytes": engine.prompt_tokens.num_bytes + family.attention_mask.numel(),
+        "identical": not mismatches if sampling.greedy else None,
+        "mismatches": mismatches if sampling.greedy else [],
+        "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                     "acceptance": sampling.acceptance, "distribution_preserving": sampling.lossless},
+        "memory_overhead_bytes": engine.prompt_tokens.num_bytes + sum(t.attention_mask.numel() for t in engine.family.trees),
     }
+    if engine.profile is not None:
+        result["calibration"] = {
+            "budget": engine.profile.budget,
+            "expected_tokens_per_step": engine.profile.expected_tokens_per_step,
+            "expected_speedup": engine.profile.expected_speedup,
+        }
     if compare_generate:
         result["transformers_generate"] = reference.to_json(False)
     return result

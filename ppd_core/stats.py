@@ -22,6 +22,7 @@ class GenerationStats:
     """Totals for one answer."""
 
     prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn's cache
     new_tokens: int = 0
     steps: int = 0  # forward passes after the prefill
     from_guesses: int = 0

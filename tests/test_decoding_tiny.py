@@ -116,3 +116,24 @@ def test_clip_tokens():
     assert clip_tokens([1, 2, 3], 8, eos, 10, 10) == ([1, 2], "length")
     assert clip_tokens([1, 2, 3], 0, eos, 10, 2) == ([1, 2], "context")
     assert clip_tokens([9, 2], 9, eos, 10, 1) == ([9], "eos")
+
+
+def test_multi_turn_reuses_the_kv_cache_and_stays_exact(tiny_model_dir):
+    from ppd_core.engine import Engine, EngineConfig
+
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
+    history = [{"role": "user", "content": "Hello there"}]
+    first = engine.generate(engine.chat_ids(history), "ppd", 20, reuse_cache=True)
+    assert first.stats.reused_tokens == 0
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
+    ids = engine.chat_ids(history)
+    second = engine.generate(ids, "ppd", 20, reuse_cache=True)
+    fresh = engine.generate(ids, "vanilla", 20)  # no reuse: a full prefill
+    assert second.tokens == fresh.tokens
+    assert second.stats.reused_tokens >= len(engine.chat_ids(history[:1]))  # the first turn came from the cache
+    # a stopped stream keeps a consistent cache: the same request again gives the same answer
+    stream = engine.stream(ids, "ppd", 20, reuse_cache=True)
+    next(stream), next(stream)
+    stream.close()
+    again = engine.generate(ids, "ppd", 20, reuse_cache=True)
+    assert again.tokens == fresh.tokens and again.stats.reused_tokens == len(ids) - 1

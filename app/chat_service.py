@@ -1,0 +1,173 @@
+"""What the chat UI does, without the UI: answers, trimming, speed readout, comparison, calibration.
+
+The Gradio layer (``app/ui.py``) only wires these to components, so all of it is testable
+without a browser.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from ppd_core.engine import Engine, GenerationEvent
+from ppd_core.sampling import SamplingParams
+from ppd_core.stats import GenerationStats
+
+
+@dataclass
+class ChatSettings:
+    system_prompt: str = ""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    ppd: bool = True
+    acceptance: str = "lossless"  # or "typical" (faster, not distribution-preserving)
+    highlight: bool = False  # mark the tokens that came from accepted guesses
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p), acceptance=self.acceptance)
+
+
+@dataclass
+class AnswerUpdate:
+    text: str  # the answer so far
+    display: str  # the same, with accepted guesses marked when asked
+    readout: str  # Markdown speed line
+    note: str  # e.g. that early turns were trimmed
+    stats: GenerationStats
+    stop_reason: str | None = None
+
+
+@dataclass
+class Comparison:
+    vanilla_text: str
+    ppd_text: str
+    vanilla_stats: GenerationStats
+    ppd_stats: GenerationStats
+    identical: bool
+
+    @property
+    def speedup(self) -> float:
+        return self.ppd_stats.tok_s / self.vanilla_stats.tok_s if self.vanilla_stats.tok_s else 0.0
+
+    def verdict(self) -> str:
+        same = "identical" if self.identical else "different (they should not be: please report this)"
+        return (
+            f"**PPD {self.ppd_stats.tok_s:.1f} tokens/s vs plain {self.vanilla_stats.tok_s:.1f} tokens/s: "
+            f"{self.speedup:.2f}x.** Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.vanilla_stats.seconds:.2f} s; "
+            f"{self.ppd_stats.mean_accepted:.2f} tokens per PPD step. Greedy outputs: {same}."
+        )
+
+
+def format_readout(stats: GenerationStats, ppd: bool, speedup: str, finished: bool) -> str:
+    state = "" if finished else " (streaming)"
+    mode = f"{stats.mean_accepted:.2f} tokens/step" if ppd else "PPD off: plain decoding, 1 token/step"
+    reused = f", {stats.reused_tokens} reused from the last turn" if stats.reused_tokens else ""
+    return (
+        f"**{stats.decode_tok_s:.1f} tokens/s**{state} · {mode} · speedup over plain decoding: {speedup} · "
+        f"{stats.new_tokens} tokens · prompt processing {stats.prefill_seconds * 1000:.0f} ms "
+        f"({stats.prompt_tokens - stats.reused_tokens} tokens{reused})"
+    )
+
+
+class Highlighter:
+    """Builds the answer text with the tokens that came from accepted guesses marked."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.pieces: list[tuple[str, bool]] = []
+        self.decoded = ""
+
+    def add(self, tokens: Sequence[int], from_guesses: int) -> None:
+        for index, token in enumerate(tokens):
+            self.tokens.append(token)
+            text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+            self.pieces.append((text[len(self.decoded) :], index < from_guesses))
+            self.decoded = text
+
+    def html(self) -> str:
+        return "".join(f"<mark>{html.escape(p)}</mark>" if guessed and p.strip() else p for p, guessed in self.pieces)
+
+
+class ChatService:
+    """One engine shared by every browser tab; the UI's queue runs one model call at a time."""
+
+    def __init__(self, engine: Engine, calibration_options: dict | None = None):
+        self.engine = engine
+        self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
+        self.last_comparison: Comparison | None = None
+
+    def speedup_label(self) -> str:
+        if self.last_comparison is not None:
+            return f"{self.last_comparison.speedup:.2f}x (measured: last comparison)"
+        if self.engine.profile is not None:
+            return f"{self.engine.profile.expected_speedup:.2f}x (expected: calibration)"
+        return "not measured yet (run Compare or Calibrate)"
+
+    def prepare(self, messages: list[dict], settings: ChatSettings) -> tuple[list[int], str]:
+        """Chat-template ids for the conversation, dropping the oldest turns until prompt + answer fit."""
+        if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
+            raise ValueError("the message is empty")
+        system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+        limit = self.engine.max_context
+        kept = list(messages)
+        ids = self.engine.chat_ids(system + kept)
+        while len(ids) + settings.max_new_tokens > limit and len(kept) > 1:
+            kept = kept[2:] if len(kept) > 2 else kept[1:]  # a user turn and its answer
+            ids = self.engine.chat_ids(system + kept)
+        if len(ids) >= limit:
+            raise ValueError(f"the message is too long: {len(ids)} tokens, but the model's context holds {limit}")
+        dropped = len(messages) - len(kept)
+        note = f"Trimmed the {dropped} earliest messages to fit the model's {limit}-token context." if dropped else ""
+        return ids, note
+
+    def answer(self, messages: list[dict], settings: ChatSettings, stop: Callable[[], bool] | None = None) -> Iterator[AnswerUpdate]:
+        """Stream the answer to the last user message; ends within one decoding step of ``stop()`` turning true."""
+        ids, note = self.prepare(messages, settings)
+        highlighter = Highlighter(self.engine.tokenizer)
+        mode = "ppd" if settings.ppd else "vanilla"
+        stream = self.engine.stream(ids, mode, int(settings.max_new_tokens), reuse_cache=True, sampling=settings.sampling())
+        event: GenerationEvent | None = None
+        try:
+            for event in stream:
+                if stop is not None and stop():
+                    break
+                highlighter.add(event.step.tokens, event.step.from_guesses)
+                yield self._update(event, settings, note, highlighter, event.stop_reason)
+        finally:
+            stream.close()
+        if event is not None and event.stop_reason is None:  # stopped by the user
+            yield self._update(event, settings, note, highlighter, "stopped")
+
+    def _update(self, event: GenerationEvent, settings: ChatSettings, note: str, highlighter: Highlighter, stop_reason) -> AnswerUpdate:
+        finished = stop_reason is not None
+        notes = [note] if note else []
+        if stop_reason == "context":
+            notes.append("The answer stopped at the end of the model's context window.")
+        if stop_reason == "stopped":
+            notes.append("Stopped.")
+        if settings.temperature > 0 and settings.acceptance == "typical" and settings.ppd:
+            notes.append("Typical acceptance: faster, but does not follow the model's distribution exactly.")
+        return AnswerUpdate(
+            text=event.text,
+            display=highlighter.html() if settings.highlight else event.text,
+            readout=format_readout(event.stats, settings.ppd, self.speedup_label(), finished),
+            note=" ".join(notes),
+            stats=event.stats,
+            stop_reason=stop_reason,
+        )
+
+    def compare(self, messages: list[dict], settings: ChatSettings) -> Comparison:
+        """The last user message answered greedily both ways, plain first, no cache reuse: a fair race."""
+        ids, _ = self.prepare(messages, settings)
+        plain = self.engine.generate(ids, "vanilla", int(settings.max_new_tokens))
+        ppd = self.engine.generate(ids, "ppd", int(settings.max_new_tokens))
+        self.last_comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens)
+        return self.last_comparison
+
+    def calibrate(self, progress: Callable[[str, int, int], None] | None = None):
+        profile = self.engine.calibrate(progress, **self.calibration_options)
+        self.last_comparison = None  # measured with the previous tree
+        return profile

@@ -1,0 +1,63 @@
+"""The device panel: what the model runs on and how much memory it takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from ppd_core.device_info import describe
+
+
+@dataclass
+class MemoryReading:
+    label: str  # "GPU" or "RAM"
+    used_bytes: int
+    total_bytes: int
+
+
+def gpu_memory(index: int) -> MemoryReading:
+    """Used and total GPU memory from NVML (all processes), torch's view where NVML is missing."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+            return MemoryReading("GPU", int(info.used), int(info.total))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML absent or unusable
+        free, total = torch.cuda.mem_get_info(index)
+        return MemoryReading("GPU", int(total - free), int(total))
+
+
+def memory_reading(device: torch.device) -> MemoryReading:
+    if device.type == "cuda":
+        return gpu_memory(device.index or 0)
+    memory = psutil.virtual_memory()
+    return MemoryReading("RAM", int(memory.total - memory.available), int(memory.total))
+
+
+def gib(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB"
+
+
+def device_panel(engine) -> str:
+    """Markdown for the device panel."""
+    loaded = engine.loaded
+    info = describe(loaded.device)
+    memory = memory_reading(loaded.device)
+    lines = [
+        f"**Device:** {info.name} ({info.kind}, {info.threads} threads)" + (f", driver {info.driver}" if info.driver else ""),
+        f"**{memory.label}:** {gib(memory.used_bytes)} used of {gib(memory.total_bytes)}",
+        f"**Model:** {loaded.name}, {gib(loaded.num_bytes)} ({loaded.quant if loaded.quant != 'none' else 'not quantized'}, "
+        f"{str(loaded.dtype).removeprefix('torch.')})",
+        f"**Prompt tokens:** {engine.prompt_tokens.num_bytes:,} bytes "
+        f"({engine.prompt_tokens.num_prompt_tokens} x {engine.prompt_tokens.ensemble_size} embeddings)",
+        f"**Tree:** {engine.family.name}, {engine.family.num_tokens} tokens per step",
+    ]
+    if loaded.device.type == "cpu" and not torch.cuda.is_available():
+        lines.append("*Running on the CPU: no CUDA GPU was found.*")
+    return "  \n".join(lines)

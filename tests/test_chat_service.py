@@ -1,0 +1,99 @@
+"""The chat app's logic without a browser: trimming, stopping, highlighting, comparison, history."""
+
+import json
+
+import pytest
+
+from app.chat_service import ChatService, ChatSettings, Highlighter
+from app.history import Conversation, ConversationStore
+from ppd_core.engine import Engine, EngineConfig
+
+
+@pytest.fixture(scope="module")
+def service(tiny_model_dir):
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", max_context=160))
+    return ChatService(engine)
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def test_stream_matches_plain_greedy_generation(service):
+    messages = [user("Hello there")]
+    updates = list(service.answer(messages, ChatSettings(max_new_tokens=24)))
+    ids = service.engine.chat_ids(messages)
+    assert updates[-1].text == service.engine.generate(ids, "vanilla", 24).text
+    assert updates[-1].stop_reason == "length" and "tokens/s" in updates[-1].readout
+    assert all(u.stop_reason is None for u in updates[:-1])
+
+
+def test_empty_message_is_refused(service):
+    with pytest.raises(ValueError, match="the message is empty"):
+        list(service.answer([user("   ")], ChatSettings()))
+
+
+def test_long_conversations_are_trimmed_with_a_note(service):
+    settings = ChatSettings(max_new_tokens=32)
+    turn = "tell me more about the history of this place " * 2
+    messages = []
+    for index in range(6):
+        messages += [user(f"{index}: {turn}"), {"role": "assistant", "content": turn}]
+    messages.append(user("and now?"))
+    ids, note = service.prepare(messages, settings)
+    assert len(ids) + 32 <= service.engine.max_context
+    assert note.startswith("Trimmed the ") and "160-token context" in note
+    assert service.engine.tokenizer.decode(ids).count("and now?") == 1
+    with pytest.raises(ValueError, match="too long: .* tokens, but the model's context holds 160"):
+        service.prepare([user("word " * 400)], settings)
+
+
+def test_stop_ends_the_answer_within_one_step(service):
+    requested = {"stop": False}
+    steps = 0
+    updates = []
+    for update in service.answer([user("Count to fifty")], ChatSettings(max_new_tokens=100), stop=lambda: requested["stop"]):
+        updates.append(update)
+        steps += 1
+        if steps == 3:
+            requested["stop"] = True
+    assert len(updates) == 4  # three steps, then the final "stopped" update and nothing more
+    assert updates[-1].stop_reason == "stopped" and "Stopped." in updates[-1].note
+    assert updates[-1].stats.new_tokens < 100
+
+
+def test_highlighter_marks_accepted_guesses(service):
+    tokenizer = service.engine.tokenizer
+    ids = tokenizer.encode(" the cat sat on the mat", add_special_tokens=False)
+    highlighter = Highlighter(tokenizer)
+    highlighter.add(ids[:3], from_guesses=2)  # two accepted guesses, then the model's own token
+    highlighter.add(ids[3:], from_guesses=0)
+    assert "".join(p for p, _ in highlighter.pieces) == tokenizer.decode(ids)
+    assert [guessed for _, guessed in highlighter.pieces] == [True, True] + [False] * (len(ids) - 2)
+    assert highlighter.html().startswith("<mark>")
+
+
+def test_compare_runs_both_ways_and_feeds_the_readout(service):
+    result = service.compare([user("Say something nice")], ChatSettings(max_new_tokens=20))
+    assert result.identical and result.ppd_text == result.vanilla_text
+    assert result.speedup > 0 and "Greedy outputs: identical" in result.verdict()
+    assert service.speedup_label().endswith("(measured: last comparison)")
+
+
+def test_history_round_trip_export_and_corrupt_files(tmp_path):
+    store = ConversationStore(tmp_path / "c")
+    first = Conversation(messages=[user("First question"), {"role": "assistant", "content": "An answer"}], system_prompt="Be brief.")
+    store.save(first)
+    second = Conversation(messages=[user("Second")])
+    store.save(second)
+    (store.folder / "broken.json").write_text("{oops")
+    listed = store.list()
+    assert [c.id for c in listed] == [second.id, first.id]  # newest first, the broken file skipped
+    assert store.load(first.id) == first
+    exported = json.loads(store.export(first, "json", tmp_path / "out").read_text())
+    assert exported["messages"] == first.messages
+    markdown = store.export(first, "md", tmp_path / "out").read_text()
+    assert "# First question" in markdown and "An answer" in markdown and "Be brief." in markdown
+    assert not list(store.folder.glob("*.tmp"))  # atomic writes leave nothing behind
+    with pytest.raises(ValueError, match="bad conversation id"):
+        store.path("../escape")
