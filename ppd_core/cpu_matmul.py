@@ -23,7 +23,8 @@ class SkinnyLinear(nn.Linear):
         rows = x.numel() // x.shape[-1]
         if not MIN_ROWS <= rows <= MAX_ROWS:
             return super().forward(x)
-        out = (self.weight @ x.reshape(rows, -1).T).T  # [rows, out_features]
+        # contiguous: a transposed view would push attention off SDPA's fast kernels
+        out = (self.weight @ x.reshape(rows, -1).T).T.contiguous()  # [rows, out_features]
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

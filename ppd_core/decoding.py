@@ -163,11 +163,7 @@ def generate(
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     cache = kv_cache.new_cache(model) if cache is None else cache
     prompt_end = kv_cache.cache_length(cache) + len(input_ids)  # sequence length before the answer
-    if prompt_end >= max_context:
-        raise PromptTooLongError(
-            f"the prompt has {prompt_end} tokens but the model's context holds {max_context} "
-            "(prompt and answer together)"
-        )
+    check_prompt_fits(prompt_end, max_context)
     top_k = family.max_rank + 1
     last_resort = root_only_tree().to(model.get_input_embeddings().weight.device)
 
@@ -191,6 +187,15 @@ def generate(
         stats, guesses = output.stats, output.guesses
         if guess_hook is not None and guesses is not None:
             guesses = guess_hook(produced + stats.tokens, guesses)
+
+
+def check_prompt_fits(prompt_length: int, max_context: int) -> None:
+    """Raise PromptTooLongError unless the prompt leaves room for at least one answer token."""
+    if prompt_length >= max_context:
+        raise PromptTooLongError(
+            f"the prompt has {prompt_length} tokens but the model's context holds {max_context} "
+            "(prompt and answer together)"
+        )
 
 
 def clip_tokens(

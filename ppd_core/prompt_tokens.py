@@ -7,6 +7,7 @@ File: tensor ``prompt_embeddings`` [n, V, hidden]; string metadata ``format_vers
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -65,6 +66,14 @@ class PromptTokens:
     @property
     def num_bytes(self) -> int:
         return self.embeddings.numel() * self.embeddings.element_size()
+
+    def with_ensemble_size(self, ensemble_size: int) -> PromptTokens:
+        """The same tokens with ``ensemble_size`` members: unchanged, or averaged into one."""
+        if ensemble_size == self.ensemble_size:
+            return self
+        if ensemble_size != 1:
+            raise PromptTokenError(f"can only shrink an ensemble of {self.ensemble_size} to 1 member, not {ensemble_size}")
+        return dataclasses.replace(self, embeddings=self.embeddings.mean(1, keepdim=True))
 
     @property
     def fingerprint(self) -> str:

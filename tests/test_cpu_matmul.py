@@ -17,7 +17,9 @@ def test_skinny_linear_equals_linear(rows, bias):
     skinny.load_state_dict(plain.state_dict())
     assert use_skinny_matmuls(skinny) == 1 and type(skinny) is SkinnyLinear
     x = torch.randn(1, rows, 96, requires_grad=True)
-    torch.testing.assert_close(skinny(x), plain(x), atol=1e-5, rtol=1e-5)
+    out = skinny(x)
+    torch.testing.assert_close(out, plain(x), atol=1e-5, rtol=1e-5)
+    assert out.is_contiguous()  # attention kernels need a unit last-dim stride
     (grad,) = torch.autograd.grad(skinny(x).square().sum(), x)
     (expected,) = torch.autograd.grad(plain(x).square().sum(), x)
     torch.testing.assert_close(grad, expected, atol=1e-4, rtol=1e-4)

@@ -101,9 +101,23 @@ def test_cli_generate_json_matches_plain_mode(capsys):
     code2, out2, _ = run_cli(capsys, "generate", "What is the capital of France?", "--max-new-tokens", "24", "--json", "--mode", "vanilla")
     plain = json.loads(out2)
     assert code == code2 == 0
-    assert set(ppd) == {"text", "new_tokens", "steps", "mean_accepted", "tok_s", "mode"}
+    assert set(ppd) == {"text", "new_tokens", "steps", "mean_accepted", "tok_s", "mode", "sampling"}
+    assert ppd["sampling"]["temperature"] == 0.0 and ppd["sampling"]["distribution_preserving"]
     assert ppd["text"] == plain["text"] and ppd["mode"] == "ppd" and plain["mean_accepted"] == 1.0
     assert "Paris" in ppd["text"]
+    from ppd_core.calibration.profiles import profiles_dir
+
+    assert any(profiles_dir().glob("SmolLM2-135M-Instruct-*.json"))  # the first PPD run calibrated this device
+
+
+def test_cli_sampling_is_seeded_and_validated(capsys):
+    args = ["generate", "Tell me a joke.", "--max-new-tokens", "16", "--json", "--temperature", "0.8", "--seed", "7"]
+    first, second = (json.loads(run_cli(capsys, *args)[1]) for _ in range(2))
+    assert first["text"] == second["text"] and first["sampling"]["acceptance"] == "lossless"
+    typical = json.loads(run_cli(capsys, *args, "--acceptance", "typical")[1])
+    assert typical["sampling"]["distribution_preserving"] is False
+    code, out, err = run_cli(capsys, "generate", "hi", "--temperature", "0.5", "--top-p", "0")
+    assert code == 2 and err.strip() == "ppd: error: top-p must be in (0, 1], got 0.0"
 
 
 def test_cli_bench_writes_the_contract(tmp_path):

@@ -78,3 +78,14 @@ def test_save_is_atomic(tmp_path):
     tokens = make(tiny_llama())
     tokens.save(tmp_path / "p.safetensors")
     assert [p.name for p in tmp_path.iterdir()] == ["p.safetensors"]
+
+
+def test_an_ensemble_shrinks_to_one_averaged_member():
+    model = tiny_llama()
+    tokens = make(model, V=2)
+    single = tokens.with_ensemble_size(1)
+    assert single.embeddings.shape == (3, 1, 64)
+    assert torch.equal(single.embeddings[:, 0], tokens.embeddings.mean(1))
+    assert tokens.with_ensemble_size(2) is tokens
+    with pytest.raises(PromptTokenError, match="can only shrink an ensemble of 2 to 1"):
+        tokens.with_ensemble_size(3)

@@ -181,3 +181,12 @@ def test_ppd_train_end_to_end_and_resume(tmp_path):
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert torch.equal(PromptTokens.load(out).embeddings, tokens.embeddings)
+    # distil the ensemble into one member per prompt token, starting from the trained file
+    single = tmp_path / "single.safetensors"
+    distil = command[: command.index("--work-dir")] + ["--work-dir", str(tmp_path / "work1"), "--out", str(single),
+                                                       "--init", str(out), "--ensemble", "1"]
+    done = subprocess.run(distil, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    distilled = PromptTokens.load(single)
+    assert distilled.embeddings.shape == (3, 1, 576) and distilled.training["init"] == str(out)
+    assert distilled.training["init_training"]["steps"] == 2

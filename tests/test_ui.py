@@ -1,0 +1,115 @@
+"""The chat app launched for real: gradio_client against its API, and Chromium clicking its UI."""
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from app.chat_service import ChatService
+from app.cli import main
+from app.history import ConversationStore
+from app.ui import build_app
+from ppd_core.engine import Engine, EngineConfig
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def text_of(content) -> str:
+    """Chatbot message content: a string, or (Gradio 6) a list of typed parts."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+@pytest.fixture(scope="module")
+def running_app(tmp_path_factory):
+    """The app on the default model, on localhost; a quick calibration so the button test stays short."""
+    engine = Engine.load(EngineConfig(model="default", device="cpu", tree="medium"))
+    service = ChatService(engine, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1))
+    store = ConversationStore(tmp_path_factory.mktemp("conversations"))
+    app = build_app(service, store)
+    port = free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/", service, store
+    app.close()
+
+
+def test_gradio_client_streams_the_answer_of_ppd_generate(running_app, capsys):
+    from gradio_client import Client
+
+    url, service, store = running_app
+    question = "What is the capital of France?"
+    client = Client(url, verbose=False)
+    job = client.submit(question, "", 0.0, 1.0, 48, True, "lossless", False, api_name="/send")
+    updates = list(job)
+    chats = [u[0] for u in updates if isinstance(u[0], list) and u[0]]  # the last update only refreshes the list
+    answers = [text_of(c[-1]["content"]) for c in chats if c[-1]["role"] == "assistant"]
+    assert len({a for a in answers if a}) >= 2  # the answer grew over several updates: streamed
+
+    code = main(["generate", question, "--max-new-tokens", "48", "--json", "--tree", "medium"])
+    expected = json.loads(capsys.readouterr().out)["text"]
+    assert code == 0 and answers[-1] == expected and "Paris" in expected
+    saved = store.list()
+    assert saved and saved[0].messages[-1] == {"role": "assistant", "content": expected}
+
+
+def test_browser_chat_stop_compare_and_calibrate(running_app, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, service, store = running_app
+    assert CHROMIUM.exists(), "Debian's chromium is needed: apt-get install chromium (make test does it)"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.goto(url)
+        message = page.locator("#message textarea")
+        readout, note = page.locator("#readout"), page.locator("#note")
+
+        # an empty message is refused politely
+        page.locator("#send").click()
+        expect(note).to_contain_text("Please type a message first.", timeout=30_000)
+
+        # a streamed answer with a live speed readout
+        message.fill("Give me three tips for staying healthy.")
+        page.locator("#send").click()
+        expect(readout).to_contain_text("(streaming)", timeout=120_000)
+        bot = page.locator("#chat [data-testid='bot']").last
+        expect(bot).not_to_be_empty()
+        expect(readout).to_contain_text("tokens/step")
+        expect(readout).not_to_contain_text("(streaming)", timeout=180_000)
+        assert "tokens/s" in readout.inner_text()
+
+        # Stop ends a running answer
+        message.fill("Write a long story about a dragon who learns to bake bread.")
+        page.locator("#send").click()
+        expect(readout).to_contain_text("(streaming)", timeout=120_000)
+        page.locator("#stop").click()
+        expect(note).to_contain_text("Stopped.", timeout=30_000)
+
+        # compare with plain decoding: both answers side by side, with a verdict
+        page.locator("#compare").click()
+        expect(page.locator("#verdict")).to_contain_text("Greedy outputs: identical", timeout=240_000)
+        expect(page.locator("#plain-answer")).to_contain_text("Plain decoding")
+        expect(page.locator("#ppd-answer")).to_contain_text("PPD")
+        page.screenshot(path=str(tmp_path / "after-compare.png"), full_page=True)
+        assert "measured: last comparison" in service.speedup_label()
+
+        # one-click calibration with its progress, then the curve and the expected speedup
+        page.get_by_text("Calibration", exact=True).click()
+        page.locator("#calibrate").click()
+        expect(page.locator("#calibration")).to_contain_text("Expected speedup", timeout=240_000)
+        page.screenshot(path=str(tmp_path / "after-calibration.png"), full_page=True)
+        browser.close()
+    assert (tmp_path / "after-compare.png").stat().st_size > 10_000
+    assert service.engine.profile is not None and service.engine.family.name.startswith("calibrated-")
