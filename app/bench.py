@@ -172,15 +172,18 @@ def run_benchmark(
         "speedup": round(ppd["tok_s"] / vanilla["tok_s"], 4) if vanilla["tok_s"] else 0.0,
         "identical": not mismatches if sampling.greedy else None,
         "mismatches": mismatches if sampling.greedy else [],
-        "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                     "acceptance": sampling.acceptance, "distribution_preserving": sampling.lossless},
+        "sampling": sampling.describe(),
         "memory_overhead_bytes": engine.prompt_tokens.num_bytes + sum(t.attention_mask.numel() for t in engine.family.trees),
     }
-    if engine.profile is not None:
+    if engine.profile is not None:  # what calibration expects of the tree in use
+        budget = engine.tree_budget or engine.profile.budget
+        row = next((r for r in engine.profile.budgets if r["budget"] == budget), None)
         result["calibration"] = {
-            "budget": engine.profile.budget,
-            "expected_tokens_per_step": engine.profile.expected_tokens_per_step,
-            "expected_speedup": engine.profile.expected_speedup,
+            "budget": budget,
+            "chosen_budget": engine.profile.budget,
+            "expected_tokens_per_step": row["tokens_per_step"] if row else None,
+            "expected_tokens_per_second": row["tokens_per_second"] if row else None,
+            "expected_speedup_of_chosen": engine.profile.expected_speedup,
         }
     if compare_generate:
         result["transformers_generate"] = reference.to_json(False)

@@ -187,8 +187,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "mean_accepted": round(stats.mean_accepted, 4),
             "tok_s": round(stats.tok_s, 3),
             "mode": args.mode,
-            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                         "acceptance": sampling.acceptance, "distribution_preserving": sampling.lossless},
+            "sampling": sampling.describe(),
         }))
     else:
         print()

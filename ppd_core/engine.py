@@ -107,6 +107,7 @@ class Engine:
         self.family = family.to(loaded.device)
         self.max_context = max_context
         self.profile: DeviceProfile | None = None  # the calibration behind ``family``, if any
+        self.tree_budget: int | None = None  # a budget asked for instead of the profile's choice
         self.profile_path: Path | None = None  # where the last calibration was saved
         self._kept: KeptCache | None = None
         self._vanilla = vanilla_family().to(loaded.device)
@@ -153,7 +154,7 @@ class Engine:
 
     def use_profile(self, profile: DeviceProfile, budget: int | None = None) -> None:
         """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
-        self.profile = profile
+        self.profile, self.tree_budget = profile, budget
         if budget is None:
             self.set_tree(profile.family())
             return

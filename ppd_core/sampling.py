@@ -43,6 +43,11 @@ class SamplingParams:
         """Whether the output follows the model's distribution exactly."""
         return self.greedy or self.acceptance == "lossless"
 
+    def describe(self) -> dict:
+        """The settings as reported in JSON output."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "acceptance": self.acceptance, "distribution_preserving": self.lossless}
+
     def generator(self) -> torch.Generator:
         generator = torch.Generator()
         if self.seed is None:

@@ -123,14 +123,19 @@ def test_multi_turn_reuses_the_kv_cache_and_stays_exact(tiny_model_dir):
 
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
     history = [{"role": "user", "content": "Hello there"}]
-    first = engine.generate(engine.chat_ids(history), "ppd", 20, reuse_cache=True)
+    first_ids = engine.chat_ids(history)
+    first = engine.generate(first_ids, "ppd", 20, reuse_cache=True)
     assert first.stats.reused_tokens == 0
     history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
     ids = engine.chat_ids(history)
     second = engine.generate(ids, "ppd", 20, reuse_cache=True)
     fresh = engine.generate(ids, "vanilla", 20)  # no reuse: a full prefill
     assert second.tokens == fresh.tokens
-    assert second.stats.reused_tokens >= len(engine.chat_ids(history[:1]))  # the first turn came from the cache
+    # the cache held the first prompt and answer (but the last token, never fed back): all of
+    # their common prefix with the new conversation was reused
+    cached = first_ids + first.tokens[:-1]
+    common = next((i for i, (a, b) in enumerate(zip(cached, ids)) if a != b), min(len(cached), len(ids)))
+    assert second.stats.reused_tokens == min(common, len(ids) - 1) > len(first_ids) // 2
     # a stopped stream keeps a consistent cache: the same request again gives the same answer
     stream = engine.stream(ids, "ppd", 20, reuse_cache=True)
     next(stream), next(stream)
