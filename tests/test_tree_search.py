@@ -133,7 +133,7 @@ def test_every_designed_tree_is_valid_and_within_budget(budget):
         assert len(family) == 4
         for m, spec in enumerate(family):
             assert spec_size(spec, ensemble) <= budget and spec.depth <= m
-            if budget >= 1 + ensemble:  # room for a prompt token: no node is left without one
+            if budget >= 2 + 2 * ensemble:  # room for the root and a candidate, each with a prompt token
                 assert all(c >= 1 for c in spec.prompt_counts.values())
             else:
                 assert spec.prompt_counts == {(): 0}
@@ -178,3 +178,14 @@ def test_interpolation():
     at = interpolate({1: 10.0, 5: 30.0, 9: 30.0})
     assert at(1) == 10.0 and at(3) == 20.0 and at(7) == 30.0 and at(11) == 30.0
     assert interpolate({4: 7.0})(100) == 7.0
+
+
+def test_no_prompt_tokens_where_no_candidate_can_follow():
+    """With two members per prompt token a 4-token budget holds no candidate with its prompt token:
+    prompt tokens on the root would cost two tokens and never be verified, so plain decoding it is."""
+    probs = [[0.4, 0.1], [0.3, 0.1], [0.2, 0.1]]
+    assert design_family(probs, 4, 3, ensemble_size=2)[1].prompt_counts == {(): 0}
+    # one member each: root and one candidate, each with a prompt token
+    assert design_family(probs, 4, 3, ensemble_size=1)[1].prompt_counts == {(): 1, (0,): 1}
+    # with no guesses available (state 0) the root still gets prompt tokens, so guessing can start
+    assert design_family(probs, 16, 3, ensemble_size=1)[0].prompt_counts[()] >= 1

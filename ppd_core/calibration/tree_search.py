@@ -115,14 +115,16 @@ def design_tree(probs: Probs, budget: int, max_depth: int, num_prompt_tokens: in
     with the most expected tokens this step plus next step (one step of lookahead).
     """
     n, V = num_prompt_tokens, ensemble_size
-    best: tuple[float, TreeSpec] = (1.0, TreeSpec({(): 0}))
+    # Expected tokens of the next step when m depths of guesses are available: the most
+    # candidates this budget can hold, each with a prompt token (what stage 2 must keep).
+    capacity = max(0, (budget - 1 - V) // (1 + V))
+    value = [expected_length(best_candidates(probs, capacity, m), probs) for m in range(n + 1)]
+    best: tuple[float, TreeSpec] = (1.0 + value[0], TreeSpec({(): 0}))  # plain decoding, then the same
     for count in range(budget):
         prompt_budget = min((budget - 1 - count) // V, n * (count + 1))
         candidates = best_candidates(probs, count, max_depth)
         if prompt_budget < count + 1 or len(candidates) < count:
             break  # more candidates only leave fewer prompt tokens for more nodes
-        # expected tokens of the next step with m depths of guesses, a tree of this size
-        value = [expected_length(best_candidates(probs, count, m), probs) for m in range(n + 1)]
         counts = allocate_prompt_tokens(candidates, probs, prompt_budget, n, value)
         last = last_node_probabilities(candidates, probs)
         score = expected_length(candidates, probs) + sum(last[p] * value[c] for p, c in counts.items())
