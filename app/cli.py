@@ -115,9 +115,8 @@ class ProgressBars:
 
 
 def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
-    from ppd_core.engine import Engine, EngineConfig, check_tree_name
+    from ppd_core.engine import Engine, EngineConfig
 
-    check_tree_name(args.tree)
     config = EngineConfig(
         model=args.model, prompt_tokens=args.prompt_tokens, quant=args.quant, device=args.device,
         dtype=args.dtype, tree=args.tree, auto_calibrate=auto_calibrate,
