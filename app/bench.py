@@ -14,22 +14,32 @@ import torch
 
 from ppd_core.device_info import describe
 from ppd_core.engine import Engine
+from ppd_core.errors import PpdError
 from ppd_core.sampling import GREEDY, SamplingParams
 
 
 def read_questions(path: Path, limit: int | None) -> list[list[str]]:
-    """The ``turns`` of each MT-Bench style JSONL record."""
+    """The ``turns`` of each MT-Bench style JSONL record; a missing or malformed file is a one-line PpdError."""
+    path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"question file not found: {path}")
+        raise PpdError(f"question file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise PpdError(f"cannot read the question file {path} ({error})") from None
     questions = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             turns = json.loads(line)["turns"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{path}:{number} is not a JSON object with a 'turns' list") from None
-        questions.append([str(t) for t in turns])
+            turns = None
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise PpdError(f"{path}:{number} is not a JSON object with a 'turns' list")
+        questions.append(turns)
+    if not questions:
+        raise PpdError(f"{path} holds no questions (expected one JSON object with a 'turns' list per line)")
     return questions[:limit] if limit else questions
 
 

@@ -11,8 +11,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ppd_core.engine import Engine, GenerationEvent
+from ppd_core.errors import PpdError
 from ppd_core.sampling import SamplingParams
 from ppd_core.stats import GenerationStats
+from ppd_core.text import TextStream
+
+SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 
 
 @dataclass
@@ -25,8 +29,13 @@ class ChatSettings:
     acceptance: str = "lossless"  # or "typical" (faster, not distribution-preserving)
     highlight: bool = False  # mark the tokens that came from accepted guesses
 
+    def __post_init__(self):  # values straight from the UI's widgets
+        self.system_prompt = self.system_prompt or ""
+        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
+        self.max_new_tokens, self.ppd, self.highlight = int(self.max_new_tokens), bool(self.ppd), bool(self.highlight)
+
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p), acceptance=self.acceptance)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, acceptance=self.acceptance)
 
 
 @dataclass
@@ -46,6 +55,7 @@ class Comparison:
     vanilla_stats: GenerationStats
     ppd_stats: GenerationStats
     identical: bool
+    first: str  # "plain" or "PPD": the order alternates between comparisons
 
     @property
     def speedup(self) -> float:
@@ -53,42 +63,41 @@ class Comparison:
 
     def verdict(self) -> str:
         same = "identical" if self.identical else "different (they should not be: please report this)"
+        second = "PPD" if self.first == "plain" else "plain"
         return (
             f"**PPD {self.ppd_stats.tok_s:.1f} tokens/s vs plain {self.vanilla_stats.tok_s:.1f} tokens/s: "
-            f"{self.speedup:.2f}x.** Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.vanilla_stats.seconds:.2f} s; "
-            f"{self.ppd_stats.mean_accepted:.2f} tokens per PPD step. Greedy outputs: {same}."
+            f"{self.speedup:.2f}x.** Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.vanilla_stats.seconds:.2f} s "
+            f"({SPEED_DEFINITION}, no cache reuse on either side; {self.first} ran first, {second} second: the order "
+            f"alternates between comparisons); {self.ppd_stats.mean_accepted:.2f} tokens per PPD step. "
+            f"Greedy outputs: {same}."
         )
 
 
-def format_readout(stats: GenerationStats, ppd: bool, speedup: str, finished: bool) -> str:
+def format_readout(stats: GenerationStats, speedup: str | None, finished: bool) -> str:
+    """The live speed line; ``speedup`` is None with PPD off (there is nothing to compare)."""
     state = "" if finished else " (streaming)"
-    mode = f"{stats.mean_accepted:.2f} tokens/step" if ppd else "PPD off: plain decoding, 1 token/step"
+    mode = f"{stats.mean_accepted:.2f} tokens/step · speedup over plain decoding: {speedup}" if speedup else "PPD off: plain decoding, 1 token/step"
     reused = f", {stats.reused_tokens} reused from the last turn" if stats.reused_tokens else ""
     return (
-        f"**{stats.decode_tok_s:.1f} tokens/s**{state} · {mode} · speedup over plain decoding: {speedup} · "
+        f"**{stats.tok_s:.1f} tokens/s**{state} ({SPEED_DEFINITION}) · {mode} · "
         f"{stats.new_tokens} tokens · prompt processing {stats.prefill_seconds * 1000:.0f} ms "
         f"({stats.prompt_tokens - stats.reused_tokens} tokens{reused})"
     )
 
 
 class Highlighter:
-    """Builds the answer text with the tokens that came from accepted guesses marked."""
+    """Builds the answer text with the tokens that came from accepted guesses marked, token by token."""
 
     def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
+        self.text = TextStream(tokenizer)
         self.pieces: list[tuple[str, bool]] = []
-        self.decoded = ""
+        self.html = ""
 
     def add(self, tokens: Sequence[int], from_guesses: int) -> None:
         for index, token in enumerate(tokens):
-            self.tokens.append(token)
-            text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-            self.pieces.append((text[len(self.decoded) :], index < from_guesses))
-            self.decoded = text
-
-    def html(self) -> str:
-        return "".join(f"<mark>{html.escape(p)}</mark>" if guessed and p.strip() else p for p, guessed in self.pieces)
+            piece, guessed = self.text.add(token), index < from_guesses
+            self.pieces.append((piece, guessed))
+            self.html += f"<mark>{html.escape(piece)}</mark>" if guessed and piece.strip() else piece
 
 
 class ChatService:
@@ -98,6 +107,7 @@ class ChatService:
         self.engine = engine
         self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
         self.last_comparison: Comparison | None = None
+        self._comparisons = 0  # alternates which mode a comparison runs first
 
     def speedup_label(self) -> str:
         if self.last_comparison is not None:
@@ -109,7 +119,7 @@ class ChatService:
     def prepare(self, messages: list[dict], settings: ChatSettings) -> tuple[list[int], str]:
         """Chat-template ids for the conversation, dropping the oldest turns until prompt + answer fit."""
         if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
-            raise ValueError("the message is empty")
+            raise PpdError("the message is empty")
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
         limit = self.engine.max_context
         kept = list(messages)
@@ -118,7 +128,7 @@ class ChatService:
             kept = kept[2:] if len(kept) > 2 else kept[1:]  # a user turn and its answer
             ids = self.engine.chat_ids(system + kept)
         if len(ids) >= limit:
-            raise ValueError(f"the message is too long: {len(ids)} tokens, but the model's context holds {limit}")
+            raise PpdError(f"the message is too long: {len(ids)} tokens, but the model's context holds {limit}")
         dropped = len(messages) - len(kept)
         note = f"Trimmed the {dropped} earliest messages to fit the model's {limit}-token context." if dropped else ""
         return ids, note
@@ -126,7 +136,7 @@ class ChatService:
     def answer(self, messages: list[dict], settings: ChatSettings, stop: Callable[[], bool] | None = None) -> Iterator[AnswerUpdate]:
         """Stream the answer to the last user message; ends within one decoding step of ``stop()`` turning true."""
         ids, note = self.prepare(messages, settings)
-        highlighter = Highlighter(self.engine.tokenizer)
+        highlighter = Highlighter(self.engine.tokenizer) if settings.highlight else None
         mode = "ppd" if settings.ppd else "vanilla"
         stream = self.engine.stream(ids, mode, int(settings.max_new_tokens), reuse_cache=True, sampling=settings.sampling())
         event: GenerationEvent | None = None
@@ -134,14 +144,15 @@ class ChatService:
             for event in stream:
                 if stop is not None and stop():
                     break
-                highlighter.add(event.step.tokens, event.step.from_guesses)
+                if highlighter is not None:
+                    highlighter.add(event.step.tokens, event.step.from_guesses)
                 yield self._update(event, settings, note, highlighter, event.stop_reason)
         finally:
             stream.close()
         if event is not None and event.stop_reason is None:  # stopped by the user
             yield self._update(event, settings, note, highlighter, "stopped")
 
-    def _update(self, event: GenerationEvent, settings: ChatSettings, note: str, highlighter: Highlighter, stop_reason) -> AnswerUpdate:
+    def _update(self, event: GenerationEvent, settings: ChatSettings, note: str, highlighter: Highlighter | None, stop_reason) -> AnswerUpdate:
         finished = stop_reason is not None
         notes = [note] if note else []
         if stop_reason == "context":
@@ -152,19 +163,25 @@ class ChatService:
             notes.append("Typical acceptance: faster, but does not follow the model's distribution exactly.")
         return AnswerUpdate(
             text=event.text,
-            display=highlighter.html() if settings.highlight else event.text,
-            readout=format_readout(event.stats, settings.ppd, self.speedup_label(), finished),
+            display=highlighter.html if highlighter is not None else event.text,
+            readout=format_readout(event.stats, self.speedup_label() if settings.ppd else None, finished),
             note=" ".join(notes),
             stats=event.stats,
             stop_reason=stop_reason,
         )
 
     def compare(self, messages: list[dict], settings: ChatSettings) -> Comparison:
-        """The last user message answered greedily both ways, plain first, no cache reuse: a fair race."""
+        """The last user message answered greedily both ways, timed the same way and with no cache reuse.
+
+        Which mode runs first alternates between comparisons, so neither always gets the warmer caches.
+        """
         ids, _ = self.prepare(messages, settings)
-        plain = self.engine.generate(ids, "vanilla", int(settings.max_new_tokens))
-        ppd = self.engine.generate(ids, "ppd", int(settings.max_new_tokens))
-        self.last_comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens)
+        order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
+        self._comparisons += 1
+        results = {mode: self.engine.generate(ids, mode, int(settings.max_new_tokens)) for mode in order}
+        plain, ppd = results["vanilla"], results["ppd"]
+        first = "plain" if order[0] == "vanilla" else "PPD"
+        self.last_comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first)
         return self.last_comparison
 
     def calibrate(self, progress: Callable[[str, int, int], None] | None = None):

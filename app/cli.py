@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import json
 import logging
+import os
+import socket
 import sys
 from pathlib import Path
 
+from ppd_core.errors import PpdError
 from ppd_core.loading import DEVICE_CHOICES, DTYPE_CHOICES, QUANT_CHOICES
 from ppd_core.static_trees import STATIC_TREES
 
-DEFAULT_QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "mt_bench.jsonl"
+# MT-Bench questions shipped inside the package (app/data/README.md says where they come from).
+DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "data" / "mt_bench.jsonl"
+AUTH_ENV = "PPD_AUTH"  # USER:PASS for `ppd chat`, instead of --auth (keeps the password out of `ps`)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(generate)
 
     bench = commands.add_parser("bench", help="plain decoding against PPD on the same questions")
-    bench.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS)
+    bench.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="MT-Bench style JSONL (default: the shipped MT-Bench questions)")
     bench.add_argument("--limit", type=int, default=None)
     bench.add_argument("--turns", type=int, default=1, choices=[1, 2])
     bench.add_argument("--max-new-tokens", type=int, default=128)
@@ -69,8 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(bench)
 
     chat = commands.add_parser("chat", help="the chat app, in your browser")
-    chat.add_argument("--host", default="127.0.0.1")
+    chat.add_argument("--host", default="127.0.0.1", help="address to serve on; any but a loopback one needs --auth or --no-auth")
     chat.add_argument("--port", type=int, default=7860)
+    login = chat.add_mutually_exclusive_group()
+    login.add_argument("--auth", default=None, metavar="USER:PASS", help=f"require this login (default: ${AUTH_ENV} if set)")
+    login.add_argument("--no-auth", action="store_true", help="serve a non-loopback --host without a login (anyone who reaches it can use it)")
     add_model_options(chat)
 
     calibrate = commands.add_parser("calibrate", help="measure this device and choose the guess tree")
@@ -81,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--samples", type=int, default=2000, help="conversations the model answers and trains on")
     train.add_argument("--out", type=Path, default=None, help="output prompt-token file")
     train.add_argument("--data", type=Path, default=None, help="your conversations (JSON or JSONL); default ShareGPT")
-    train.add_argument("--eval-questions", type=Path, default=DEFAULT_QUESTIONS, help="held-out MT-Bench style JSONL")
-    train.add_argument("--eval-limit", type=int, default=20)
+    train.add_argument("--eval-questions", type=Path, default=DEFAULT_QUESTIONS, help="held-out MT-Bench style JSONL (default: the shipped MT-Bench questions)")
+    train.add_argument("--eval-limit", type=int, default=20, help="held-out questions to evaluate on; 0 skips the evaluation")
     train.add_argument("--epochs", type=float, default=2.0)
     train.add_argument("--cuts", type=int, default=32, help="cuts per conversation per step")
     train.add_argument("--accumulate", type=int, default=4, help="conversations per optimizer step")
@@ -141,28 +151,105 @@ def run_calibrate(args: argparse.Namespace) -> int:
     )
     print(f"profile saved to {engine.profile_path}")
     if args.json_path:
-        args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+        write_output(args.json_path, json.dumps(profile.to_json(), indent=1) + "\n")
     return 0
 
 
+def write_output(path: Path, text: str) -> None:
+    """Write a result file the user asked for, atomically; a path that cannot be written is a PpdError."""
+    from ppd_core.atomic_files import atomic_write
+
+    try:
+        atomic_write(path, text)
+    except OSError as error:
+        raise PpdError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def parse_auth(value: str) -> tuple[str, str]:
+    """``USER:PASS`` (the password may hold colons) -> (user, password)."""
+    user, colon, password = value.partition(":")
+    if not colon or not user or not password:
+        raise PpdError("--auth must be USER:PASS with a non-empty user and password")
+    return user, password
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (127.0.0.0/8, ::1, or a name resolving only to those)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise PpdError(f"--host {host} is not an address or a name this machine can resolve") from None
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def chat_auth(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The login for `ppd chat`; a non-loopback --host needs --auth (or $PPD_AUTH) or an explicit --no-auth."""
+    value = args.auth if args.auth is not None else (None if args.no_auth else os.environ.get(AUTH_ENV) or None)
+    if value is not None:
+        return parse_auth(value)
+    if not is_loopback(args.host):
+        if not args.no_auth:
+            raise PpdError(
+                f"--host {args.host} serves beyond this machine: add --auth USER:PASS (or set {AUTH_ENV}), "
+                "or --no-auth to serve it without a login"
+            )
+        print(
+            f"ppd: warning: serving on {args.host} without a login (--no-auth): anyone who can reach it can read "
+            "the saved conversations and recalibrate",
+            file=sys.stderr,
+        )
+    return None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before the model loads if the server could not listen on ``host:port``.
+
+    Binds like the server does (SO_REUSEADDR), on the host's address and, as Gradio also
+    probes it, on 127.0.0.1.
+    """
+    if not 1 <= port <= 65535:
+        raise PpdError(f"--port must be between 1 and 65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise PpdError(f"--host {host} is not an address or a name this machine can resolve") from None
+    probes = [(host, infos[0][0], infos[0][4])]
+    if infos[0][4][0] != "127.0.0.1":
+        probes.append(("127.0.0.1", socket.AF_INET, ("127.0.0.1", port)))
+    for name, family, address in probes:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise PpdError(f"port {port} on {name} is already in use; pick another with --port") from None
+                raise PpdError(f"cannot serve on {host}:{port} ({error.strerror or error})") from None
+
+
 def run_chat(args: argparse.Namespace) -> int:
+    auth = chat_auth(args)  # bad host, login or port: fail before loading the model
+    check_port_free(args.host, args.port)
     from app.chat_service import ChatService
     from app.ui import build_app
 
     engine = load_engine(args)  # the first launch on a device calibrates it (about a minute on a CPU)
     app = build_app(ChatService(engine))
     print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit)", file=sys.stderr)
-    app.launch(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True)
+    app.launch(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth)
     return 0
 
 
 def run_generate(args: argparse.Namespace) -> int:
     sampling = sampling_of(args)
     if args.max_new_tokens < 1:
-        raise ValueError("--max-new-tokens must be at least 1")
+        raise PpdError("--max-new-tokens must be at least 1")
     if not args.text.strip():
-        raise ValueError("the message is empty")
+        raise PpdError("the message is empty")
     from ppd_core.decoding import check_prompt_fits
 
     engine = load_engine(args, auto_calibrate=args.tree != "auto")  # "auto" calibrates below, after the checks
@@ -201,9 +288,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from app.bench import run_benchmark
+    from app.bench import read_questions, run_benchmark
 
     sampling = sampling_of(args)
+    if args.max_new_tokens < 1:
+        raise PpdError("--max-new-tokens must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        raise PpdError("--limit must be at least 1")
+    read_questions(args.questions, args.limit)  # a missing or malformed file fails before the model loads
     engine = load_engine(args)
     result = run_benchmark(
         engine, args.questions, limit=args.limit, turns=args.turns, max_new_tokens=args.max_new_tokens,
@@ -211,12 +303,14 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     text = json.dumps(result, indent=2)
     if args.json_path:
-        args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(text + "\n")
+        write_output(args.json_path, text + "\n")
     if args.plot:
         from app.bench import plot_result
 
-        plot_result(result, args.plot)
+        try:
+            plot_result(result, args.plot)
+        except OSError as error:
+            raise PpdError(f"cannot write {args.plot}: {error.strerror or error}") from None
     print(text)
     return 0
 
@@ -225,12 +319,25 @@ def run_train(args: argparse.Namespace) -> int:
     import platformdirs
     from tqdm import tqdm
 
+    from app.bench import read_questions
     from ppd_core.loading import load_model
+    from ppd_core.prompt_tokens import PromptTokens
     from ppd_core.training.pipeline import TrainRun, run_training
     from ppd_core.training.trainer import TrainConfig
 
-    if args.samples < 1:
-        raise ValueError("--samples must be at least 1")
+    for option in ("samples", "epochs", "cuts", "accumulate", "ensemble", "lr", "max_prompt_tokens", "max_new_tokens", "generation_batch"):
+        if not getattr(args, option) > 0:
+            raise PpdError(f"--{option.replace('_', '-')} must be positive, got {getattr(args, option)}")
+    if args.eval_limit < 0:
+        raise PpdError(f"--eval-limit must be 0 (no evaluation) or positive, got {args.eval_limit}")
+    # user files fail here, in one line, before the model loads and answers are generated
+    if args.data is not None and not args.data.is_file():
+        raise PpdError(f"conversation file not found: {args.data}")
+    eval_questions = args.eval_questions if args.eval_limit > 0 else None
+    if eval_questions is not None:
+        read_questions(eval_questions, args.eval_limit)
+    if args.init is not None:
+        PromptTokens.load(args.init)
     loaded = load_model(args.model, args.quant, args.device, args.dtype)
     config = TrainConfig(
         samples=args.samples, epochs=args.epochs, cuts=args.cuts, accumulate=args.accumulate,
@@ -238,7 +345,6 @@ def run_train(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, generation_batch=args.generation_batch, seed=args.seed,
     )
     out = args.out or Path(platformdirs.user_data_dir("ppd")) / "prompt-tokens" / f"{loaded.name}.safetensors"
-    eval_questions = args.eval_questions if args.eval_questions and args.eval_questions.is_file() else None
     run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir, init=args.init)
     bars: dict[str, tqdm] = {}
 
@@ -268,15 +374,12 @@ def quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_libraries()
-    from ppd_core.decoding import PromptTooLongError
-    from ppd_core.loading import ModelLoadError
-    from ppd_core.prompt_tokens import PromptTokenError
-
     handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate, "chat": run_chat}
     try:
         return handlers[args.command](args)
-    except (ModelLoadError, PromptTokenError, PromptTooLongError, ValueError, FileNotFoundError) as error:
-        print(f"ppd: error: {error}", file=sys.stderr)
+    except PpdError as error:  # bad input: one line; anything else is a bug and keeps its traceback
+        message = " ".join(str(error).split("\n")).strip() or type(error).__name__
+        print(f"ppd: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ppd: interrupted", file=sys.stderr)

@@ -1,15 +1,26 @@
-"""Saved conversations: one JSON file each in the user's data directory, written atomically."""
+"""Saved conversations: one JSON file each in the user's data directory, written atomically.
+
+A save never replaces another conversation: each file carries a revision, and a copy whose
+revision is not the one on disk (two pages holding the same conversation, or a clash of ids)
+is saved under a new id instead, so both versions are kept.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import platformdirs
+from filelock import FileLock
+
+from ppd_core.atomic_files import atomic_write
+
+
+def new_conversation_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
 
 
 def conversations_dir() -> Path:
@@ -18,11 +29,12 @@ def conversations_dir() -> Path:
 
 @dataclass
 class Conversation:
-    id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    id: str = field(default_factory=new_conversation_id)
     messages: list[dict] = field(default_factory=list)  # {"role", "content"}, system prompt excluded
     system_prompt: str = ""
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    revision: int = 0  # saves so far; a save must start from the revision on disk
 
     @property
     def title(self) -> str:
@@ -51,16 +63,27 @@ class ConversationStore:
         return self.folder / f"{conversation_id}.json"
 
     def save(self, conversation: Conversation) -> Path:
-        conversation.updated = time.time()
-        path = self.path(conversation.id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(conversation), indent=1, ensure_ascii=False))
-        os.replace(tmp, path)
-        return path
+        """Write ``conversation``; if its file holds another revision, give it a new id first (nothing is replaced)."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with FileLock(self.folder / ".store.lock", mode=0o600):  # the revision check and the write, as one step
+            path = self.path(conversation.id)
+            if path.exists() and self._revision_on_disk(path) != conversation.revision:
+                conversation.id = new_conversation_id()
+                path = self.path(conversation.id)
+            conversation.revision += 1
+            conversation.updated = time.time()
+            text = json.dumps(asdict(conversation), indent=1, ensure_ascii=False)
+            return atomic_write(path, text, private=True)  # chats are personal: 0600 in a 0700 folder
+
+    @staticmethod
+    def _revision_on_disk(path: Path) -> int | None:
+        try:
+            return int(json.loads(path.read_text(encoding="utf-8")).get("revision", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None  # unreadable: never overwritten either
 
     def load(self, conversation_id: str) -> Conversation:
-        data = json.loads(self.path(conversation_id).read_text())
+        data = json.loads(self.path(conversation_id).read_text(encoding="utf-8"))
         return Conversation(**{k: data[k] for k in Conversation.__dataclass_fields__ if k in data})
 
     def list(self) -> list[Conversation]:
@@ -78,13 +101,10 @@ class ConversationStore:
 
     def export(self, conversation: Conversation, kind: str, folder: Path) -> Path:
         """Write ``conversation`` as ``json`` or ``md`` into ``folder``; returns the file."""
-        folder.mkdir(parents=True, exist_ok=True)
         if kind == "json":
-            path = folder / f"{conversation.id}.json"
-            path.write_text(json.dumps(asdict(conversation), indent=1, ensure_ascii=False))
+            text = json.dumps(asdict(conversation), indent=1, ensure_ascii=False)
         elif kind == "md":
-            path = folder / f"{conversation.id}.md"
-            path.write_text(conversation.to_markdown())
+            text = conversation.to_markdown()
         else:
             raise ValueError(f"unknown export format {kind!r}")
-        return path
+        return atomic_write(folder / f"{conversation.id}.{kind}", text)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from ppd_core.device_info import describe
+from ppd_core.device_info import describe, nvml_probe
 
 
 @dataclass
@@ -19,18 +19,11 @@ class MemoryReading:
 
 def gpu_memory(index: int) -> MemoryReading:
     """Used and total GPU memory from NVML (all processes), torch's view where NVML is missing."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
-            return MemoryReading("GPU", int(info.used), int(info.total))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML absent or unusable
-        free, total = torch.cuda.mem_get_info(index)
-        return MemoryReading("GPU", int(total - free), int(total))
+    reading = nvml_probe(index)
+    if reading is not None:
+        return MemoryReading("GPU", reading.used_bytes, reading.total_bytes)
+    free, total = torch.cuda.mem_get_info(index)
+    return MemoryReading("GPU", int(total - free), int(total))
 
 
 def memory_reading(device: torch.device) -> MemoryReading:

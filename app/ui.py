@@ -1,38 +1,63 @@
-"""The Gradio chat app: components and event wiring only; the work is in ``ChatService``.
+"""The Gradio chat app: one builder per panel, wired to ``Handlers``; the work is in ``ChatService``.
 
 Every event that runs the model shares one queue slot (``concurrency_id="model"``): two
 browser tabs chatting at once are served one answer at a time, each with its own
-conversation (per-tab ``gr.State``). Stop only sets a flag, so it runs at once; the answer
-ends after the decoding step in flight.
+conversation (``gr.State(new_session)`` makes a new session, with a new conversation id, for every
+page). Stop only sets a flag, so it runs at once; the answer ends after the decoding step in
+flight. A streamed answer reaches the page a few times a second, not once per step: the page's
+rendering competes with the model for the same CPU cores.
 """
 
 from __future__ import annotations
 
-import copy
+import atexit
+import os
+import shutil
 import tempfile
+import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 import gradio as gr
+import psutil
 
-from app.chat_service import ChatService, ChatSettings
+from app.chat_service import SPEED_DEFINITION, ChatService, ChatSettings
 from app.history import Conversation, ConversationStore
 from app.plots import latency_figure
 from app.system_info import device_panel
+from ppd_core.errors import PpdError
 
 MODEL = "model"  # the shared concurrency group of everything that runs the model
+UPDATE_SECONDS = 0.25  # how often a streamed answer is sent to the page
+EXPORT_PREFIX = "ppd-export-"
 
 
 @dataclass
 class Session:
-    """One browser tab: its conversation and its stop flag."""
+    """One page: its conversation and its stop flag."""
 
     conversation: Conversation = field(default_factory=Conversation)
     stop_requested: bool = False
 
-    def __deepcopy__(self, memo):  # gr.State copies the initial value for every new tab
-        return Session(copy.deepcopy(self.conversation, memo))
+
+def new_session() -> Session:
+    """``gr.State``'s initial value, called for every new page (a dataclass type would be taken for a value)."""
+    return Session()
+
+
+def export_folder(root: Path | None = None) -> Path:
+    """A private folder for this process's exports, removed at exit; folders left by dead processes go now."""
+    root = root or Path(tempfile.gettempdir())
+    for old in root.glob(f"{EXPORT_PREFIX}*"):
+        pid = old.name.removeprefix(EXPORT_PREFIX).split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    folder = root / f"{EXPORT_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o700)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def chat_messages(conversation: Conversation) -> list[dict]:
@@ -54,58 +79,180 @@ def calibration_summary(profile) -> str:
     )
 
 
-def build_app(service: ChatService, store: ConversationStore | None = None) -> gr.Blocks:
-    store = store or ConversationStore()
-    export_dir = Path(tempfile.mkdtemp(prefix="ppd-export-"))
-    restored = {"done": False}  # the first tab after launch reopens the latest conversation
+# ---- panels: components only ----
 
-    def settings_of(system, temperature, top_p, max_new, ppd, acceptance, highlight) -> ChatSettings:
-        return ChatSettings(system, float(temperature), float(top_p), int(max_new), bool(ppd), acceptance, bool(highlight))
 
-    def on_load(session: Session):
-        if not restored["done"]:
-            restored["done"] = True
-            saved = store.list()
+@dataclass
+class ChatPanel:
+    chatbot: gr.Chatbot
+    message: gr.Textbox
+    send: gr.Button
+    stop: gr.Button
+    regenerate: gr.Button
+    clear: gr.Button
+    readout: gr.Markdown
+    note: gr.Markdown
+
+
+def chat_panel() -> ChatPanel:
+    chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chat", sanitize_html=True)
+    with gr.Row():
+        message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, elem_id="message")
+        send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+        stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+    with gr.Row():
+        regenerate = gr.Button("Regenerate", size="sm")
+        clear = gr.Button("Clear", size="sm", elem_id="clear")
+    readout = gr.Markdown("", elem_id="readout")
+    note = gr.Markdown("", elem_id="note")
+    return ChatPanel(chatbot, message, send, stop, regenerate, clear, readout, note)
+
+
+@dataclass
+class SettingsPanel:
+    system: gr.Textbox
+    temperature: gr.Slider
+    top_p: gr.Slider
+    max_new: gr.Slider
+    ppd: gr.Checkbox
+    acceptance: gr.Radio
+    highlight: gr.Checkbox
+
+    @property
+    def inputs(self) -> list:
+        """In the order of ``ChatSettings``' fields."""
+        return [self.system, self.temperature, self.top_p, self.max_new, self.ppd, self.acceptance, self.highlight]
+
+
+def settings_panel() -> SettingsPanel:
+    with gr.Accordion("Settings", open=True):
+        ppd = gr.Checkbox(True, label="PPD (parallel prompt decoding)", elem_id="ppd")
+        highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses")
+        system = gr.Textbox("", label="System prompt", lines=2)
+        temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="Temperature (0 = greedy)")
+        top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="Top-p")
+        max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens")
+        acceptance = gr.Radio(
+            [("Lossless (exact model distribution)", "lossless"), ("Typical (faster, not distribution-preserving)", "typical")],
+            value="lossless", label="Acceptance when sampling",
+        )
+    return SettingsPanel(system, temperature, top_p, max_new, ppd, acceptance, highlight)
+
+
+@dataclass
+class HistoryPanel:
+    saved: gr.Dropdown
+    export_json: gr.Button
+    export_md: gr.Button
+    exported: gr.File
+
+
+def history_panel() -> HistoryPanel:
+    with gr.Accordion("Conversations", open=False):
+        saved = gr.Dropdown([], label="Open a saved conversation", interactive=True, elem_id="saved")
+        with gr.Row():
+            export_json = gr.Button("Export JSON", size="sm")
+            export_md = gr.Button("Export Markdown", size="sm")
+        exported = gr.File(label="Export", interactive=False)
+    return HistoryPanel(saved, export_json, export_md, exported)
+
+
+def device_block() -> gr.Markdown:
+    with gr.Accordion("Device", open=True):
+        return gr.Markdown("", elem_id="device")
+
+
+@dataclass
+class CalibrationPanel:
+    button: gr.Button
+    summary: gr.Markdown
+    curve: gr.Plot
+
+
+def calibration_panel() -> CalibrationPanel:
+    with gr.Accordion("Calibration", open=False):
+        button = gr.Button("Calibrate for this device", elem_id="calibrate")
+        summary = gr.Markdown("", elem_id="calibration")
+        curve = gr.Plot(label="Step latency against tree size")
+    return CalibrationPanel(button, summary, curve)
+
+
+@dataclass
+class ComparePanel:
+    button: gr.Button
+    verdict: gr.Markdown
+    plain: gr.Markdown
+    ppd: gr.Markdown
+
+
+def compare_panel() -> ComparePanel:
+    with gr.Accordion("Compare with plain decoding", open=True):
+        button = gr.Button("Compare the last message: plain vs PPD (greedy)", elem_id="compare")
+        verdict = gr.Markdown("", elem_id="verdict")
+        with gr.Row():
+            plain = gr.Markdown("", elem_id="plain-answer")
+            ppd = gr.Markdown("", elem_id="ppd-answer")
+    return ComparePanel(button, verdict, plain, ppd)
+
+
+# ---- what the events do ----
+
+
+class Handlers:
+    """The event functions; each takes and returns the page's ``Session``."""
+
+    def __init__(self, service: ChatService, store: ConversationStore):
+        self.service = service
+        self.store = store
+        self._export_dir: Path | None = None  # made on the first export
+        self._restored = False  # the first page after launch reopens the latest conversation
+
+    def load(self, session: Session):
+        if not self._restored:
+            self._restored = True
+            saved = self.store.list()
             if saved:
                 session.conversation = saved[0]
+        engine = self.service.engine
         conversation = session.conversation
         return (session, chat_messages(conversation), conversation.system_prompt,
-                gr.update(choices=conversation_choices(store), value=None), device_panel(service.engine),
-                calibration_summary(service.engine.profile),
-                latency_figure(service.engine.profile) if service.engine.profile else None)
+                gr.update(choices=conversation_choices(self.store), value=None), device_panel(engine),
+                calibration_summary(engine.profile), latency_figure(engine.profile) if engine.profile else None)
 
-    def respond(session: Session, settings: ChatSettings):
-        """Stream the answer to the conversation's last user message into the chat."""
+    def _respond(self, session: Session, settings: ChatSettings):
+        """Stream the answer to the conversation's last user message; yields (chat, readout, note)."""
         conversation = session.conversation
         conversation.system_prompt = settings.system_prompt
         session.stop_requested = False
         shown = chat_messages(conversation) + [{"role": "assistant", "content": ""}]
-        update = None
+        update, sent = None, 0.0
         try:
-            for update in service.answer(conversation.messages, settings, stop=lambda: session.stop_requested):
+            for update in self.service.answer(conversation.messages, settings, stop=lambda: session.stop_requested):
+                if update.stop_reason is None and time.monotonic() - sent < UPDATE_SECONDS:
+                    continue  # coalesced: the page gets a few updates a second
+                sent = time.monotonic()
                 shown[-1]["content"] = update.display
                 yield shown, update.readout, update.note
-        except ValueError as error:
+        except PpdError as error:  # bad input: one line, the conversation kept as it was
             gr.Warning(str(error))
             conversation.messages.pop()  # the refused message is not kept
             yield chat_messages(conversation), gr.update(), str(error)
             return
         if update is not None:
             conversation.messages.append({"role": "assistant", "content": update.text})
-            store.save(conversation)
+            self.store.save(conversation)
 
-    def send(message, session: Session, system, temperature, top_p, max_new, ppd, acceptance, highlight):
+    def send(self, message: str, session: Session, *settings):
         if not message or not message.strip():
             gr.Warning("Please type a message first.")
             yield gr.update(), gr.update(), gr.update(), "Please type a message first.", session, gr.update()
             return
         session.conversation.messages.append({"role": "user", "content": message})
-        settings = settings_of(system, temperature, top_p, max_new, ppd, acceptance, highlight)
-        for shown, readout, note in respond(session, settings):
+        for shown, readout, note in self._respond(session, ChatSettings(*settings)):
             yield shown, "", readout, note, session, gr.update()
-        yield gr.update(), "", gr.update(), gr.update(), session, gr.update(choices=conversation_choices(store))
+        yield gr.update(), "", gr.update(), gr.update(), session, gr.update(choices=conversation_choices(self.store))
 
-    def regenerate(session: Session, system, temperature, top_p, max_new, ppd, acceptance, highlight):
+    def regenerate(self, session: Session, *settings):
         messages = session.conversation.messages
         if messages and messages[-1]["role"] == "assistant":
             messages.pop()
@@ -113,108 +260,91 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
             gr.Warning("Nothing to regenerate yet.")
             yield gr.update(), gr.update(), "Nothing to regenerate yet.", session
             return
-        settings = settings_of(system, temperature, top_p, max_new, ppd, acceptance, highlight)
-        for shown, readout, note in respond(session, settings):
+        for shown, readout, note in self._respond(session, ChatSettings(*settings)):
             yield shown, readout, note, session
 
-    def stop(session: Session):
+    def stop(self, session: Session):
         session.stop_requested = True
         return session
 
-    def clear(session: Session):
+    def clear(self, session: Session):
+        """A new conversation, with a new id; the old one stays saved."""
         session.conversation = Conversation(system_prompt=session.conversation.system_prompt)
         return session, [], "", "", gr.update(value=None)
 
-    def open_conversation(conversation_id, session: Session):
+    def open(self, conversation_id: str, session: Session):
         if not conversation_id:
             return session, gr.update(), gr.update()
-        session.conversation = store.load(conversation_id)
+        session.conversation = self.store.load(conversation_id)
         return session, chat_messages(session.conversation), session.conversation.system_prompt
 
-    def export(kind: str, session: Session):
+    def export(self, kind: str, session: Session):
         if not session.conversation.messages:
             gr.Warning("The conversation is empty.")
             return None
-        return str(store.export(session.conversation, kind, export_dir))
+        self._export_dir = self._export_dir or export_folder()
+        return str(self.store.export(session.conversation, kind, self._export_dir))
 
-    def compare(session: Session, system, max_new):
+    def compare(self, session: Session, system: str, max_new: int):
         messages = list(session.conversation.messages)
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()
         if not messages:
             gr.Warning("Send a message first, then compare.")
             return gr.update(), gr.update(), "Send a message first, then compare."
-        result = service.compare(messages, ChatSettings(system_prompt=system, max_new_tokens=int(max_new)))
-        return (f"**Plain decoding** · {result.vanilla_stats.tok_s:.1f} tokens/s · {result.vanilla_stats.seconds:.2f} s\n\n{result.vanilla_text}",
-                f"**PPD** · {result.ppd_stats.tok_s:.1f} tokens/s · {result.ppd_stats.seconds:.2f} s\n\n{result.ppd_text}",
+        result = self.service.compare(messages, ChatSettings(system_prompt=system, max_new_tokens=int(max_new)))
+        plain, ppd = result.vanilla_stats, result.ppd_stats
+        return (f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.vanilla_text}",
+                f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
                 result.verdict())
 
-    def calibrate(progress=gr.Progress()):
-        def report(phase: str, done: int, total: int) -> None:
-            progress((done, total), desc=f"Calibrating: {phase}")
+    def calibrate(self, progress=gr.Progress()):
+        profile = self.service.calibrate(lambda phase, done, total: progress((done, total), desc=f"Calibrating: {phase}"))
+        return latency_figure(profile), calibration_summary(profile), device_panel(self.service.engine)
 
-        profile = service.calibrate(report)
-        return latency_figure(profile), calibration_summary(profile), device_panel(service.engine)
 
+# ---- wiring ----
+
+
+def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel, device: gr.Markdown) -> None:
+    outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved]
+    for trigger, api_name in ((chat.message.submit, False), (chat.send.click, "send")):
+        trigger(handlers.send, [chat.message, session, *settings.inputs], outputs, concurrency_id=MODEL, api_name=api_name).then(
+            lambda: device_panel(handlers.service.engine), None, device, api_name=False)
+    chat.regenerate.click(handlers.regenerate, [session, *settings.inputs], [chat.chatbot, chat.readout, chat.note, session],
+                          concurrency_id=MODEL, api_name=False)
+    chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
+    chat.clear.click(handlers.clear, [session], [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
+
+
+def wire_history(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel) -> None:
+    history.saved.change(handlers.open, [history.saved, session], [session, chat.chatbot, settings.system], api_name=False)
+    history.export_json.click(lambda s: handlers.export("json", s), [session], [history.exported], api_name=False)
+    history.export_md.click(lambda s: handlers.export("md", s), [session], [history.exported], api_name=False)
+
+
+def build_app(service: ChatService, store: ConversationStore | None = None) -> gr.Blocks:
+    handlers = Handlers(service, store or ConversationStore())
     with gr.Blocks(title="ppd chat") as app:
-        session = gr.State(Session())
-        gr.Markdown("## ppd · local chat with Parallel Prompt Decoding")
+        session = gr.State(new_session)  # called for every new page: its own conversation and id
+        gr.Markdown(f"## ppd · local chat with Parallel Prompt Decoding\nSpeeds are {SPEED_DEFINITION}.")
         with gr.Row():
             with gr.Column(scale=3):
-                chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chat", sanitize_html=True)
-                with gr.Row():
-                    message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, elem_id="message")
-                    send_button = gr.Button("Send", variant="primary", scale=1, elem_id="send")
-                    stop_button = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
-                with gr.Row():
-                    regenerate_button = gr.Button("Regenerate", size="sm")
-                    clear_button = gr.Button("Clear", size="sm")
-                readout = gr.Markdown("", elem_id="readout")
-                note = gr.Markdown("", elem_id="note")
+                chat = chat_panel()
             with gr.Column(scale=2):
-                with gr.Accordion("Settings", open=True):
-                    ppd = gr.Checkbox(True, label="PPD (parallel prompt decoding)", elem_id="ppd")
-                    highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses")
-                    system = gr.Textbox("", label="System prompt", lines=2)
-                    temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="Temperature (0 = greedy)")
-                    top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="Top-p")
-                    max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens")
-                    acceptance = gr.Radio(
-                        [("Lossless (exact model distribution)", "lossless"), ("Typical (faster, not distribution-preserving)", "typical")],
-                        value="lossless", label="Acceptance when sampling",
-                    )
-                with gr.Accordion("Conversations", open=False):
-                    saved = gr.Dropdown([], label="Open a saved conversation", interactive=True)
-                    with gr.Row():
-                        export_json = gr.Button("Export JSON", size="sm")
-                        export_md = gr.Button("Export Markdown", size="sm")
-                    exported = gr.File(label="Export", interactive=False)
-                with gr.Accordion("Device", open=True):
-                    device = gr.Markdown("", elem_id="device")
-                with gr.Accordion("Calibration", open=False):
-                    calibrate_button = gr.Button("Calibrate for this device", elem_id="calibrate")
-                    calibration = gr.Markdown("", elem_id="calibration")
-                    curve = gr.Plot(label="Step latency against tree size")
-        with gr.Accordion("Compare with plain decoding", open=True):
-            compare_button = gr.Button("Compare the last message: plain vs PPD (greedy)", elem_id="compare")
-            verdict = gr.Markdown("", elem_id="verdict")
-            with gr.Row():
-                plain_answer = gr.Markdown("", elem_id="plain-answer")
-                ppd_answer = gr.Markdown("", elem_id="ppd-answer")
+                settings = settings_panel()
+                history = history_panel()
+                device = device_block()
+                calibration = calibration_panel()
+        compare = compare_panel()
 
-        settings_inputs = [system, temperature, top_p, max_new, ppd, acceptance, highlight]
-        app.load(on_load, [session], [session, chatbot, system, saved, device, calibration, curve])
-        send_outputs = [chatbot, message, readout, note, session, saved]
-        for trigger in (message.submit, send_button.click):
-            trigger(send, [message, session, *settings_inputs], send_outputs, concurrency_id=MODEL, api_name="send" if trigger == send_button.click else False).then(
-                lambda: device_panel(service.engine), None, device, api_name=False)
-        regenerate_button.click(regenerate, [session, *settings_inputs], [chatbot, readout, note, session], concurrency_id=MODEL, api_name=False)
-        stop_button.click(stop, [session], [session], queue=False, api_name=False)
-        clear_button.click(clear, [session], [session, chatbot, readout, note, saved], api_name=False)
-        saved.change(open_conversation, [saved, session], [session, chatbot, system], api_name=False)
-        export_json.click(lambda s: export("json", s), [session], [exported], api_name=False)
-        export_md.click(lambda s: export("md", s), [session], [exported], api_name=False)
-        compare_button.click(compare, [session, system, max_new], [plain_answer, ppd_answer, verdict], concurrency_id=MODEL, api_name="compare")
-        calibrate_button.click(calibrate, None, [curve, calibration, device], concurrency_id=MODEL, api_name="calibrate")
+        app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, device,
+                                            calibration.summary, calibration.curve])
+        wire_chat(handlers, session, chat, settings, history, device)
+        wire_history(handlers, session, chat, settings, history)
+        compare.button.click(handlers.compare, [session, settings.system, settings.max_new], [compare.plain, compare.ppd, compare.verdict],
+                             concurrency_id=MODEL, api_name="compare")
+        calibration.button.click(handlers.calibrate, None, [calibration.curve, calibration.summary, device],
+                                 concurrency_id=MODEL, api_name="calibrate")
     app.queue(default_concurrency_limit=1)
     return app

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ppd_core import kv_cache
+from ppd_core.errors import PpdError
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
@@ -26,7 +27,7 @@ from ppd_core.verify import accept
 GuessHook = Callable[[list[int], torch.Tensor], torch.Tensor]
 
 
-class PromptTooLongError(ValueError):
+class PromptTooLongError(PpdError):
     """The prompt leaves no room in the model's context for an answer."""
 
 
@@ -158,9 +159,9 @@ def generate(
     the model's distribution). The last step has ``stop`` set.
     """
     if not input_ids:
-        raise ValueError("the prompt is empty")
+        raise PpdError("the prompt is empty")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        raise PpdError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     cache = kv_cache.new_cache(model) if cache is None else cache
     prompt_end = kv_cache.cache_length(cache) + len(input_ids)  # sequence length before the answer
     check_prompt_fits(prompt_end, max_context)

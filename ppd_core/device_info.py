@@ -32,27 +32,41 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def gpu_identity(index: int) -> tuple[str, int, str]:
-    """Name, total memory and driver from NVML; falls back to torch where NVML is missing."""
+@dataclass(frozen=True)
+class NvmlReading:
+    name: str
+    total_bytes: int
+    used_bytes: int  # by all processes
+    driver: str
+
+
+def nvml_probe(index: int) -> NvmlReading | None:
+    """One NVML reading of GPU ``index``; None where NVML is missing or unusable (e.g. Jetson)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetName(handle)
-            total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            return (name.decode() if isinstance(name, bytes) else name), int(total), str(driver)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML absent or unusable: torch still knows the basics
-        props = torch.cuda.get_device_properties(index)
-        return props.name, int(props.total_memory), ""
+    except Exception:
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        name = name.decode() if isinstance(name, bytes) else name
+        return NvmlReading(name, int(memory.total), int(memory.used), str(driver))
+    except Exception:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def describe(device: torch.device) -> DeviceInfo:
     if device.type == "cuda":
-        name, memory, driver = gpu_identity(device.index or 0)
-        return DeviceInfo("cuda", name, memory, torch.get_num_threads(), driver)
+        index = device.index or 0
+        reading = nvml_probe(index)
+        if reading is not None:
+            return DeviceInfo("cuda", reading.name, reading.total_bytes, torch.get_num_threads(), reading.driver)
+        props = torch.cuda.get_device_properties(index)  # torch still knows the basics
+        return DeviceInfo("cuda", props.name, int(props.total_memory), torch.get_num_threads())
     return DeviceInfo("cpu", cpu_name(), psutil.virtual_memory().total, torch.get_num_threads())

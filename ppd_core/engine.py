@@ -19,11 +19,13 @@ from ppd_core import decoding, kv_cache
 from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.tree_search import design_family
+from ppd_core.errors import PpdError
 from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
 from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
+from ppd_core.text import TextStream, chat_ids
 from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanilla_family
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -95,7 +97,7 @@ def resolve_prompt_tokens(loaded: LoadedModel, path: str | None, num_prompt_toke
 
 def check_tree_name(tree: str) -> None:
     if tree != "auto" and tree not in STATIC_TREES and not (tree.isdigit() and int(tree) >= 1):
-        raise ValueError(f"unknown tree {tree!r}; use auto, {', '.join(STATIC_TREES)} or a token budget such as 12")
+        raise PpdError(f"unknown tree {tree!r}; use auto, {', '.join(STATIC_TREES)} or a token budget such as 12")
 
 
 class Engine:
@@ -130,7 +132,7 @@ class Engine:
             if profile is not None:
                 engine.use_profile(profile, None if config.tree == "auto" else int(config.tree))
             elif config.tree != "auto":
-                raise ValueError(f"--tree {config.tree} needs a calibration profile (run `ppd calibrate`)")
+                raise PpdError(f"--tree {config.tree} needs a calibration profile (run `ppd calibrate`)")
         return engine
 
     def profile_key(self) -> dict:
@@ -165,15 +167,44 @@ class Engine:
     def tokenizer(self):
         return self.loaded.tokenizer
 
+    def tree_summary(self) -> dict:
+        """The tree PPD decodes with: its name and sizes (the deepest tree, used when guesses reach every depth)."""
+        deepest = self.family.trees[-1]
+        return {
+            "name": self.family.name,
+            "tokens_per_step": deepest.num_tokens,
+            "candidates": deepest.num_nodes - 1,
+            "prompt_tokens": deepest.num_tokens - deepest.num_nodes,
+            "tokens_by_guess_depth": [tree.num_tokens for tree in self.family.trees],
+        }
+
+    def calibration_expectation(self) -> dict | None:
+        """What calibration expects of the tree in use (None without a profile)."""
+        if self.profile is None:
+            return None
+        budget = self.tree_budget or self.profile.budget
+        row = next((r for r in self.profile.budgets if r["budget"] == budget), {})
+        return {
+            "budget": budget,
+            "chosen_budget": self.profile.budget,
+            "expected_tokens_per_step": row.get("tokens_per_step"),
+            "expected_tokens_per_second": row.get("tokens_per_second"),
+            "expected_speedup_of_chosen": self.profile.expected_speedup,
+        }
+
+    @property
+    def static_overhead_bytes(self) -> int:
+        """PPD's extra memory: the prompt embeddings and the trees' masks."""
+        return self.prompt_tokens.num_bytes + sum(t.attention_mask.numel() for t in self.family.trees)
+
     def set_tree(self, family: TreeFamily) -> None:
         self.family = family.to(self.loaded.device)
 
     def chat_ids(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of a conversation in the model's chat template, ready for the answer."""
         if not messages or not any(str(m.get("content", "")).strip() for m in messages if m.get("role") == "user"):
-            raise ValueError("the message is empty")
-        encoded = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+            raise PpdError("the message is empty")
+        return chat_ids(self.tokenizer, messages)
 
     def stream(
         self,
@@ -190,12 +221,12 @@ class Engine:
         tokens after its longest common prefix with ``input_ids`` are prefilled (multi-turn chat).
         """
         if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+            raise PpdError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         family = self.family if mode == "ppd" else self._vanilla
         cache, reused = self._take_cache(input_ids) if reuse_cache else (None, 0)
         stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
-        text = ""
+        text = TextStream(self.tokenizer)  # incremental: O(new tokens) per step
         steps = decoding.generate(
             self.loaded.model,
             input_ids[reused:],
@@ -212,11 +243,8 @@ class Engine:
             for step in steps:
                 stats.add(step)
                 tokens.extend(step.tokens)
-                new_text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                if new_text.endswith("\ufffd") and step.stop is None:
-                    new_text = text  # an incomplete UTF-8 sequence: wait for its next byte
-                delta, text = new_text[len(text) :], new_text
-                yield GenerationEvent(text, delta, list(tokens), step, stats, step.stop)
+                delta = text.extend(step.tokens) + (text.flush() if step.stop else "")
+                yield GenerationEvent(text.text, delta, list(tokens), step, stats, step.stop)
         except GeneratorExit:  # stopped by the consumer between steps: the cache is consistent
             if cache is not None:
                 self._keep_cache(cache, list(input_ids) + tokens)

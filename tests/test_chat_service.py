@@ -70,7 +70,7 @@ def test_highlighter_marks_accepted_guesses(service):
     highlighter.add(ids[3:], from_guesses=0)
     assert "".join(p for p, _ in highlighter.pieces) == tokenizer.decode(ids)
     assert [guessed for _, guessed in highlighter.pieces] == [True, True] + [False] * (len(ids) - 2)
-    assert highlighter.html().startswith("<mark>")
+    assert highlighter.html.startswith("<mark>")
 
 
 def test_compare_runs_both_ways_and_feeds_the_readout(service):
@@ -97,3 +97,38 @@ def test_history_round_trip_export_and_corrupt_files(tmp_path):
     assert not list(store.folder.glob("*.tmp"))  # atomic writes leave nothing behind
     with pytest.raises(ValueError, match="bad conversation id"):
         store.path("../escape")
+
+
+def test_every_page_gets_its_own_conversation(service, tmp_path):
+    """Sessions made the way Gradio makes them (one SessionState per page) never share a conversation id."""
+    from gradio.state_holder import SessionState
+
+    from app.ui import Session, build_app
+
+    app = build_app(service, ConversationStore(tmp_path / "c"))
+    state_id = next(key for key, block in app.blocks.items() if block.stateful)
+    sessions = [SessionState(app)[state_id] for _ in range(3)]
+    assert all(isinstance(s, Session) for s in sessions)
+    assert len({s.conversation.id for s in sessions}) == 3
+    assert len({id(s.conversation.messages) for s in sessions}) == 3  # nothing shared between pages
+
+
+def test_no_save_replaces_another_conversation(tmp_path):
+    import copy
+
+    store = ConversationStore(tmp_path / "c")
+    original = Conversation(messages=[user("First")])
+    store.save(original)
+    twin = copy.deepcopy(original)  # e.g. two pages holding the same conversation
+    original.messages.append({"role": "assistant", "content": "from page one"})
+    store.save(original)
+    twin.messages.append({"role": "assistant", "content": "from page two"})
+    store.save(twin)  # its revision is stale: kept under a new id
+    clash = Conversation(id=original.id, messages=[user("Unrelated")])
+    store.save(clash)
+    kept = {c.id: c.messages[-1]["content"] for c in store.list()}
+    assert kept == {original.id: "from page one", twin.id: "from page two", clash.id: "Unrelated"}
+    assert len({original.id, twin.id, clash.id}) == 3
+    original.messages.append(user("again"))
+    assert store.save(original) == store.path(original.id)  # the owner keeps saving in place
+    assert store.load(original.id).messages[-1] == user("again") and store.load(original.id).revision == 3

@@ -1,13 +1,15 @@
 """Sampling: lossless PPD keeps the model's distribution; edge cases and bad settings."""
 
 import itertools
+import math
 
 import pytest
 import torch
 
 from conftest import tiny_llama
 from ppd_core.decoding import generate
-from ppd_core.sampling import SamplingParams, adjusted_probs
+from ppd_core.sampling import SamplingParams, adjusted_probs, typical_threshold
+from ppd_core.verify import accept
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
 
 VOCAB = 12
@@ -161,3 +163,152 @@ def test_typical_acceptance_accepts_more_and_is_labelled_lossy():
         return sum(totals) / len(totals)
 
     assert mean_accepted(typical) > mean_accepted(lossless)
+
+
+# Typical acceptance, checked by hand: a candidate is accepted when its probability under its
+# parent's untruncated softmax(logits / T) exceeds min(0.09, 0.3 * exp(-entropy)).
+
+def entropy_of(probs: list[float]) -> float:
+    return -sum(p * math.log(p) for p in probs if p > 0)
+
+
+def bar_of(probs: list[float]) -> float:
+    return min(0.09, 0.3 * math.exp(-entropy_of(probs)))
+
+
+def logits_for(rows: list[list[float]], temperature: float) -> torch.Tensor:
+    """Logits whose softmax(logits / T) is exactly ``rows``."""
+    return temperature * torch.tensor(rows, dtype=torch.float64).log()  # [N, vocab]
+
+
+def candidate_at(ratio: float, rest: list[float]) -> list[float]:
+    """[q] + (1 - q) * rest with q = ratio * bar (bisection: the bar moves with q)."""
+    low, high = 1e-6, 0.5
+    for _ in range(100):
+        q = (low + high) / 2
+        probs = [q] + [(1 - q) * r for r in rest]
+        low, high = (q, high) if q < ratio * bar_of(probs) else (low, q)
+    return probs
+
+
+PEAKED = [0.97] + [0.01] * 3  # low entropy: the bar is epsilon = 0.09
+FLAT = [1 / 20] * 20  # high entropy: the bar is 0.3 * exp(-H), about 0.014
+
+
+@pytest.mark.parametrize("rest, binding", [(PEAKED, "epsilon"), (FLAT, "alpha")])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_typical_accepts_just_above_the_bar_and_rejects_just_below(rest, binding, temperature):
+    """One candidate (token 0) under the root, 2% above and 2% below the hand-computed bar."""
+    params = SamplingParams(temperature=temperature, acceptance="typical", seed=0)
+    for ratio, expected in [(1.02, 1), (0.98, 0)]:
+        probs = candidate_at(ratio, rest)
+        entropy = entropy_of(probs)
+        assert (0.3 * math.exp(-entropy) > 0.09) == (binding == "epsilon")  # the intended regime
+        assert probs[0] == pytest.approx(ratio * bar_of(probs), rel=1e-9)
+        last, _ = accept([-1, 0], [0, 0], logits_for([probs, probs], temperature), params, params.generator())
+        assert last == expected, (binding, ratio, probs[0], bar_of(probs))
+
+
+def test_typical_threshold_matches_the_hand_computed_bar():
+    params = SamplingParams(temperature=1.0)
+    for probs in [candidate_at(1.0, PEAKED), candidate_at(1.0, FLAT), [0.5, 0.5, 0.0, 0.0]]:
+        bar = typical_threshold(torch.tensor(probs, dtype=torch.float64), params)
+        assert float(bar) == pytest.approx(bar_of(probs), rel=1e-12)
+    rows = torch.tensor([[0.25] * 4, [1.0, 0.0, 0.0, 0.0]])  # [2, 4]: a bar per row
+    torch.testing.assert_close(typical_threshold(rows, params), torch.tensor([0.3 / 4, 0.09]))  # exp(-ln 4) = 1/4
+
+
+def test_typical_bar_uses_the_untruncated_distribution():
+    """top-k / top-p shape the bonus token only; the bar and p(candidate) ignore them."""
+    # token 1 is at 0.085 < 0.09; cut to the top two tokens it would be 0.085 / 0.885 = 0.096
+    rejected = [0.8, 0.085] + [0.001] * 115
+    assert bar_of(rejected) == 0.09 and bar_of([0.8 / 0.885, 0.085 / 0.885]) == 0.09
+    # token 0 clears the bar at 1.02x, but top-k = 1 would drop it (the top token is another)
+    passing = candidate_at(1.02, FLAT)
+    for probs, token, expected in [(rejected, 1, 0), (passing, 0, 1)]:
+        for cut in [dict(top_k=2), dict(top_p=0.88), dict(top_k=1)]:
+            params = SamplingParams(temperature=1.0, acceptance="typical", seed=0, **cut)
+            last, _ = accept([-1, 0], [0, token], logits_for([probs, probs], 1.0), params, params.generator())
+            assert last == expected, (probs[:2], cut)
+
+
+def brute_force_typical(parents, tokens, rows) -> int:
+    """Medusa's rule by enumeration: every root-to-leaf path is accepted up to its first
+    rejected node; the longest accepted prefix wins, ties by its likelihood."""
+    leaves = [n for n in range(len(parents)) if n not in parents]
+    best, best_key = 0, (0, 0.0)
+    for leaf in leaves:
+        path = [leaf]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])  # root first
+        length, likelihood = 0, 1.0
+        for node in path[1:]:
+            p = rows[parents[node]][tokens[node]]
+            if not p > bar_of(rows[parents[node]]):
+                break
+            length, likelihood = length + 1, likelihood * p
+        if (length, likelihood) > best_key:
+            best, best_key = path[length], (length, likelihood)
+    return best
+
+
+# root -> 1, 2, 3 (tokens 1, 2, 3); 1 -> 4; 2 -> 5, 6; 3 -> 7; 4 -> 8; 5 -> 9
+HAND_PARENTS = [-1, 0, 0, 0, 1, 2, 2, 3, 4, 5]
+HAND_TOKENS = [0, 1, 2, 3, 4, 5, 6, 7, 1, 2]
+
+
+def hand_rows(p_node9: float) -> list[list[float]]:
+    """Per-node distributions over 8 tokens, each node's row spread over its own children."""
+    def row(**mass):
+        chosen = {int(k[1:]): v for k, v in mass.items()}
+        free = [t for t in range(8) if t not in chosen]
+        return [chosen.get(t, (1 - sum(chosen.values())) / len(free)) for t in range(8)]
+
+    return [
+        row(t1=0.5, t2=0.3, t3=0.15),  # root: bar 0.0885, all three children pass
+        row(t4=0.02, t0=0.9),  # node 1: node 4 rejected, so the likeliest first step dead-ends
+        row(t5=0.4, t6=0.3, t0=0.2),  # node 2: nodes 5 and 6 pass
+        row(t7=0.9),  # node 3: node 7 passes
+        row(t1=0.9), row(t2=p_node9), row(t0=1.0), row(t0=1.0), row(t0=1.0), row(t0=1.0),
+    ]
+
+
+@pytest.mark.parametrize("p_node9, expected", [(0.6, 9), (0.01, 7)])
+def test_typical_takes_the_longest_path_then_the_likeliest(p_node9, expected):
+    """Node 9 passing: the deepest path 2-5-9, not the greedy walk 1 (0.5) -> dead end.
+    Node 9 rejected: depth-2 tie between 5 (0.3 * 0.4), 6 (0.3 * 0.3) and 7 (0.15 * 0.9 = 0.135): 7."""
+    rows = hand_rows(p_node9)
+    assert brute_force_typical(HAND_PARENTS, HAND_TOKENS, rows) == expected
+    params = SamplingParams(temperature=0.8, acceptance="typical", seed=0)
+    last, _ = accept(HAND_PARENTS, HAND_TOKENS, logits_for(rows, 0.8), params, params.generator())
+    assert last == expected
+
+
+def test_typical_matches_brute_force_on_random_trees():
+    generator = torch.Generator().manual_seed(3)
+    vocab = 16
+    lengths = []
+    for trial in range(300):
+        n = int(torch.randint(2, 14, (1,), generator=generator))
+        parents = [-1] + [int(torch.randint(0, node, (1,), generator=generator)) for node in range(1, n)]
+        choices = [torch.randperm(vocab, generator=generator).tolist() for _ in range(n)]  # siblings' tokens differ
+        tokens = [0] + [choices[parents[node]][parents[:node].count(parents[node])] for node in range(1, n)]
+        sharpness = float(torch.rand(1, generator=generator)) * 4
+        rows = (torch.randn(n, vocab, generator=generator, dtype=torch.float64) * sharpness).softmax(-1).tolist()
+        temperature = [1.0, 0.5, 1.7][trial % 3]
+        params = SamplingParams(temperature=temperature, acceptance="typical", seed=trial)
+        last, bonus = accept(parents, tokens, logits_for(rows, temperature), params, params.generator())
+        assert last == brute_force_typical(parents, tokens, rows), (parents, tokens)
+        assert 0 <= bonus < vocab
+        depth, node = 0, last
+        while parents[node] >= 0:
+            depth, node = depth + 1, parents[node]
+        lengths.append(depth)
+    assert 0 in lengths and max(lengths) >= 3  # both rejections and deep acceptances occur
+
+
+def test_typical_bonus_comes_from_the_adjusted_distribution_at_the_last_accepted_node():
+    rows = hand_rows(0.6)
+    rows[9] = [0.05, 0.05, 0.05, 0.6, 0.05, 0.1, 0.05, 0.05]  # node 9's argmax: token 3
+    params = SamplingParams(temperature=1.0, top_k=1, acceptance="typical", seed=0)
+    assert accept(HAND_PARENTS, HAND_TOKENS, logits_for(rows, 1.0), params, params.generator()) == (9, 3)

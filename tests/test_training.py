@@ -188,5 +188,40 @@ def test_ppd_train_end_to_end_and_resume(tmp_path):
     done = subprocess.run(distil, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     distilled = PromptTokens.load(single)
-    assert distilled.embeddings.shape == (3, 1, 576) and distilled.training["init"] == str(out)
+    assert distilled.embeddings.shape == (3, 1, 576) and distilled.training["init"] == out.name  # never an absolute path
     assert distilled.training["init_training"]["steps"] == 2
+    assert distilled.training["eval_questions"] == questions.name and distilled.training["data"] == data.name
+
+
+def test_portable_names_in_training_metadata(tmp_path):
+    from app.cli import DEFAULT_QUESTIONS
+    from ppd_core.training.pipeline import portable_name
+
+    assert portable_name(DEFAULT_QUESTIONS) == "app/data/mt_bench.jsonl"  # inside the package: relative to its root
+    assert portable_name(tmp_path / "mine.jsonl") == "mine.jsonl"  # elsewhere: the file name only
+
+
+def test_shipped_prompt_tokens_record_no_absolute_paths():
+    """Shipped files name their questions, data and init files relative to the package, never by the training machine's paths."""
+    from pathlib import Path, PurePosixPath, PureWindowsPath
+
+    from ppd_core.engine import ASSETS
+
+    def strings(value):
+        if isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from strings(item)
+        elif isinstance(value, str):
+            yield value
+
+    shipped = sorted(Path(ASSETS).glob("*.safetensors"))
+    assert len(shipped) >= 2
+    for path in shipped:
+        training = PromptTokens.load(path).training
+        assert training["eval_questions"] == "app/data/mt_bench.jsonl"
+        for text in strings(training):
+            assert not PurePosixPath(text).is_absolute() and not PureWindowsPath(text).is_absolute(), (path.name, text)
+            assert not text.startswith("~"), (path.name, text)

@@ -113,3 +113,45 @@ def test_browser_chat_stop_compare_and_calibrate(running_app, tmp_path):
         browser.close()
     assert (tmp_path / "after-compare.png").stat().st_size > 10_000
     assert service.engine.profile is not None and service.engine.family.name.startswith("calibrated-")
+
+
+def test_two_pages_keep_two_conversations(running_app, tmp_path):
+    """Two pages, one message each, then reload: both conversations are saved, listed and reopen with their own messages."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, service, store = running_app
+    questions = ["Name one fruit.", "Name one color."]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        first = browser.new_page()
+        first.goto(url)  # the first page after launch may reopen the latest conversation: not the case under test
+        expect(first.locator("#device")).to_contain_text("Device", timeout=60_000)
+        pages = [browser.new_page(viewport={"width": 1400, "height": 1100}) for _ in questions]
+        for page, question in zip(pages, questions):
+            page.goto(url)
+            expect(page.locator("#device")).to_contain_text("Device", timeout=60_000)
+            page.locator("#message textarea").fill(question)
+            page.locator("#send").click()
+            expect(page.locator("#readout")).to_contain_text("tokens/s", timeout=120_000)
+            expect(page.locator("#readout")).not_to_contain_text("(streaming)", timeout=180_000)
+
+        saved = {c.messages[0]["content"]: c for c in store.list() if c.messages}
+        assert set(questions) <= set(saved), saved.keys()
+        assert saved[questions[0]].id != saved[questions[1]].id
+        for question in questions:
+            assert [m["role"] for m in saved[question].messages] == ["user", "assistant"]
+
+        page = pages[0]
+        page.reload()
+        expect(page.locator("#device")).to_contain_text("Device", timeout=60_000)
+        page.get_by_text("Conversations", exact=True).click()
+        for question in questions:
+            page.locator("#saved input").click()
+            page.get_by_role("option", name=question, exact=False).first.click()
+            bot = page.locator("#chat [data-testid='bot']").last
+            user = page.locator("#chat [data-testid='user']")
+            expect(user).to_have_count(1, timeout=30_000)
+            expect(user.first).to_contain_text(question)
+            expect(bot).to_contain_text(text_of(saved[question].messages[1]["content"])[:20])
+        page.screenshot(path=str(tmp_path / "reopened.png"), full_page=True)
+        browser.close()

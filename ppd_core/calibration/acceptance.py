@@ -15,6 +15,7 @@ from importlib import resources
 
 import torch
 
+from ppd_core.text import chat_ids
 from ppd_core.training.answers import greedy_batch
 from ppd_core.training.distill import student_logits, teacher_pass, teacher_targets, valid_cuts
 
@@ -77,8 +78,7 @@ def measure_acceptance(
 ) -> AcceptanceStats:
     """p_d(r) over the model's greedy answers to ``prompts``."""
     n = num_prompt_tokens
-    encoded = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True) for p in prompts]
-    ids = [list(e["input_ids"] if hasattr(e, "keys") else e) for e in encoded]
+    ids = [chat_ids(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     answers = greedy_batch(model, ids, max_new_tokens, pad, eos_ids)
     stats = AcceptanceStats(hits=[[0] * top_k for _ in range(n)], trials=[0] * n)

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import platformdirs
 
+from ppd_core.atomic_files import atomic_write
+from ppd_core.errors import PpdError
 from ppd_core.tree import TreeFamily, TreeSpec, family_from_specs
 
 FORMAT_VERSION = 1
 
 
-class ProfileError(ValueError):
+class ProfileError(PpdError):
     """A profile file that cannot be used (corrupt, another format, another key)."""
 
 
@@ -89,12 +90,7 @@ def profile_path(key: dict, folder: Path | None = None) -> Path:
 
 def save_profile(profile: DeviceProfile, folder: Path | None = None) -> Path:
     """Write atomically; returns the path."""
-    path = profile_path(profile.key, folder)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(profile_path(profile.key, folder), json.dumps(profile.to_json(), indent=1) + "\n")
 
 
 def read_profile(path: Path) -> DeviceProfile:

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from ppd_core.text import chat_ids
+
 Message = dict[str, str]
 
 
@@ -25,8 +27,7 @@ def encode_prompt(tokenizer, history: list[Message], max_prompt_tokens: int) -> 
     """Chat-template ids, dropping the oldest turns until it fits; None if even the last turn does not."""
     history = list(history)
     while history:
-        encoded = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True)
-        ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        ids = chat_ids(tokenizer, history)
         if len(ids) <= max_prompt_tokens:
             return ids
         history = history[1:] if history[0]["role"] == "system" else history[2:]

