@@ -97,6 +97,23 @@ class ModeTotals:
         return out
 
 
+@dataclass
+class BenchConfig:
+    turns: int = 1  # 1: first turns only; 2: also the follow-up, after the first answer
+    max_new_tokens: int = 128
+    compare_generate: bool = False  # also time transformers generate() (greedy only)
+    sampling: SamplingParams = GREEDY
+
+
+@dataclass
+class BenchRun:
+    """Running totals of one benchmark."""
+
+    modes: dict[str, ModeTotals] = field(default_factory=lambda: {"vanilla": ModeTotals(), "ppd": ModeTotals()})
+    reference: ModeTotals = field(default_factory=ModeTotals)  # transformers generate()
+    mismatches: list[int] = field(default_factory=list)  # questions whose greedy answers differ
+
+
 def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int, totals: ModeTotals, sampling: SamplingParams) -> list[int]:
     with PeakMemory(engine.loaded.device) as memory:
         result = engine.generate(ids, mode, max_new_tokens, sampling=sampling)
@@ -110,93 +127,77 @@ def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int,
     return result.tokens
 
 
-def run_benchmark(
-    engine: Engine,
-    questions_path: Path,
-    limit: int | None = None,
-    turns: int = 1,
-    max_new_tokens: int = 128,
-    compare_generate: bool = False,
-    sampling: SamplingParams = GREEDY,
-    log=sys.stderr,
-) -> dict:
+def timed_reference(engine: Engine, ids: list[int], max_new_tokens: int, totals: ModeTotals) -> None:
+    with PeakMemory(engine.loaded.device) as memory:
+        start = time.perf_counter()
+        tokens = engine.reference_generate(ids, max_new_tokens)
+        totals.seconds += time.perf_counter() - start
+    totals.new_tokens += len(tokens)
+    totals.peak_bytes = max(totals.peak_bytes, memory.peak)
+
+
+def bench_question(engine: Engine, number: int, turns: list[str], config: BenchConfig, run: BenchRun) -> None:
+    """Both modes on each turn of one question, in alternating order; later turns follow the plain answer."""
+    sampling = config.sampling
+    if not sampling.greedy:  # both modes get the same seed per question
+        sampling = dataclasses.replace(sampling, seed=(sampling.seed or 0) + number)
+    order = ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla")
+    history: list[dict] = []
+    for turn in turns[: config.turns]:
+        history.append({"role": "user", "content": turn})
+        ids = engine.chat_ids(history)
+        answers = {mode: timed_answer(engine, ids, mode, config.max_new_tokens, run.modes[mode], sampling) for mode in order}
+        if config.compare_generate and sampling.greedy:
+            timed_reference(engine, ids, config.max_new_tokens, run.reference)
+        if answers["ppd"] != answers["vanilla"] and number not in run.mismatches:
+            run.mismatches.append(number)
+        history.append({"role": "assistant", "content": engine.tokenizer.decode(answers["vanilla"], skip_special_tokens=True)})
+
+
+def run_benchmark(engine: Engine, questions: list[list[str]], config: BenchConfig, log=sys.stderr) -> dict:
     """Answers both ways for every question (order alternating), then the JSON summary.
 
     Greedy by default: the answers must then be identical. When sampling, both modes get
     the same seed per question, and ``identical`` is null (samples differ by design).
     """
-    questions = read_questions(questions_path, limit)
     warmup = engine.chat_ids([{"role": "user", "content": "Say hello."}])
     for mode in ("vanilla", "ppd"):
         engine.generate(warmup, mode, 16)
+    run = BenchRun()
+    for number, turns in enumerate(questions):
+        bench_question(engine, number, turns, config, run)
+        speeds = {mode: t.new_tokens / max(t.seconds, 1e-9) for mode, t in run.modes.items()}
+        print(f"[{number + 1}/{len(questions)}] ppd {speeds['ppd']:.1f} tok/s, vanilla {speeds['vanilla']:.1f} tok/s", file=log, flush=True)
+    return summary(engine, len(questions), config, run)
 
-    totals = {"vanilla": ModeTotals(), "ppd": ModeTotals()}
-    reference = ModeTotals()
-    mismatches = []
-    for number, question in enumerate(questions):
-        history: list[dict] = []
-        for turn in question[:turns]:
-            history.append({"role": "user", "content": turn})
-            ids = engine.chat_ids(history)
-            order = ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla")
-            seeded = dataclasses.replace(sampling, seed=(sampling.seed or 0) + number) if not sampling.greedy else sampling
-            answers = {mode: timed_answer(engine, ids, mode, max_new_tokens, totals[mode], seeded) for mode in order}
-            if compare_generate and sampling.greedy:
-                with PeakMemory(engine.loaded.device) as memory:
-                    start = time.perf_counter()
-                    tokens = engine.reference_generate(ids, max_new_tokens)
-                    reference.seconds += time.perf_counter() - start
-                reference.new_tokens += len(tokens)
-                reference.peak_bytes = max(reference.peak_bytes, memory.peak)
-            if answers["ppd"] != answers["vanilla"]:
-                mismatches.append(number)
-            history.append({"role": "assistant", "content": engine.tokenizer.decode(answers["vanilla"], skip_special_tokens=True)})
-        done = totals["ppd"]
-        print(
-            f"[{number + 1}/{len(questions)}] ppd {done.new_tokens / max(done.seconds, 1e-9):.1f} tok/s, "
-            f"vanilla {totals['vanilla'].new_tokens / max(totals['vanilla'].seconds, 1e-9):.1f} tok/s",
-            file=log,
-            flush=True,
-        )
 
-    vanilla, ppd = totals["vanilla"].to_json(False), totals["ppd"].to_json(True)
-    family = engine.family.trees[-1]
+def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchRun) -> dict:
+    """The ``ppd bench --json`` object (names fixed: other tools read them)."""
+    greedy = config.sampling.greedy
+    vanilla, ppd = run.modes["vanilla"].to_json(False), run.modes["ppd"].to_json(True)
     result = {
         "model": engine.loaded.name,
         "device": describe(engine.loaded.device).to_json(),
         "quant": engine.loaded.quant,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
-        "questions": len(questions),
-        "turns": turns,
-        "max_new_tokens": max_new_tokens,
-        "tree": {
-            "name": engine.family.name,
-            "tokens_per_step": family.num_tokens,
-            "candidates": family.num_nodes - 1,
-            "prompt_tokens": family.num_tokens - family.num_nodes,
-            "tokens_by_guess_depth": [tree.num_tokens for tree in engine.family.trees],
-        },
+        "questions": num_questions,
+        "turns": config.turns,
+        "max_new_tokens": config.max_new_tokens,
+        "tree": engine.tree_summary(),
         "prompt_tokens": engine.prompt_tokens.training,
         "vanilla": vanilla,
         "ppd": ppd,
         "speedup": round(ppd["tok_s"] / vanilla["tok_s"], 4) if vanilla["tok_s"] else 0.0,
-        "identical": not mismatches if sampling.greedy else None,
-        "mismatches": mismatches if sampling.greedy else [],
-        "sampling": sampling.describe(),
-        "memory_overhead_bytes": engine.prompt_tokens.num_bytes + sum(t.attention_mask.numel() for t in engine.family.trees),
+        "identical": not run.mismatches if greedy else None,
+        "mismatches": run.mismatches if greedy else [],
+        "sampling": config.sampling.describe(),
+        "memory_overhead_bytes": engine.static_overhead_bytes,
     }
-    if engine.profile is not None:  # what calibration expects of the tree in use
-        budget = engine.tree_budget or engine.profile.budget
-        row = next((r for r in engine.profile.budgets if r["budget"] == budget), None)
-        result["calibration"] = {
-            "budget": budget,
-            "chosen_budget": engine.profile.budget,
-            "expected_tokens_per_step": row["tokens_per_step"] if row else None,
-            "expected_tokens_per_second": row["tokens_per_second"] if row else None,
-            "expected_speedup_of_chosen": engine.profile.expected_speedup,
-        }
-    if compare_generate:
-        result["transformers_generate"] = reference.to_json(False)
+    expectation = engine.calibration_expectation()
+    if expectation is not None:  # what calibration expects of the tree in use
+        result["calibration"] = expectation
+    if config.compare_generate:
+        result["transformers_generate"] = run.reference.to_json(False)
     return result
 
 

@@ -288,19 +288,17 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from app.bench import read_questions, run_benchmark
+    from app.bench import BenchConfig, read_questions, run_benchmark
 
     sampling = sampling_of(args)
     if args.max_new_tokens < 1:
         raise PpdError("--max-new-tokens must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise PpdError("--limit must be at least 1")
-    read_questions(args.questions, args.limit)  # a missing or malformed file fails before the model loads
+    questions = read_questions(args.questions, args.limit)  # a missing or malformed file fails before the model loads
     engine = load_engine(args)
-    result = run_benchmark(
-        engine, args.questions, limit=args.limit, turns=args.turns, max_new_tokens=args.max_new_tokens,
-        compare_generate=args.compare_generate, sampling=sampling,
-    )
+    config = BenchConfig(args.turns, args.max_new_tokens, args.compare_generate, sampling)
+    result = run_benchmark(engine, questions, config)
     text = json.dumps(result, indent=2)
     if args.json_path:
         write_output(args.json_path, text + "\n")

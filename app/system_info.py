@@ -49,7 +49,7 @@ def device_panel(engine) -> str:
         f"{str(loaded.dtype).removeprefix('torch.')})",
         f"**Prompt tokens:** {engine.prompt_tokens.num_bytes:,} bytes "
         f"({engine.prompt_tokens.num_prompt_tokens} x {engine.prompt_tokens.ensemble_size} embeddings)",
-        f"**Tree:** {engine.family.name}, {engine.family.num_tokens} tokens per step",
+        "**Tree:** {name}, {tokens_per_step} tokens per step".format(**engine.tree_summary()),
     ]
     if loaded.device.type == "cpu" and not torch.cuda.is_available():
         lines.append("*Running on the CPU: no CUDA GPU was found.*")

@@ -52,3 +52,13 @@ def tiny_model_dir(tmp_path_factory, default_engine):
     model.save_pretrained(folder)
     default_engine.tokenizer.save_pretrained(folder)
     return folder
+
+
+REAL_MODEL_FIXTURES = {"default_engine", "running_app"}  # tiny_model_dir needs default_engine (its tokenizer)
+
+
+def pytest_collection_modifyitems(items):
+    """Mark ``slow`` every test that loads the real default model through a fixture (others mark themselves)."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -1,6 +1,7 @@
 """The chat app's logic without a browser: trimming, stopping, highlighting, comparison, history."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,21 @@ def test_no_save_replaces_another_conversation(tmp_path):
     original.messages.append(user("again"))
     assert store.save(original) == store.path(original.id)  # the owner keeps saving in place
     assert store.load(original.id).messages[-1] == user("again") and store.load(original.id).revision == 3
+
+
+def test_export_folders_are_private_and_cleaned(tmp_path):
+    import subprocess
+    import sys
+
+    from app.ui import EXPORT_PREFIX, export_folder
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left_over = tmp_path / f"{EXPORT_PREFIX}{dead.stdout.strip()}-abcd1234"  # from a process that is gone
+    left_over.mkdir()
+    (left_over / "old.md").write_text("old export")
+    mine = export_folder(tmp_path)
+    assert not left_over.exists() and mine.is_dir() and (mine.stat().st_mode & 0o777) == 0o700
+    child = f"from pathlib import Path; from app.ui import export_folder; print(export_folder(Path({str(tmp_path)!r})))"
+    made = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout.strip()
+    assert made and not Path(made).exists()  # removed when that process exited
+    assert mine.is_dir()  # a live process's folder is left alone

@@ -28,11 +28,13 @@ def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
     assert ppd.tokens == engine.generate(ids, "vanilla", 24).tokens == engine.reference_generate(ids, 24)
 
 
+@pytest.mark.slow
 def test_gguf_file_path_loads():
     loaded = load_model(str(default_model_file()), device="cpu")
     assert loaded.model.config.num_hidden_layers == 30 and loaded.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_bitsandbytes_4bit_on_cpu_is_exact():
     engine = Engine.load(EngineConfig(quant="4bit", device="cpu", tree="medium"))
     assert engine.loaded.num_bytes < 250 * 2**20  # NF4: about 166 MB against 540 MB in fp32
@@ -95,6 +97,7 @@ def test_cli_errors_are_one_line(capsys, tmp_path, tiny_model_dir):
     assert code == 2 and "context holds 8192" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_cli_generate_json_matches_plain_mode(capsys):
     code, out, _ = run_cli(capsys, "generate", "What is the capital of France?", "--max-new-tokens", "24", "--json")
     ppd = json.loads(out)
@@ -110,6 +113,7 @@ def test_cli_generate_json_matches_plain_mode(capsys):
     assert any(profiles_dir().glob("SmolLM2-135M-Instruct-*.json"))  # the first PPD run calibrated this device
 
 
+@pytest.mark.slow
 def test_cli_sampling_is_seeded_and_validated(capsys):
     args = ["generate", "Tell me a joke.", "--max-new-tokens", "16", "--json", "--temperature", "0.8", "--seed", "7"]
     first, second = (json.loads(run_cli(capsys, *args)[1]) for _ in range(2))
@@ -120,6 +124,7 @@ def test_cli_sampling_is_seeded_and_validated(capsys):
     assert code == 2 and err.strip() == "ppd: error: top-p must be in (0, 1], got 0.0"
 
 
+@pytest.mark.slow
 def test_cli_bench_writes_the_contract(tmp_path):
     questions = tmp_path / "q.jsonl"
     questions.write_text(

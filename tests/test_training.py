@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from conftest import tiny_llama
@@ -149,6 +150,7 @@ def test_trained_file_round_trips_with_metadata(tmp_path):
     assert PromptTokens.load(tmp_path / "t.safetensors").training == tokens.training
 
 
+@pytest.mark.slow
 def test_ppd_train_end_to_end_and_resume(tmp_path):
     """`ppd train` on the real default model at toy scale: file, metadata, resumable work dir."""
     import subprocess
