@@ -180,6 +180,7 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
         "device": describe(engine.loaded.device).to_json(),
         "quant": engine.loaded.quant,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+        "forward": engine.loaded.forward,
         "questions": num_questions,
         "turns": config.turns,
         "max_new_tokens": config.max_new_tokens,

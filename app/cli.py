@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ppd_core.errors import PpdError
-from ppd_core.loading import DEVICE_CHOICES, DTYPE_CHOICES, QUANT_CHOICES
+from ppd_core.loading import DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, QUANT_CHOICES
 from ppd_core.static_trees import STATIC_TREES
 
 # MT-Bench questions shipped inside the package (app/data/README.md says where they come from).
@@ -27,6 +27,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant", default="none", choices=QUANT_CHOICES)
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument("--dtype", default="auto", choices=list(DTYPE_CHOICES))
+    parser.add_argument(
+        "--forward", default="lean", choices=list(FORWARD_CHOICES),
+        help="lean: the fast Llama-family forward where the model allows it (default); transformers: the generic one",
+    )
     parser.add_argument(
         "--tree", default="auto",
         help=f"guess tree: auto (calibrated for this device), {', '.join(STATIC_TREES)}, or a token budget such as 12",
@@ -129,7 +133,7 @@ def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
 
     config = EngineConfig(
         model=args.model, prompt_tokens=args.prompt_tokens, quant=args.quant, device=args.device,
-        dtype=args.dtype, tree=args.tree, auto_calibrate=auto_calibrate,
+        dtype=args.dtype, forward=args.forward, tree=args.tree, auto_calibrate=auto_calibrate,
     )
     return Engine.load(config, ProgressBars())
 

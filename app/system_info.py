@@ -46,7 +46,7 @@ def device_panel(engine) -> str:
         f"**Device:** {info.name} ({info.kind}, {info.threads} threads)" + (f", driver {info.driver}" if info.driver else ""),
         f"**{memory.label}:** {gib(memory.used_bytes)} used of {gib(memory.total_bytes)}",
         f"**Model:** {loaded.name}, {gib(loaded.num_bytes)} ({loaded.quant if loaded.quant != 'none' else 'not quantized'}, "
-        f"{str(loaded.dtype).removeprefix('torch.')})",
+        f"{str(loaded.dtype).removeprefix('torch.')}, {loaded.forward} forward)",
         f"**Prompt tokens:** {engine.prompt_tokens.num_bytes:,} bytes "
         f"({engine.prompt_tokens.num_prompt_tokens} x {engine.prompt_tokens.ensemble_size} embeddings)",
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**engine.tree_summary()),

