@@ -181,6 +181,7 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
         "quant": engine.loaded.quant,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
         "forward": engine.loaded.forward,
+        "kernels": engine.loaded.kernels,
         "questions": num_questions,
         "turns": config.turns,
         "max_new_tokens": config.max_new_tokens,

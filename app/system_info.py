@@ -37,6 +37,14 @@ def gib(count: int) -> str:
     return f"{count / 2**30:.2f} GiB"
 
 
+def weights_label(loaded) -> str:
+    """How the weights are stored, and whether that was the automatic choice."""
+    label = {"none": "not quantized", "int4": "int4 weights, int8 LM head", "int8": "int8 weights"}.get(loaded.quant, loaded.quant)
+    if loaded.quant_is_default and loaded.quant != "none":
+        label += "; the CPU default, --quant none for full precision"
+    return label
+
+
 def device_panel(engine) -> str:
     """Markdown for the device panel."""
     loaded = engine.loaded
@@ -45,7 +53,7 @@ def device_panel(engine) -> str:
     lines = [
         f"**Device:** {info.name} ({info.kind}, {info.threads} threads)" + (f", driver {info.driver}" if info.driver else ""),
         f"**{memory.label}:** {gib(memory.used_bytes)} used of {gib(memory.total_bytes)}",
-        f"**Model:** {loaded.name}, {gib(loaded.num_bytes)} ({loaded.quant if loaded.quant != 'none' else 'not quantized'}, "
+        f"**Model:** {loaded.name}, {gib(loaded.num_bytes)} ({weights_label(loaded)}, "
         f"{str(loaded.dtype).removeprefix('torch.')}, {loaded.forward} forward)",
         f"**Prompt tokens:** {engine.prompt_tokens.num_bytes:,} bytes "
         f"({engine.prompt_tokens.num_prompt_tokens} x {engine.prompt_tokens.ensemble_size} embeddings)",

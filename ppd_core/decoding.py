@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ppd_core import kv_cache
-from ppd_core.lean.model import LeanDecoder
 from ppd_core.errors import PpdError
+from ppd_core.kv_cache import Cache
+from ppd_core.lean.model import LeanDecoder
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
@@ -33,14 +34,46 @@ class PromptTooLongError(PpdError):
 
 
 @dataclass
-class StepOutput:
-    stats: StepStats
-    guesses: torch.Tensor | None  # [m, K] guesses for depths 1..m of the next step
+class Speculator:
+    """What every step uses and no step changes: the model, its prompt tokens and the trees."""
+
+    model: PreTrainedModel | LeanDecoder
+    family: TreeFamily  # one tree per number of guessed depths; a root-only family is plain decoding
+    prompt_table: torch.Tensor | None = None  # [n * V, hidden]
+
+    @property
+    def top_k(self) -> int:
+        """Guesses kept per depth: the trees' largest candidate rank + 1."""
+        return self.family.max_rank + 1
+
+
+@dataclass
+class Request:
+    """One answer to generate."""
+
+    input_ids: Sequence[int]  # the prompt (after whatever ``cache`` already holds)
+    max_new_tokens: int
+    eos_token_ids: frozenset[int]
+    max_context: int
+    sampling: SamplingParams = GREEDY
+    cache: Cache | None = None  # a cache to continue (multi-turn); None: a new one
+    guess_hook: GuessHook | None = None
+
+
+@dataclass
+class DecodeState:
+    """What one step hands the next."""
+
+    cache: Cache
+    root: int  # the last emitted token: the next tree's root
+    guesses: torch.Tensor | None = None  # [m, K] for depths 1..m; None before the first tree step
+    sampling: SamplingParams = GREEDY
+    generator: torch.Generator | None = None
 
 
 def forward_hidden(
-    model: PreTrainedModel,
-    cache: DynamicCache,
+    model: PreTrainedModel | LeanDecoder,
+    cache: Cache,
     inputs_embeds: torch.Tensor,  # [T, hidden]
     position_ids: torch.Tensor,  # [T]
     attention_mask: torch.Tensor | None,  # [1, 1, T, cached + T] additive, or None for causal
@@ -65,8 +98,8 @@ def logits_of(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def prefill(
-    model: PreTrainedModel,
-    cache: DynamicCache,
+    model: PreTrainedModel | LeanDecoder,
+    cache: Cache,
     input_ids: Sequence[int],
     sampling: SamplingParams = GREEDY,
     generator: torch.Generator | None = None,
@@ -83,31 +116,25 @@ def prefill(
 
 
 @torch.inference_mode()
-def tree_step(
-    model: PreTrainedModel,
-    cache: DynamicCache,
-    tree: Tree,
-    prompt_table: torch.Tensor | None,  # [n * V, hidden]
-    root: int,
-    guesses: torch.Tensor | None,  # [m, K], m >= tree depth
-    top_k: int,
-    sampling: SamplingParams = GREEDY,
-    generator: torch.Generator | None = None,
-) -> StepOutput:
-    """One forward pass over ``tree`` (its tensors on the model's device): verify the guesses, make the next ones."""
+def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepStats:
+    """One forward pass over ``tree`` (its tensors on the model's device): verify the guesses, make the next ones.
+
+    Updates ``state``: the cache keeps the accepted path, ``root`` and ``guesses`` are the next step's.
+    """
     start = time.perf_counter()
+    model, cache = speculator.model, state.cache
     embedding = model.get_input_embeddings()
     device = embedding.weight.device
     cached = kv_cache.cache_length(cache)
 
     # 1. The step's tokens: root, guessed candidates, then prompt tokens.
-    node_tokens = torch.tensor([root], dtype=torch.long, device=device)  # [1]
+    node_tokens = torch.tensor([state.root], dtype=torch.long, device=device)  # [1]
     if tree.num_nodes > 1:
-        candidates = guesses[tree.candidate_depths - 1, tree.candidate_ranks]  # [N - 1]
+        candidates = state.guesses[tree.candidate_depths - 1, tree.candidate_ranks]  # [N - 1]
         node_tokens = torch.cat([node_tokens, candidates])  # [N]
     embeds = embedding(node_tokens)  # [N, hidden]
     if tree.num_tokens > tree.num_nodes:
-        prompts = prompt_table[tree.prompt_embedding_index].to(embeds.dtype)  # [T - N, hidden]
+        prompts = speculator.prompt_table[tree.prompt_embedding_index].to(embeds.dtype)  # [T - N, hidden]
         embeds = torch.cat([embeds, prompts])  # [T, hidden]
     positions = tree.position_offsets + cached  # [T]
     mask = tree.additive_mask(cached, embeds.dtype, device) if tree.num_tokens > 1 else None
@@ -119,7 +146,7 @@ def tree_step(
 
     # 3. Accept the longest path the model agrees with; its own next token comes free.
     node_list = node_tokens.tolist()
-    last, bonus = accept(tree.parents, node_list, logits[: tree.num_nodes], sampling, generator)
+    last, bonus = accept(tree.parents, node_list, logits[: tree.num_nodes], state.sampling, state.generator)
     path = tree.node_paths[last]  # node indices, root first
     tokens = [node_list[i] for i in path[1:]] + [bonus]
 
@@ -128,69 +155,52 @@ def tree_step(
 
     # 5. Next guesses: the prompt tokens attached to the last accepted node.
     depth = tree.prompt_counts[last]
-    next_guesses = None
+    state.guesses = None
     if depth:
         slots = tree.prompt_slots[last, :depth]  # [m, V]
         ensemble = logits[slots.flatten()].view(depth, tree.ensemble_size, -1)  # [m, V, vocab]
-        next_guesses = ensemble.mean(1).topk(top_k, dim=-1).indices  # [m, K]
-
-    stats = StepStats(
-        tokens=tokens,
-        from_guesses=len(path) - 1,
-        tree_tokens=tree.num_tokens,
-        seconds=time.perf_counter() - start,
-    )
-    return StepOutput(stats=stats, guesses=next_guesses)
+        state.guesses = ensemble.mean(1).topk(speculator.top_k, dim=-1).indices  # [m, K]
+    state.root = tokens[-1]
+    return StepStats(tokens=tokens, from_guesses=len(path) - 1, tree_tokens=tree.num_tokens, seconds=time.perf_counter() - start)
 
 
-def generate(
-    model: PreTrainedModel,
-    input_ids: Sequence[int],
-    family: TreeFamily,
-    prompt_table: torch.Tensor | None,
-    max_new_tokens: int,
-    eos_token_ids: frozenset[int],
-    max_context: int,
-    cache: DynamicCache | None = None,
-    guess_hook: GuessHook | None = None,
-    sampling: SamplingParams = GREEDY,
-) -> Iterator[StepStats]:
+def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
     """Yield the stats of each forward pass, prefill first, until EOS, the token limit or the context end.
 
     A step's tokens are cut at EOS (kept, as ``generate()`` does) and at the limits, so the
     concatenated tokens equal plain greedy decoding exactly (or, sampling losslessly, follow
     the model's distribution). The last step has ``stop`` set.
     """
-    if not input_ids:
+    if not request.input_ids:
         raise PpdError("the prompt is empty")
-    if max_new_tokens < 1:
-        raise PpdError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    cache = kv_cache.new_cache(model) if cache is None else cache
-    prompt_end = kv_cache.cache_length(cache) + len(input_ids)  # sequence length before the answer
+    if request.max_new_tokens < 1:
+        raise PpdError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
+    model, max_context = speculator.model, request.max_context
+    cache = kv_cache.new_cache(model) if request.cache is None else request.cache
+    prompt_end = kv_cache.cache_length(cache) + len(request.input_ids)  # sequence length before the answer
     check_prompt_fits(prompt_end, max_context)
-    top_k = family.max_rank + 1
     last_resort = root_only_tree().to(model.get_input_embeddings().weight.device)
 
+    sampling = request.sampling
     generator = None if sampling.greedy else sampling.generator()
-    stats = prefill(model, cache, input_ids, sampling, generator)
+    stats = prefill(model, cache, request.input_ids, sampling, generator)
+    state = DecodeState(cache, root=stats.tokens[-1], sampling=sampling, generator=generator)
     produced: list[int] = []
-    guesses = None  # none yet: the depth-0 tree only attaches prompt tokens to the root
     while True:
         room = max_context - prompt_end - len(produced)
-        stats.tokens, stats.stop = clip_tokens(stats.tokens, len(produced), eos_token_ids, max_new_tokens, room)
+        stats.tokens, stats.stop = clip_tokens(stats.tokens, len(produced), request.eos_token_ids, request.max_new_tokens, room)
         produced.extend(stats.tokens)
         yield stats
         if stats.stop:
             return
 
-        tree = family.for_depth(0 if guesses is None else guesses.shape[0])
-        root_position = prompt_end + len(produced) - 1
-        if root_position + tree.max_offset >= max_context:
+        # the depth-0 tree (no guesses yet) only attaches prompt tokens to the root
+        tree = speculator.family.for_depth(0 if state.guesses is None else state.guesses.shape[0])
+        if prompt_end + len(produced) - 1 + tree.max_offset >= max_context:
             tree = last_resort  # no room left for guesses near the end of the context
-        output = tree_step(model, cache, tree, prompt_table, produced[-1], guesses, top_k, sampling, generator)
-        stats, guesses = output.stats, output.guesses
-        if guess_hook is not None and guesses is not None:
-            guesses = guess_hook(produced + stats.tokens, guesses)
+        stats = tree_step(speculator, state, tree)
+        if request.guess_hook is not None and state.guesses is not None:
+            state.guesses = request.guess_hook(produced + stats.tokens, state.guesses)
 
 
 def check_prompt_fits(prompt_length: int, max_context: int) -> None:

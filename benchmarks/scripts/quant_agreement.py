@@ -22,7 +22,9 @@ from app.cli import DEFAULT_QUESTIONS
 from ppd_core import kv_cache
 from ppd_core.decoding import forward_hidden, logits_of
 from ppd_core.engine import Engine, EngineConfig
+from ppd_core.lean.gguf_blocks import int4_layers
 from ppd_core.lean.model import LeanDecoder
+from ppd_core.loading import default_model_file
 
 
 @torch.inference_mode()
@@ -60,14 +62,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    engine = Engine.load(EngineConfig(device="cpu", tree="small"))  # fp32, lean
+    engine = Engine.load(EngineConfig(device="cpu", quant="none", tree="small"))  # fp32, lean
     model = engine.loaded.model
     embedding = model.get_input_embeddings()
     sequences = []
     for turns in read_questions(DEFAULT_QUESTIONS, args.limit):
         prompt = engine.chat_ids([{"role": "user", "content": turns[0]}])
         sequences.append((prompt, engine.generate(prompt, "vanilla", args.max_new_tokens).tokens))
-    decoders = {"fp32": engine.loaded.decoder, "int8": LeanDecoder(model, "int8"), "int4": LeanDecoder(model, "int4")}
+    blocks = int4_layers(default_model_file(), model.config)  # the GGUF's own Q4_1 blocks (what --quant auto uses)
+    decoders = {"fp32": engine.loaded.decoder, "int8": LeanDecoder(model, "int8"), "int4-requantized": LeanDecoder(model, "int4"),
+                "int4-gguf-blocks": LeanDecoder(model, "int4", blocks)}
     result = {"questions": len(sequences), "answer_tokens": sum(len(a) for _, a in sequences), "modes": {}}
     for name, decoder in decoders.items():
         result["modes"][name] = {"agreement": round(agreement(decoder, embedding, sequences), 4)}

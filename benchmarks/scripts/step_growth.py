@@ -16,20 +16,23 @@ import time
 import torch
 
 from ppd_core import kv_cache
+from ppd_core.decoding import forward_hidden, logits_of
 from ppd_core.engine import Engine, EngineConfig
 
 PROMPT = "Count from 1 to 1000, one number per line, and do not stop early."
 
 
 @torch.inference_mode()
-def bare_step_ms(model, ids: list[int], repeats: int = 15) -> float:
-    """Median time of one 1-token forward after ``ids`` are cached."""
-    cache = kv_cache.new_cache(model)
-    model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
+def bare_step_ms(decoder, ids: list[int], repeats: int = 15) -> float:
+    """Median time of one 1-token forward plus LM head (the engine's decoder) after ``ids`` are cached."""
+    cache = kv_cache.new_cache(decoder)
+    embed = decoder.get_input_embeddings()
+    forward_hidden(decoder, cache, embed(torch.tensor(ids[:-1])), torch.arange(len(ids) - 1), None)
+    last, position = embed(torch.tensor(ids[-1:])), torch.tensor([len(ids) - 1])
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        model(input_ids=torch.tensor([ids[-1:]]), past_key_values=cache, use_cache=True)
+        logits_of(decoder, forward_hidden(decoder, cache, last, position, None)).argmax(-1).item()
         times.append((time.perf_counter() - start) * 1000)
         kv_cache.truncate(cache, len(ids) - 1)
     return statistics.median(times)
@@ -44,6 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     engine = Engine.load(EngineConfig(device="cpu", tree="auto" if args.mode == "ppd" else "small"))
     ids = engine.chat_ids([{"role": "user", "content": PROMPT}])
+    # EOS off, so that the answer runs to --max-new-tokens (a small model stops counting early)
+    engine.loaded.__class__ = type("WithoutEos", (type(engine.loaded),), {"eos_token_ids": property(lambda self: frozenset())})
     marks: list[tuple[int, float]] = []  # (answer tokens so far, step ms)
     tokens: list[int] = []
     last = time.perf_counter()
@@ -59,10 +64,10 @@ def main() -> None:
         return statistics.median(window) if window else float("nan")
 
     early, late = around(args.early), around(args.late)
-    bare_early = bare_step_ms(engine.loaded.model, ids + tokens[: args.early])
-    bare_late = bare_step_ms(engine.loaded.model, ids + tokens[: args.late])
+    bare_early = bare_step_ms(engine.loaded.decoder, ids + tokens[: args.early])
+    bare_late = bare_step_ms(engine.loaded.decoder, ids + tokens[: args.late])
     print(json.dumps({
-        "mode": args.mode, "answer_tokens": len(tokens), "prompt_tokens": len(ids),
+        "mode": args.mode, "quant": engine.loaded.quant, "answer_tokens": len(tokens), "prompt_tokens": len(ids),
         "stream_ms_per_token": {"early": round(early, 2), "late": round(late, 2), "growth": round(late - early, 2)},
         "bare_forward_ms": {"early": round(bare_early, 2), "late": round(bare_late, 2), "growth": round(bare_late - bare_early, 2)},
         "positions": [args.early, args.late],

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ppd_core import kv_cache
-from ppd_core.decoding import prefill, tree_step
-from ppd_core.tree import Tree, TreeSpec, build_tree
+from ppd_core.decoding import DecodeState, Speculator, prefill, tree_step
+from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree
 
 # Every small size: step cost is not monotone there (on this project's CPU 4 tokens cost less
 # than 3, and 16 less than 12: matmul blocking favours multiples of 4), so no interpolation.
@@ -66,11 +66,12 @@ def measure_latency(
         for size in sizes:
             tree = probe_tree(size, num_prompt_tokens, ensemble_size).to(device)
             guesses = torch.randint(vocab, (max(tree.depth, 1), max(tree.max_rank + 1, 1)), generator=generator).to(device)
+            speculator = Speculator(model, TreeFamily(f"probe-{size}", (tree,)), prompt_table)
             times = []
             for run in range(warmup + repeats):
                 synchronize(device)
                 start = time.perf_counter()
-                tree_step(model, cache, tree, prompt_table, 0, guesses, top_k=10)
+                tree_step(speculator, DecodeState(cache, root=0, guesses=guesses), tree)
                 synchronize(device)
                 if run >= warmup:
                     times.append(time.perf_counter() - start)

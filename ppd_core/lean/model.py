@@ -12,6 +12,7 @@ Supported: Llama, SmolLM (Llama), Qwen2 (q/k/v biases), Mistral without a slidin
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppd_core.lean.cache import StaticCache
-from ppd_core.lean.quant import QuantLinear
+from ppd_core.lean.quant import QuantLinear, quantize
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -77,10 +78,17 @@ class LeanLayer:
     w13: Weight  # [2 * intermediate, hidden]: gate, then up
     w2: Weight  # [hidden, intermediate]
 
-    def quantized(self, kind: str) -> LeanLayer:
-        """The same layer with int8 or int4 weights (biases folded into them)."""
-        return LeanLayer(self.attn_norm, QuantLinear(self.wqkv, self.bqkv, kind), None, QuantLinear(self.wo, self.bo, kind),
-                         None, self.mlp_norm, QuantLinear(self.w13, None, kind), QuantLinear(self.w2, None, kind))
+    def quantized(self, kind: str, given: dict[str, QuantLinear] | None = None) -> LeanLayer:
+        """The same layer with int8 or int4 weights (biases folded into them); ``given``: int4 weights to use as they are."""
+
+        def weight(name: str, bias: torch.Tensor | None) -> QuantLinear:
+            if given is None:
+                return quantize(getattr(self, name), bias, kind)
+            given[name].bias = None if bias is None else bias.detach().clone()
+            return given[name]
+
+        return LeanLayer(self.attn_norm, weight("wqkv", self.bqkv), None, weight("wo", self.bo), None, self.mlp_norm,
+                         weight("w13", None), weight("w2", None))
 
     @property
     def num_bytes(self) -> int:
@@ -93,7 +101,7 @@ class LeanLayer:
 class LeanDecoder:
     """The decoder body of a Llama-family model over a ``StaticCache``; embeddings and LM head stay the model's."""
 
-    def __init__(self, model: nn.Module, quant: str | None = None):
+    def __init__(self, model: nn.Module, quant: str | None = None, int4_weights: list[dict[str, QuantLinear]] | None = None):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"no lean forward for this model: {reason}")
@@ -111,8 +119,12 @@ class LeanDecoder:
         self.layers = [self._layer(block, shared=quant is None) for block in body.layers]
         self.head = model.get_output_embeddings()
         if quant is not None:
-            self.layers = [layer.quantized(quant) for layer in self.layers]
-            self.head = QuantLinear(self.head.weight, self.head.bias, "int8")  # an int4 head: 88% agreement, int8: 98%
+            if int4_weights and not (quant == "int4" and same_weight(int4_weights[0]["wqkv"], self.layers[0].wqkv)):
+                logging.getLogger(__name__).warning("the file's 4-bit blocks do not match the model's weights: re-quantizing")
+                int4_weights = None
+            given = int4_weights or [None] * len(self.layers)
+            self.layers = [layer.quantized(quant, weights) for layer, weights in zip(self.layers, given)]
+            self.head = quantize(self.head.weight, self.head.bias, "int8")  # an int4 head: 88% agreement, int8: 98%
         self.norm = body.norm.weight.detach()
         # RoPE for every position, from the model's own rotary module (any rope scaling it has).
         weight = body.embed_tokens.weight
@@ -151,6 +163,16 @@ class LeanDecoder:
 
     def get_output_embeddings(self) -> nn.Module:
         return self.head
+
+    @property
+    def kernels(self) -> dict:
+        """Which matmul kernels a step uses (recorded in benchmark results and profiles)."""
+        if self.quant is not None:
+            layers = {"int8": "aten._weight_int8pack_mm", "int4": "aten._weight_int4pack_mm_for_cpu, group 32"}[self.quant]
+            return {"linear": f"{layers}, bf16 activations", "lm_head": "aten._weight_int8pack_mm", "compiled": False}
+        lo, hi = self.skinny_rows
+        rows = "F.linear" + (f"; weight @ x.T for {lo}-{hi} rows" if lo <= hi else "")
+        return {"linear": rows, "lm_head": "F.linear", "compiled": False}
 
     @property
     def num_bytes(self) -> int:
@@ -201,6 +223,12 @@ class LeanDecoder:
             x = x + linear(F.silu(gate) * up, layer.w2, None, skinny)
         cache.length = end
         return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
+
+
+def same_weight(layer: QuantLinear, weight: torch.Tensor, tolerance: float = 0.02) -> bool:
+    """Whether ``layer`` stores ``weight`` [out, in] up to rounding (relative Frobenius error): guards the row order."""
+    reference = weight.float()
+    return bool((layer.dequantized() - reference).norm() <= tolerance * reference.norm())
 
 
 def share(fused_tensor: torch.Tensor, modules: list[nn.Module], name: str) -> None:

@@ -1,0 +1,36 @@
+"""README's results table is the one generated from the benchmark JSON files."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("results_table", ROOT / "benchmarks" / "scripts" / "results_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_table_is_generated_from_the_json_files():
+    generator = load_generator()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    generated = generator.table()
+    assert generated.count("\n") >= 2  # a header, a rule and at least one result
+    assert generator.readme_with_table(readme, generated) == readme, "run: python benchmarks/scripts/results_table.py --write"
+
+
+def test_table_rows_follow_the_json(tmp_path):
+    generator = load_generator()
+    result = {"device": {"name": "Some CPU", "threads": 4}, "forward": "lean", "quant": "int4", "dtype": "float32",
+              "prompt_tokens": {"trained": True, "config": {"ensemble_size": 1}}, "tree": {"name": "budget-4", "tokens_per_step": 4},
+              "sampling": {"temperature": 0.0}, "vanilla": {"tok_s": 40.0, "peak_mem_mb": 500.0},
+              "ppd": {"tok_s": 52.0, "mean_accepted": 1.3, "peak_mem_mb": 510.0}, "speedup": 1.3, "identical": True,
+              "transformers_generate": {"tok_s": 13.0}, "calibration": {"expected_tokens_per_step": 1.25}}
+    (tmp_path / "run.json").write_text(__import__("json").dumps(result))
+    (tmp_path / "other.json").write_text('{"app_tok_s": 1}')  # not a bench result: left out
+    lines = generator.table(tmp_path).splitlines()
+    assert len(lines) == 3
+    assert lines[2] == ("| `run.json` | Some CPU, 4 threads | lean | int4 (float32) | trained, V=1 | budget-4 (4 tokens) | greedy | "
+                        "40.00 | 52.00 | **1.30x** | 1.300 (1.250) | yes | 13.00 | 510 |")
