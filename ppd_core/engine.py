@@ -163,6 +163,8 @@ class Engine:
     def use_profile(self, profile: DeviceProfile, budget: int | None = None) -> None:
         """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
         self.profile, self.tree_budget = profile, budget
+        if hasattr(self.loaded.decoder, "skinny_sizes"):  # the matmul kernel calibration measured faster, per size
+            self.loaded.decoder.skinny_sizes = frozenset(profile.skinny_sizes)
         if budget is None:
             self.set_tree(profile.family())
             return

@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from ppd_core.calibration.acceptance import AcceptanceStats, calibration_prompts, guess_ranks
-from ppd_core.calibration.latency import mean_curve, probe_tree
+from conftest import tiny_llama
+from ppd_core.calibration import latency
+from ppd_core.calibration.latency import mean_curve, measure_latency, probe_tree
+from ppd_core.lean.model import LeanDecoder
 from ppd_core.calibration.profiles import ProfileError, load_profile, profile_path, read_profile, save_profile
 from ppd_core.engine import Engine, EngineConfig
 
@@ -48,6 +51,46 @@ def test_calibration_prompts_are_not_from_mt_bench():
 def test_probe_trees_have_the_asked_size(size):
     for ensemble in (1, 2):
         assert probe_tree(size, 3, ensemble).num_tokens == size
+
+
+def test_latency_keeps_the_faster_matmul_per_size(monkeypatch):
+    """Two kernels (lean fp32): each size is timed with both, the faster over all contexts is chosen and set."""
+    decoder = LeanDecoder(tiny_llama(seed=1))
+    fake_ms = {1: {64: (5.0, 7.0), 96: (5.0, 7.0)},  # size -> context -> (F.linear, weight @ x.T)
+               2: {64: (9.0, 4.0), 96: (9.0, 4.0)},
+               3: {64: (6.0, 6.5), 96: (8.0, 6.5)}}  # F.linear wins at 64 cached, loses overall
+    calls = []
+
+    def fake_step(speculator, cache, tree, guesses, context, warmup, repeats):
+        skinny = tree.num_tokens in speculator.model.skinny_sizes
+        calls.append((tree.num_tokens, context, skinny))
+        return fake_ms[tree.num_tokens][context][skinny]
+
+    monkeypatch.setattr(latency, "step_ms", fake_step)
+    table = torch.zeros(3, 64)
+    result = measure_latency(decoder, table, 3, 1, [1, 2, 3], contexts=(64, 96))
+    assert decoder.skinny_sizes == {2, 3}
+    assert result == {64: {1: 5.0, 2: 4.0, 3: 6.5}, 96: {1: 5.0, 2: 4.0, 3: 6.5}}
+    assert calls.count((2, 64, True)) == calls.count((2, 64, False)) == 2  # both kernels, twice, interleaved
+    # quantized layers have one kernel: timed once per size, nothing to choose
+    calls.clear()
+    quantized = LeanDecoder(tiny_llama(seed=1), "int8")
+    assert not quantized.has_kernel_choice
+    measure_latency(quantized, table, 3, 1, [1, 2], contexts=(64,))
+    assert sorted(calls) == [(1, 64, False), (2, 64, False)]
+
+
+def test_profile_kernel_choice_reaches_the_decoder(tiny_model_dir):
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), quant="none", device="cpu", tree="medium"))
+    engine.calibrate(prompts=2, max_new_tokens=8, contexts=(32,), repeats=1)
+    decoder = engine.loaded.decoder
+    assert decoder.has_kernel_choice and set(engine.profile.skinny_sizes) == decoder.skinny_sizes
+    assert decoder.skinny_sizes <= set(engine.profile.latency_ms[32])
+    engine.profile.skinny_sizes = [2, 5]
+    engine.use_profile(engine.profile)
+    assert decoder.skinny_sizes == {2, 5} and "weight @ x.T for 2, 5 rows" in engine.loaded.kernels["linear"]
+    ids = engine.chat_ids([{"role": "user", "content": "Hello"}])
+    assert engine.generate(ids, "ppd", 16).tokens == engine.generate(ids, "vanilla", 16).tokens
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,7 @@ def calibrate(
             }
             for budget, e in sorted(choice.by_budget.items())
         ],
+        skinny_sizes=sorted(getattr(loaded.decoder, "skinny_sizes", ())),  # chosen by measure_latency
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         calibration_seconds=round(time.perf_counter() - started, 1),
     )

@@ -46,6 +46,7 @@ class DeviceProfile:
     expected_speedup: float
     ensemble_size: int
     budgets: list[dict] = field(default_factory=list)  # every budget tried: tokens/step, ms/step, tokens/s
+    skinny_sizes: list[int] = field(default_factory=list)  # step sizes where ``weight @ x.T`` measured faster (lean fp32)
     created: str = ""
     calibration_seconds: float = 0.0
 

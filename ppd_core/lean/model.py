@@ -113,7 +113,7 @@ class LeanDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.hidden = config.hidden_size
         self.eps = config.rms_norm_eps
-        self.skinny_rows = (0, -1)  # row counts [lo, hi] that use ``weight @ x.T``; set by the engine
+        self.skinny_sizes: frozenset[int] = frozenset()  # step sizes (rows) using ``weight @ x.T``: calibration's choice
         body = model.base_model
         self.quant = quant  # None: the model's own weights (shared, no copy); "int8" / "int4": CPU kernels
         self.layers = [self._layer(block, shared=quant is None) for block in body.layers]
@@ -170,9 +170,14 @@ class LeanDecoder:
         if self.quant is not None:
             layers = {"int8": "aten._weight_int8pack_mm", "int4": "aten._weight_int4pack_mm_for_cpu, group 32"}[self.quant]
             return {"linear": f"{layers}, bf16 activations", "lm_head": "aten._weight_int8pack_mm", "compiled": False}
-        lo, hi = self.skinny_rows
-        rows = "F.linear" + (f"; weight @ x.T for {lo}-{hi} rows" if lo <= hi else "")
+        sizes = ", ".join(map(str, sorted(self.skinny_sizes)))
+        rows = "F.linear" + (f"; weight @ x.T for {sizes} rows" if sizes else "")
         return {"linear": rows, "lm_head": "F.linear", "compiled": False}
+
+    @property
+    def has_kernel_choice(self) -> bool:
+        """Whether a step has two matmul implementations to choose between (fp32/bf16 weights)."""
+        return self.quant is None
 
     @property
     def num_bytes(self) -> int:
@@ -202,7 +207,7 @@ class LeanDecoder:
         cache.reserve(end)
         if mask is None and T > 1:
             mask = torch.ones(T, end, dtype=torch.bool, device=embeds.device).tril(start)  # causal after the cache
-        skinny = self.skinny_rows[0] <= T <= self.skinny_rows[1]
+        skinny = T in self.skinny_sizes
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, head_dim]
         H, Hkv, D = self.heads, self.kv_heads, self.head_dim
         x = embeds
