@@ -255,7 +255,7 @@ def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None,
 
 
 def load_model(
-    model: str = "default", quant: str = "none", device: str = "auto", dtype: str = "auto", forward: str = "lean"
+    model: str = "default", quant: str = "auto", device: str = "auto", dtype: str = "auto", forward: str = "lean"
 ) -> LoadedModel:
     """Load a frozen model for inference; raises ModelLoadError with a one-line reason."""
     if quant not in QUANT_CHOICES:
