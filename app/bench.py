@@ -12,10 +12,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from ppd_core.device_info import describe
-from ppd_core.engine import Engine
-from ppd_core.errors import PpdError
-from ppd_core.sampling import GREEDY, SamplingParams
+from ppd_core.engine import GREEDY, Engine, PpdError, SamplingParams, describe
 
 
 def read_questions(path: Path, limit: int | None) -> list[list[str]]:

@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ppd_core.calibration.profiles import DeviceProfile  # noqa: E402
+from ppd_core.engine import DeviceProfile  # noqa: E402
 
 
 def latency_figure(profile: DeviceProfile):

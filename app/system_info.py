@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from ppd_core.device_info import describe, nvml_probe
+from ppd_core.engine import describe, nvml_probe
 
 
 @dataclass

@@ -27,7 +27,7 @@ from app.chat_service import SPEED_DEFINITION, ChatService, ChatSettings
 from app.history import Conversation, ConversationStore
 from app.plots import latency_figure
 from app.system_info import device_panel
-from ppd_core.errors import PpdError
+from ppd_core.engine import PpdError
 
 MODEL = "model"  # the shared concurrency group of everything that runs the model
 UPDATE_SECONDS = 0.25  # how often a streamed answer is sent to the page

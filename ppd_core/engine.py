@@ -16,21 +16,43 @@ import torch
 from transformers import DynamicCache
 
 from ppd_core import decoding, kv_cache
+from ppd_core.atomic_files import atomic_write
 from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.tree_search import design_family
+from ppd_core.decoding import check_prompt_fits
+from ppd_core.device_info import describe, nvml_probe
 from ppd_core.errors import PpdError
-from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
-from ppd_core.prompt_tokens import PromptTokens
+from ppd_core.loading import (
+    DEFAULT_NAME,
+    DEVICE_CHOICES,
+    DTYPE_CHOICES,
+    FORWARD_CHOICES,
+    QUANT_CHOICES,
+    LoadedModel,
+    load_model,
+)
+from ppd_core.prompt_tokens import INIT_TEXT, PromptTokens
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
 from ppd_core.text import TextStream, chat_ids
+from ppd_core.training.pipeline import TrainRun, run_training
+from ppd_core.training.trainer import TrainConfig
 from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanilla_family
+
+# engine.py is the API app/ uses: app/ imports from ppd_core through this module only.
+__all__ = [
+    "Engine", "EngineConfig", "GenerationEvent", "GenerationResult",  # defined here
+    "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
+    "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
+    "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
+    "TrainConfig", "TrainRun", "run_training",
+    "atomic_write", "describe", "nvml_probe",
+]
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_PROMPT_TOKENS = {DEFAULT_NAME: ASSETS / "smollm2-135m-instruct.prompt-tokens.safetensors"}
-INIT_TEXT = " next word"
 MODES = ("ppd", "vanilla")
 
 log = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ from ppd_core.errors import PpdError
 FORMAT_VERSION = "1"
 SIGNATURE_ROWS = 16
 SIGNATURE_TOLERANCE = 0.02  # relative; survives fp32 -> bf16/fp16 casts, not another model
+INIT_TEXT = " next word"  # untrained prompt tokens start at the mean embedding of its tokens
 
 
 class PromptTokenError(PpdError):

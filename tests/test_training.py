@@ -6,18 +6,11 @@ import pytest
 import torch
 
 from conftest import tiny_llama
+from ppd_core.distillation import cut_layout, student_logits, teacher_pass, teacher_targets, valid_cuts
 from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.training.answers import build_answer_cache, read_cache
 from ppd_core.training.data import iter_json_array, normalize, prompt_histories, read_conversations
-from ppd_core.training.distill import (
-    acceptance_hits,
-    cut_layout,
-    distill_loss,
-    student_logits,
-    teacher_pass,
-    teacher_targets,
-    valid_cuts,
-)
+from ppd_core.training.distill import acceptance_hits, distill_loss
 
 
 def test_ensemble_mask_member_sees_context_and_own_chain_only():

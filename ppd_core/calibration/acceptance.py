@@ -15,9 +15,9 @@ from importlib import resources
 
 import torch
 
+from ppd_core.distillation import student_logits, teacher_pass, teacher_targets, valid_cuts
+from ppd_core.greedy_answers import greedy_batch
 from ppd_core.text import chat_ids
-from ppd_core.training.answers import greedy_batch
-from ppd_core.training.distill import student_logits, teacher_pass, teacher_targets, valid_cuts
 
 TOP_K = 10
 

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import platformdirs
 
-from ppd_core.engine import INIT_TEXT
 from ppd_core.errors import PpdError
 from ppd_core.loading import LoadedModel
-from ppd_core.prompt_tokens import PromptTokens
+from ppd_core.prompt_tokens import INIT_TEXT, PromptTokens
 from ppd_core.training.answers import build_answer_cache
 from ppd_core.training.data import prompt_histories, read_conversations
 from ppd_core.training.trainer import TrainConfig, evaluate, train

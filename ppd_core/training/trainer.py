@@ -13,17 +13,11 @@ from pathlib import Path
 import torch
 
 from ppd_core.atomic_files import atomic_output, atomic_write
+from ppd_core.distillation import student_logits, teacher_pass, teacher_targets, valid_cuts
 from ppd_core.errors import PpdError
 from ppd_core.loading import LoadedModel
 from ppd_core.prompt_tokens import PromptTokens
-from ppd_core.training.distill import (
-    acceptance_hits,
-    distill_loss,
-    student_logits,
-    teacher_pass,
-    teacher_targets,
-    valid_cuts,
-)
+from ppd_core.training.distill import acceptance_hits, distill_loss
 
 
 @dataclass
