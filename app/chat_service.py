@@ -10,11 +10,7 @@ import html
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ppd_core.engine import Engine, GenerationEvent
-from ppd_core.errors import PpdError
-from ppd_core.sampling import SamplingParams
-from ppd_core.stats import GenerationStats
-from ppd_core.text import TextStream
+from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, TextStream
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 

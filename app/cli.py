@@ -12,9 +12,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ppd_core.errors import PpdError
-from ppd_core.loading import DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, QUANT_CHOICES
-from ppd_core.static_trees import STATIC_TREES
+from ppd_core.engine import DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, QUANT_CHOICES, STATIC_TREES, PpdError
 
 # MT-Bench questions shipped inside the package (app/data/README.md says where they come from).
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "data" / "mt_bench.jsonl"
@@ -58,7 +56,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def sampling_of(args: argparse.Namespace):
-    from ppd_core.sampling import SamplingParams
+    from ppd_core.engine import SamplingParams
 
     return SamplingParams(args.temperature, args.top_p, args.top_k, args.acceptance, args.seed)
 
@@ -187,7 +185,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def write_output(path: Path, text: str) -> None:
     """Write a result file the user asked for, atomically; a path that cannot be written is a PpdError."""
-    from ppd_core.atomic_files import atomic_write
+    from ppd_core.engine import atomic_write
 
     try:
         atomic_write(path, text)
@@ -280,7 +278,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise PpdError("--max-new-tokens must be at least 1")
     if not args.text.strip():
         raise PpdError("the message is empty")
-    from ppd_core.decoding import check_prompt_fits
+    from ppd_core.engine import check_prompt_fits
 
     engine = load_engine(args, auto_calibrate=args.tree != "auto")  # "auto" calibrates below, after the checks
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
@@ -348,10 +346,7 @@ def run_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from app.bench import read_questions
-    from ppd_core.loading import load_model
-    from ppd_core.prompt_tokens import PromptTokens
-    from ppd_core.training.pipeline import TrainRun, run_training
-    from ppd_core.training.trainer import TrainConfig
+    from ppd_core.engine import PromptTokens, TrainConfig, TrainRun, load_model, run_training
 
     for option in ("samples", "epochs", "cuts", "accumulate", "ensemble", "lr", "max_prompt_tokens", "max_new_tokens", "generation_batch"):
         if not getattr(args, option) > 0:
