@@ -7,6 +7,7 @@ without a browser.
 from __future__ import annotations
 
 import html
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -97,13 +98,20 @@ class Highlighter:
 
 
 class ChatService:
-    """One engine shared by every browser tab; the UI's queue runs one model call at a time."""
+    """One engine shared by every browser tab and the HTTP API (``app/api.py``).
+
+    ``model_lock`` is held for the whole of every model call (an answer, a comparison, a
+    calibration, an API request): the UI's queue and the API wait on the same lock, so two
+    answers never decode at once. It is a plain ``threading.Lock`` because Gradio may run each
+    step of a streamed answer on a different worker thread.
+    """
 
     def __init__(self, engine: Engine, calibration_options: dict | None = None):
         self.engine = engine
         self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
         self.last_comparison: Comparison | None = None
         self._comparisons = 0  # alternates which mode a comparison runs first
+        self.model_lock = threading.Lock()  # one model call at a time, UI and API alike
 
     def speedup_label(self) -> str:
         if self.last_comparison is not None:
@@ -134,17 +142,18 @@ class ChatService:
         ids, note = self.prepare(messages, settings)
         highlighter = Highlighter(self.engine.tokenizer) if settings.highlight else None
         mode = "ppd" if settings.ppd else "vanilla"
-        stream = self.engine.stream(ids, mode, int(settings.max_new_tokens), reuse_cache=True, sampling=settings.sampling())
         event: GenerationEvent | None = None
-        try:
-            for event in stream:
-                if stop is not None and stop():
-                    break
-                if highlighter is not None:
-                    highlighter.add(event.step.tokens, event.step.from_guesses)
-                yield self._update(event, settings, note, highlighter, event.stop_reason)
-        finally:
-            stream.close()
+        with self.model_lock:  # released when the answer ends, stops or its generator is closed
+            stream = self.engine.stream(ids, mode, int(settings.max_new_tokens), reuse_cache=True, sampling=settings.sampling())
+            try:
+                for event in stream:
+                    if stop is not None and stop():
+                        break
+                    if highlighter is not None:
+                        highlighter.add(event.step.tokens, event.step.from_guesses)
+                    yield self._update(event, settings, note, highlighter, event.stop_reason)
+            finally:
+                stream.close()
         if event is not None and event.stop_reason is None:  # stopped by the user
             yield self._update(event, settings, note, highlighter, "stopped")
 
@@ -174,13 +183,15 @@ class ChatService:
         ids, _ = self.prepare(messages, settings)
         order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
         self._comparisons += 1
-        results = {mode: self.engine.generate(ids, mode, int(settings.max_new_tokens)) for mode in order}
+        with self.model_lock:
+            results = {mode: self.engine.generate(ids, mode, int(settings.max_new_tokens)) for mode in order}
         plain, ppd = results["vanilla"], results["ppd"]
         first = "plain" if order[0] == "vanilla" else "PPD"
         self.last_comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first)
         return self.last_comparison
 
     def calibrate(self, progress: Callable[[str, int, int], None] | None = None):
-        profile = self.engine.calibrate(progress, **self.calibration_options)
+        with self.model_lock:
+            profile = self.engine.calibrate(progress, **self.calibration_options)
         self.last_comparison = None  # measured with the previous tree
         return profile

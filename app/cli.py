@@ -17,6 +17,7 @@ from ppd_core.engine import DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, QUAN
 # MT-Bench questions shipped inside the package (app/data/README.md says where they come from).
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "data" / "mt_bench.jsonl"
 AUTH_ENV = "PPD_AUTH"  # USER:PASS for `ppd chat`, instead of --auth (keeps the password out of `ps`)
+API_KEY_ENV = "PPD_API_KEY"  # the OpenAI-compatible API's key, instead of --api-key
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
     login = chat.add_mutually_exclusive_group()
     login.add_argument("--auth", default=None, metavar="USER:PASS", help=f"require this login (default: ${AUTH_ENV} if set)")
     login.add_argument("--no-auth", action="store_true", help="serve a non-loopback --host without a login (anyone who reaches it can use it)")
+    chat.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help=f"key for the OpenAI-compatible API at /v1 (default: ${API_KEY_ENV} if set); on a non-loopback --host "
+        "the API is served only with a key or --no-auth",
+    )
     add_model_options(chat)
+
+    serve = commands.add_parser("serve", help="an OpenAI-compatible API (/v1/chat/completions) for editors and chat front-ends")
+    serve.add_argument("--host", default="127.0.0.1", help="address to serve on; any but a loopback one needs --api-key or --no-auth")
+    serve.add_argument("--port", type=int, default=8000)
+    keys = serve.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", default=None, metavar="KEY", help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set)")
+    keys.add_argument("--no-auth", action="store_true", help="serve a non-loopback --host without a key (anyone who reaches it can use it)")
+    add_model_options(serve)
 
     calibrate = commands.add_parser("calibrate", help="measure this device and choose the guess tree")
     calibrate.add_argument("--json", type=Path, default=None, dest="json_path", help="also write the profile here")
@@ -233,6 +247,34 @@ def chat_auth(args: argparse.Namespace) -> tuple[str, str] | None:
     return None
 
 
+def api_key_of(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """Whether to serve the OpenAI-compatible API, and the key its requests need (None: no key).
+
+    The rule of the chat login: --api-key (or $PPD_API_KEY) sets a key; without one, a non-loopback
+    --host needs an explicit --no-auth. `ppd serve` refuses to start otherwise; `ppd chat` (whose
+    --auth protects only the page) then serves the page without the API.
+    """
+    key = args.api_key if args.api_key is not None else (None if args.no_auth else os.environ.get(API_KEY_ENV) or None)
+    if key is not None:
+        if not key.strip() or any(char.isspace() for char in key):
+            raise PpdError("--api-key must be a non-empty key without spaces")
+        return True, key
+    if is_loopback(args.host):
+        return True, None
+    if args.no_auth:
+        print(f"ppd: warning: serving the OpenAI-compatible API on {args.host} without a key (--no-auth): anyone who "
+              "can reach it can use the model", file=sys.stderr)
+        return True, None
+    if args.command == "serve":
+        raise PpdError(
+            f"--host {args.host} serves beyond this machine: add --api-key KEY (or set {API_KEY_ENV}), "
+            "or --no-auth to serve the API without a key"
+        )
+    print(f"ppd: note: the OpenAI-compatible API (/v1) is off: on --host {args.host} it needs --api-key KEY "
+          f"(or {API_KEY_ENV})", file=sys.stderr)
+    return False, None
+
+
 def check_port_free(host: str, port: int) -> None:
     """Fail before the model loads if the server could not listen on ``host:port``.
 
@@ -260,15 +302,39 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    auth = chat_auth(args)  # bad host, login or port: fail before loading the model
+    auth = chat_auth(args)  # bad host, login, key or port: fail before loading the model
+    serve_api, api_key = api_key_of(args)
     check_port_free(args.host, args.port)
     from app.chat_service import ChatService
     from app.ui import build_app
 
     engine = load_engine(args)  # the first launch on a device calibrates it (about a minute on a CPU)
-    app = build_app(ChatService(engine))
+    service = ChatService(engine)  # one model and one model lock for the page and the API
+    app = build_app(service)
     print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit)", file=sys.stderr)
-    app.launch(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth)
+    launch = dict(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth)
+    if serve_api:
+        from app.api import api_routes
+
+        # /health and /v1 in front of the page's routes, on Gradio's own server (its login guards only the page)
+        launch["app_kwargs"] = {"routes": api_routes(service, api_key)}
+        print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else ""),
+              file=sys.stderr)
+    app.launch(**launch)
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    _, api_key = api_key_of(args)  # bad host, key or port: fail before loading the model
+    check_port_free(args.host, args.port)
+    from app.api import create_api, make_server
+    from app.chat_service import ChatService
+
+    engine = load_engine(args)  # the first launch on a device calibrates it (about a minute on a CPU)
+    server_app = create_api(ChatService(engine), api_key)
+    print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else "")
+          + " (Ctrl+C to quit)", file=sys.stderr)
+    make_server(server_app, args.host, args.port).run()
     return 0
 
 
@@ -402,7 +468,7 @@ def quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_libraries()
-    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate, "chat": run_chat}
+    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate, "chat": run_chat, "serve": run_serve}
     try:
         return handlers[args.command](args)
     except PpdError as error:  # bad input: one line; anything else is a bug and keeps its traceback

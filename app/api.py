@@ -1,0 +1,572 @@
+"""The OpenAI-compatible HTTP API: ``GET /v1/models``, ``POST /v1/chat/completions``, ``GET /health``.
+
+One job: turn OpenAI chat-completion requests into ``Engine.stream`` calls and the answers
+back into OpenAI's JSON and server-sent events. ``ppd serve`` runs it alone (``create_api``);
+``ppd chat`` puts its routes (``api_routes``) in front of the Gradio app's, on one server, so the
+page and the API share one model and one ``ChatService.model_lock``: an API answer waits for a
+page's answer and the other way round.
+
+API answers never reuse the KV cache (``reuse_cache=False``): each request prefills its whole
+conversation into a cache of its own, so the UI's kept cache for its next turn stays valid.
+
+Every request decodes on a thread of its own, which takes the model lock (giving up its place
+in line if its client goes away first), checks a cancel flag after every step and releases the
+lock when it ends: a client that disconnects mid-stream stops the decoding within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Mount, Route
+
+from app.chat_service import ChatService
+from ppd_core.engine import PpdError, SamplingParams
+
+MAX_STOP_STRINGS = 4  # as OpenAI
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+LOCK_POLL_SECONDS = 0.05  # how often a request waiting for the model checks that its client is still there
+DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streamed request checks its client
+
+
+class ApiError(Exception):
+    """A request the client must fix (400), or a missing key (401): answered in OpenAI's error shape."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   kind: str = "invalid_request_error") -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+# ---- the request, as OpenAI defines it (the fields ppd uses; others are ignored) ----
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: Any = None  # a string or a list of text parts: checked by ``message_text``, with a clearer message
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # clients send fields such as `user` or `metadata`
+    messages: list[Message]
+    model: str | None = None  # any name is answered by the loaded model, as llama-server and LM Studio do
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None  # OpenAI's default: 1
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins if both are given
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = None
+    # refused unless neutral: ppd does not implement them
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    # ppd's extensions (llama-server accepts top_k too)
+    top_k: int | None = None
+    acceptance: Literal["lossless", "typical"] | None = None
+
+
+@dataclass
+class Job:
+    """A validated request, ready for the model."""
+
+    id: str
+    ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    stop: list[str]
+    include_usage: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Outcome:
+    """How a job ended; ``stats`` and ``text`` are None when it was cancelled before reaching the model."""
+
+    finish_reason: str  # "stop", "length", or "cancelled" (the client went away)
+    text: str | None = None  # the answer, cut before a stop string
+    completion_tokens: int = 0
+    stats: Any = None  # GenerationStats
+    queued_seconds: float = 0.0  # waiting for the model
+    started_at: float = 0.0  # unix times of taking and releasing the model
+    finished_at: float = 0.0
+    steps_after_cancel: int = 0  # forward passes that ran after the cancel flag was set (at most one)
+
+
+class StopCutter:
+    """Cuts a growing answer at the first stop string, holding back text that may begin one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.sent = 0  # characters of the answer handed out so far
+
+    def feed(self, text: str, final: bool) -> tuple[str, bool]:
+        """The text to hand out now, and whether a stop string was reached."""
+        hits = [i for i in (text.find(s, self.sent) for s in self.stops) if i >= 0]
+        if hits:
+            end, hit = min(hits), True
+        elif final:
+            end, hit = len(text), False
+        else:
+            end, hit = len(text) - self._held(text), False
+        piece = text[self.sent : end]
+        self.sent = max(self.sent, end)
+        return piece, hit
+
+    def _held(self, text: str) -> int:
+        """Length of the longest end of ``text`` (not yet sent) that begins a stop string."""
+        room = len(text) - self.sent
+        return max((k for s in self.stops for k in range(min(len(s) - 1, room), 0, -1) if text.endswith(s[:k])), default=0)
+
+
+# ---- validation: every client mistake is an ApiError before the response starts ----
+
+
+def message_text(message: Message, index: int) -> str:
+    """A message's text: its string content, or its text parts joined."""
+    param = f"messages[{index}].content"
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise ApiError(f"{param} must be a string or a list of text parts", param)
+    parts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ApiError(f"{param}: only text parts ({{'type': 'text', 'text': ...}}) are supported, got {part!r:.60}", param)
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def chat_messages(request: ChatCompletionRequest) -> list[dict]:
+    if not request.messages:
+        raise ApiError("messages is empty: send at least one user message", "messages")
+    messages = []
+    for index, message in enumerate(request.messages):
+        if message.role not in ROLES:
+            roles = ", ".join(sorted(ROLES))
+            raise ApiError(f"messages[{index}].role: unknown role {message.role!r}; use one of {roles}",
+                           f"messages[{index}].role")
+        text = message_text(message, index)
+        if not text.strip():
+            raise ApiError(f"messages[{index}].content is empty", f"messages[{index}].content")
+        messages.append({"role": ROLES[message.role], "content": text})
+    if not any(m["role"] == "user" for m in messages):
+        raise ApiError("messages has no user message", "messages")
+    return messages
+
+
+def check_unsupported(request: ChatCompletionRequest) -> None:
+    if request.n not in (None, 1):
+        raise ApiError(f"n must be 1 (ppd answers one choice per request), got {request.n}", "n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(request, name) not in (None, 0.0):
+            raise ApiError(f"{name} is not supported (only 0)", name)
+    if request.logprobs:
+        raise ApiError("logprobs are not supported", "logprobs")
+    if request.tools or request.functions:
+        raise ApiError("tools and functions are not supported", "tools" if request.tools else "functions")
+    if request.response_format and request.response_format.get("type", "text") != "text":
+        raise ApiError("only response_format {'type': 'text'} is supported", "response_format")
+
+
+def sampling_of(request: ChatCompletionRequest) -> SamplingParams:
+    temperature = 1.0 if request.temperature is None else request.temperature
+    top_p = 1.0 if request.top_p is None else request.top_p
+    if not 0.0 <= temperature <= 2.0:
+        raise ApiError(f"temperature must be between 0 and 2, got {temperature}", "temperature")
+    if not 0.0 < top_p <= 1.0:
+        raise ApiError(f"top_p must be greater than 0 and at most 1, got {top_p}", "top_p")
+    if request.top_k is not None and request.top_k < 0:
+        raise ApiError(f"top_k must be 0 (off) or positive, got {request.top_k}", "top_k")
+    try:
+        return SamplingParams(temperature, top_p, request.top_k or 0, request.acceptance or "lossless", request.seed)
+    except PpdError as error:
+        raise ApiError(str(error)) from None
+
+
+def stop_strings(request: ChatCompletionRequest) -> list[str]:
+    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ApiError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
+    if any(not s for s in stops):
+        raise ApiError("stop strings must not be empty", "stop")
+    return stops
+
+
+def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
+    check_unsupported(request)
+    messages = chat_messages(request)
+    sampling = sampling_of(request)
+    stops = stop_strings(request)
+    limit = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    if limit is not None and limit < 1:
+        raise ApiError(f"{param} must be at least 1, got {limit}", param)
+    engine = service.engine
+    try:
+        ids = engine.chat_ids(messages)
+    except PpdError as error:
+        raise ApiError(str(error), "messages") from None
+    context = engine.max_context
+    if len(ids) >= context or (limit is not None and len(ids) + limit > context):
+        asked = f" and {limit} tokens for the answer ({len(ids) + limit} in all)" if limit is not None else ""
+        raise ApiError(
+            f"this model's maximum context length is {context} tokens; the messages take {len(ids)} tokens{asked}. "
+            f"Shorten the messages or lower {param}.", "messages", "context_length_exceeded")
+    return Job(
+        id=f"chatcmpl-{uuid.uuid4().hex}", ids=ids, max_new_tokens=limit if limit is not None else context - len(ids),
+        sampling=sampling, stop=stops, include_usage=bool(request.stream_options and request.stream_options.include_usage),
+    )
+
+
+# ---- decoding: on a thread of its own, under the service's model lock ----
+
+
+class ApiState:
+    """What the API keeps between requests: finished jobs (newest last) and running ones, for /health and tests."""
+
+    def __init__(self):
+        self.created = int(time.time())
+        self.finished: deque[tuple[Job, Outcome]] = deque(maxlen=64)
+        self.running = 0  # requests whose decoding thread has not ended (answering or waiting for the model)
+        self._lock = threading.Lock()
+
+    def started(self) -> None:
+        with self._lock:
+            self.running += 1
+
+    def ended(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+
+def decode(service: ChatService, job: Job, cancelled: threading.Event, emit: Callable[[str], None]) -> Outcome:
+    """Answer ``job``, handing text to ``emit`` as it grows; stops within one step of ``cancelled`` being set."""
+    queued = time.monotonic()
+    while not service.model_lock.acquire(timeout=LOCK_POLL_SECONDS):
+        if cancelled.is_set():  # the client left while waiting: give up the place in line
+            return Outcome("cancelled", queued_seconds=time.monotonic() - queued)
+    try:
+        outcome = Outcome("length", queued_seconds=time.monotonic() - queued, started_at=time.time())
+        cutter = StopCutter(job.stop)
+        stream = service.engine.stream(job.ids, "ppd", job.max_new_tokens, sampling=job.sampling, reuse_cache=False)
+        event = None
+        try:
+            for event in stream:
+                if cancelled.is_set():
+                    outcome.steps_after_cancel += 1  # this step ran before the flag was seen
+                    outcome.finish_reason = "cancelled"
+                    break
+                piece, hit = cutter.feed(event.text, event.stop_reason is not None)
+                if piece:
+                    emit(piece)
+                if hit or event.stop_reason is not None:
+                    outcome.finish_reason = "stop" if hit or event.stop_reason == "eos" else "length"
+                    break
+        finally:
+            stream.close()  # between steps: the engine is left ready for the next request
+        if event is not None:
+            outcome.text = event.text[: cutter.sent]
+            outcome.completion_tokens = len(event.tokens)
+            outcome.stats = event.stats
+        outcome.finished_at = time.time()
+        return outcome
+    finally:
+        service.model_lock.release()
+
+
+class Decoding:
+    """One request's decoding thread and the asyncio queue its text arrives on."""
+
+    def __init__(self, service: ChatService, job: Job, state: ApiState):
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.state = state
+        state.started()
+        self.thread = threading.Thread(target=self._run, args=(service, job), name=f"ppd-api-{job.id[-8:]}", daemon=True)
+        self.thread.start()
+
+    def _put(self, kind: str, value) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is gone (server shut down)
+            self.cancelled.set()
+
+    def _run(self, service: ChatService, job: Job) -> None:
+        try:
+            outcome = decode(service, job, self.cancelled, lambda piece: self._put("text", piece))
+        except BaseException as error:  # a bug: the response reports it, the lock is already released
+            self.state.ended()
+            self._put("error", error)
+            raise
+        self.state.finished.append((job, outcome))
+        self.state.ended()
+        self._put("done", outcome)
+
+    async def next(self, timeout: float | None = None) -> tuple[str, Any]:
+        return await asyncio.wait_for(self.queue.get(), timeout)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+# ---- responses ----
+
+
+def finish_reason(outcome: Outcome) -> str:
+    return "length" if outcome.finish_reason == "length" else "stop"
+
+
+def usage(job: Job, outcome: Outcome) -> dict:
+    return {"prompt_tokens": len(job.ids), "completion_tokens": outcome.completion_tokens,
+            "total_tokens": len(job.ids) + outcome.completion_tokens}
+
+
+def ppd_figures(service: ChatService, job: Job, outcome: Outcome) -> dict:
+    """ppd's own numbers, in a field standard clients ignore."""
+    stats, sampling = outcome.stats, job.sampling
+    if stats is None:  # never reached the model
+        return {"queued_seconds": round(outcome.queued_seconds, 4)}
+    return {
+        "tokens_per_second": round(stats.tok_s, 3),  # answer tokens per second, prompt processing included
+        "tokens_per_step": round(stats.mean_accepted, 4),
+        "acceptance": "greedy" if sampling.greedy else sampling.acceptance,
+        "distribution_preserving": sampling.lossless,
+        "tree": service.engine.family.name,
+        "steps": stats.steps,
+        "new_tokens": stats.new_tokens,
+        "prefill_seconds": round(stats.prefill_seconds, 4),
+        "seconds": round(stats.seconds, 4),
+        "queued_seconds": round(outcome.queued_seconds, 4),
+        "started_at": outcome.started_at,
+        "finished_at": outcome.finished_at,
+    }
+
+
+def sse(body: dict | str) -> str:
+    """One server-sent event."""
+    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
+
+
+def chunk(job: Job, model: str, choices: list[dict], **extra) -> str:
+    return sse({"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": model,
+                "choices": choices, **extra})
+
+
+def choice(delta: dict, reason: str | None = None) -> list[dict]:
+    return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+
+
+def model_card(service: ChatService, created: int) -> dict:
+    engine = service.engine
+    loaded, tokens = engine.loaded, engine.prompt_tokens
+    return {
+        "id": loaded.name, "object": "model", "created": created, "owned_by": "ppd",
+        "ppd": {
+            "quant": loaded.quant,
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "device": str(loaded.device),
+            "forward": loaded.forward,
+            "max_context": engine.max_context,
+            "prompt_tokens": {"count": tokens.num_prompt_tokens, "ensemble_size": tokens.ensemble_size,
+                              "trained": bool(tokens.training), "base_model": tokens.base_model, "bytes": tokens.num_bytes},
+            "tree": engine.tree_summary(),
+            "calibration": engine.calibration_expectation(),
+        },
+    }
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape; FastAPI's validation errors (422) become 400s."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError):
+        return error_response(error.status, error.message, error.param, error.code, error.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, error: RequestValidationError):
+        first = (error.errors() or [{}])[0]
+        if first.get("type") == "json_invalid":
+            reason = (first.get("ctx") or {}).get("error", "")
+            return error_response(400, f"the request body is not valid JSON ({reason})".replace(" ()", ""), code="invalid_json")
+        param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first.get("loc", ())[1:]).lstrip(".")
+        message = first.get("msg", "invalid request")
+        return error_response(400, f"{param or 'the request body'}: {message}", param or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+        return error_response(error.status_code, str(error.detail), code=code)
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, error: Exception):  # a bug: still an OpenAI-shaped answer
+        return error_response(500, f"ppd failed while answering: {type(error).__name__}", kind="server_error")
+
+
+class OpenAIApi:
+    """The routes: ``/health`` and ``/v1`` (an app of its own, with its own error handlers).
+
+    ``routes()`` go into ``ppd serve``'s app (``create_api``) or, for ``ppd chat``, in front of
+    the Gradio app's own routes. ``api_key`` set: /v1 needs ``Authorization: Bearer <key>``.
+    """
+
+    def __init__(self, service: ChatService, api_key: str | None = None):
+        self.service = service
+        self.api_key = api_key
+        self.state = ApiState()
+        self.v1 = self._v1()
+
+    @property
+    def model_name(self) -> str:
+        return self.service.engine.loaded.name
+
+    def routes(self) -> list:
+        return [Route("/health", self.health, methods=["GET"]), Mount("/v1", app=self.v1)]
+
+    async def health(self, _: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": self.model_name, "busy": self.service.model_lock.locked(),
+                             "running": self.state.running})
+
+    async def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
+            raise ApiError("missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key",
+                           status=401)
+
+    def _v1(self) -> FastAPI:
+        service, state = self.service, self.state
+        v1 = FastAPI(title="ppd", docs_url=None, redoc_url=None, openapi_url=None, dependencies=[Depends(self.authorize)])
+        v1.state.ppd = state
+        add_error_handlers(v1)
+
+        @v1.get("/models")
+        async def models():
+            return {"object": "list", "data": [model_card(service, state.created)]}
+
+        @v1.get("/models/{model_id:path}")
+        async def model(model_id: str):
+            if model_id != self.model_name:
+                raise ApiError(f"the model {model_id!r} does not exist; this server has {self.model_name!r}", "model",
+                               "model_not_found", status=404)
+            return model_card(service, state.created)
+
+        @v1.post("/chat/completions")
+        async def chat_completions(body: ChatCompletionRequest, request: Request):
+            job = make_job(service, body)  # every client mistake is a 400 here, before the model is asked
+            decoding = Decoding(service, job, state)
+            if body.stream:
+                # the background task runs when the response ends, also after a disconnect (even one before
+                # the first event, when the generator's own ``finally`` never runs)
+                return StreamingResponse(self._events(decoding, job), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                         background=BackgroundTask(decoding.cancel))
+            try:
+                checked = time.monotonic()
+                while True:
+                    try:
+                        kind, value = await decoding.next(DISCONNECT_POLL_SECONDS)
+                    except (asyncio.TimeoutError, TimeoutError):
+                        kind = value = None
+                    if kind == "error":
+                        raise value
+                    if kind == "done":
+                        outcome = value
+                        break
+                    if time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:  # text keeps coming: check anyway
+                        checked = time.monotonic()
+                        if await request.is_disconnected():
+                            return error_response(499, "the client closed the request", code="client_closed")
+            finally:
+                decoding.cancel()  # a no-op once it ended; stops it when the client left or this task was cancelled
+            return {
+                "id": job.id, "object": "chat.completion", "created": job.created, "model": self.model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": outcome.text},
+                             "logprobs": None, "finish_reason": finish_reason(outcome)}],
+                "usage": usage(job, outcome),
+                "ppd": ppd_figures(service, job, outcome),
+            }
+
+        return v1
+
+    async def _events(self, decoding: Decoding, job: Job) -> AsyncIterator[str]:
+        """Server-sent events; a disconnect cancels this generator, and ``finally`` stops the decoding."""
+        model = self.model_name
+        try:
+            yield chunk(job, model, choice({"role": "assistant", "content": ""}))
+            while True:
+                kind, value = await decoding.next()
+                if kind == "text":
+                    yield chunk(job, model, choice({"content": value}))
+                elif kind == "error":
+                    message = f"ppd failed while answering: {type(value).__name__}"
+                    yield sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+                    break
+                else:
+                    outcome = value
+                    yield chunk(job, model, choice({}, finish_reason(outcome)), ppd=ppd_figures(self.service, job, outcome))
+                    if job.include_usage:  # OpenAI's last chunk: no choices, the usage
+                        yield chunk(job, model, [], usage=usage(job, outcome))
+                    break
+            yield sse("[DONE]")
+        finally:
+            decoding.cancel()
+
+
+def api_routes(service: ChatService, api_key: str | None = None) -> list:
+    """The API's routes, for ``ppd chat`` to put in front of the Gradio app's."""
+    return OpenAIApi(service, api_key).routes()
+
+
+def create_api(service: ChatService, api_key: str | None = None) -> FastAPI:
+    """``ppd serve``'s app: /health and /v1 (``app.state.ppd`` holds the finished jobs)."""
+    api = OpenAIApi(service, api_key)
+    app = FastAPI(title="ppd", docs_url=None, redoc_url=None, openapi_url=None, routes=api.routes())
+    app.state.ppd = api.state
+    add_error_handlers(app)
+    return app
+
+
+def make_server(app, host: str, port: int):
+    """A uvicorn server for ``app`` (``server.run()`` blocks; ``server.should_exit = True`` stops it)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    return uvicorn.Server(config)

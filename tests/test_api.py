@@ -1,0 +1,330 @@
+"""The OpenAI-compatible API (app/api.py), served for real and called with the official ``openai`` client."""
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from app.api import create_api, make_server
+from app.chat_service import ChatService
+from app.cli import build_parser, main
+from ppd_core.engine import Engine, EngineConfig, SamplingParams
+
+KEY = "test-key-3141"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(app, host: str):
+    """``app`` served by uvicorn on a thread, as ``ppd serve`` serves it; returns (server, thread, port)."""
+    port = free_port()
+    server = make_server(app, host, port)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    return server, thread, port
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The default model behind the API on 127.0.0.1 with no key (the `ppd serve` default).
+
+    int4 with the small static tree (the cheapest PPD steps here), and one torch thread: with two,
+    a CPU shared with other work slows every step several-fold (threads wait for each other).
+    """
+    threads = torch.get_num_threads()
+    engine = Engine.load(EngineConfig(model="default", device="cpu", tree="small", threads=1))
+    service = ChatService(engine)
+    app = create_api(service)
+    server, thread, port = start(app, "127.0.0.1")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+    yield client, service, app, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(15)
+    torch.set_num_threads(threads)  # process-wide: leave it as the other tests expect
+
+
+EXPECTED: dict = {}
+
+
+def expected_result(service: ChatService, messages, max_tokens: int, sampling: SamplingParams | None = None):
+    """What ``ppd generate`` answers, in this process (computed once per question)."""
+    key = (json.dumps(messages), max_tokens, sampling)
+    if key not in EXPECTED:
+        engine = service.engine
+        extra = {"sampling": sampling} if sampling is not None else {}
+        with service.model_lock:  # never beside an answer the server is still finishing
+            EXPECTED[key] = engine.generate(engine.chat_ids(messages), "ppd", max_tokens, **extra)
+    return EXPECTED[key]
+
+
+def expected_text(service: ChatService, messages, max_tokens: int, sampling: SamplingParams | None = None) -> str:
+    return expected_result(service, messages, max_tokens, sampling).text
+
+
+def streamed_text(stream) -> tuple[str, list]:
+    chunks = list(stream)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+
+
+def wait_idle(service: ChatService, app, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while app.state.ppd.running or service.model_lock.locked():
+        assert time.monotonic() < deadline, "the decoding did not end"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_models_and_health(served):
+    client, service, app, url = served
+    models = client.models.list().data
+    assert [m.id for m in models] == [service.engine.loaded.name]
+    meta = models[0].model_extra["ppd"]
+    assert meta["quant"] == service.engine.loaded.quant == "int4"
+    assert meta["prompt_tokens"]["count"] == service.engine.prompt_tokens.num_prompt_tokens
+    assert meta["tree"]["name"] == "small" and meta["max_context"] == service.engine.max_context
+    health = httpx.get(f"{url}/health").json()
+    assert health["status"] == "ok" and health["model"] == models[0].id and health["busy"] is False
+
+
+@pytest.mark.slow
+def test_answers_equal_ppd_generate_streamed_or_not(served):
+    client, service, app, url = served
+    expected = expected_text(service, QUESTION, 32)
+    assert "Paris" in expected
+
+    answer = client.chat.completions.create(model="anything", messages=QUESTION, temperature=0, max_tokens=32)
+    assert answer.choices[0].message.content == expected
+    assert answer.choices[0].message.role == "assistant" and answer.object == "chat.completion"
+    ids = service.engine.chat_ids(QUESTION)
+    tokens = expected_result(service, QUESTION, 32).tokens
+    assert answer.usage.prompt_tokens == len(ids) and answer.usage.completion_tokens == len(tokens)
+    assert answer.choices[0].finish_reason == ("stop" if len(tokens) < 32 else "length")
+    figures = answer.model_extra["ppd"]
+    assert figures["tokens_per_second"] > 0 and figures["tokens_per_step"] >= 1.0
+    assert figures["acceptance"] == "greedy" and figures["new_tokens"] == len(tokens)
+
+    stream = client.chat.completions.create(model="anything", messages=QUESTION, temperature=0,
+                                            max_completion_tokens=32, stream=True, stream_options={"include_usage": True})
+    text, chunks = streamed_text(stream)
+    assert text == expected
+    content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) >= 2 and all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    last_choice = [c for c in chunks if c.choices][-1]
+    assert last_choice.choices[0].finish_reason == answer.choices[0].finish_reason
+    assert last_choice.model_extra["ppd"]["new_tokens"] == len(tokens)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(tokens)
+
+    # on the wire: server-sent events ending with [DONE]
+    body = {"messages": QUESTION, "temperature": 0, "max_tokens": 8, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in events) and events[-1] == "data: [DONE]"
+    pieces = [json.loads(line[6:])["choices"][0]["delta"].get("content") or "" for line in events[:-1]]
+    assert "".join(pieces) == expected_text(service, QUESTION, 8)
+
+
+@pytest.mark.slow
+def test_stop_strings_cut_the_answer(served):
+    client, service, app, url = served
+    expected = expected_text(service, QUESTION, 32)
+    stop = expected.split()[2]  # a word from the middle of the answer
+    cut = expected[: expected.index(stop)]
+    answer = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=32, stop=[stop, "\u2603"])
+    assert answer.choices[0].message.content == cut and answer.choices[0].finish_reason == "stop"
+    text, _ = streamed_text(client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=32,
+                                                           stop=stop, stream=True))
+    assert text == cut
+
+
+@pytest.mark.slow
+def test_seeded_sampling_is_reproducible(served):
+    client, service, app, url = served
+    sampled = dict(model="m", messages=STORY, temperature=0.9, top_p=0.95, max_tokens=16)
+    first = client.chat.completions.create(seed=11, **sampled).choices[0].message.content
+    streamed, _ = streamed_text(client.chat.completions.create(seed=11, stream=True, **sampled))
+    assert first == streamed
+    assert first == expected_text(service, STORY, 16, SamplingParams(temperature=0.9, top_p=0.95, seed=11))
+    assert client.chat.completions.create(seed=12, **sampled).choices[0].message.content != first  # another seed, another answer
+
+
+@pytest.mark.slow
+def test_two_concurrent_streams_are_serialised_and_each_equals_its_own_answer(served):
+    client, service, app, url = served
+    prompts = [STORY, [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name three colours."}]]
+    expected = [expected_text(service, messages, 24) for messages in prompts]
+    results: list = [None, None]
+    barrier = threading.Barrier(2)
+
+    def ask(index: int) -> None:
+        barrier.wait()
+        stream = client.chat.completions.create(model="m", messages=prompts[index], temperature=0, max_tokens=24, stream=True)
+        text, chunks = streamed_text(stream)
+        results[index] = (text, [c for c in chunks if c.choices][-1].model_extra["ppd"])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert [r[0] for r in results] == expected
+    (a_start, a_end), (b_start, b_end) = sorted((r[1]["started_at"], r[1]["finished_at"]) for r in results)
+    assert a_end <= b_start  # one after the other on the model
+    assert max(r[1]["queued_seconds"] for r in results) > 0.05  # the second one waited for the first
+
+
+@pytest.mark.slow
+def test_disconnect_mid_stream_stops_decoding_and_the_next_request_works(served):
+    client, service, app, url = served
+    stream = client.chat.completions.create(model="m", messages=STORY, temperature=0, max_tokens=400, stream=True)
+    received = 0
+    for chunk in stream:
+        received += bool(chunk.choices and chunk.choices[0].delta.content)
+        if received == 3:
+            break
+    closed = time.monotonic()
+    stream.close()
+    wait_idle(service, app)
+    assert time.monotonic() - closed < 5.0
+    job, outcome = app.state.ppd.finished[-1]
+    assert job.max_new_tokens == 400 and outcome.finish_reason == "cancelled"
+    assert outcome.steps_after_cancel <= 1 and outcome.completion_tokens < 400
+
+    # a non-streamed request whose client goes away stops too
+    body = json.dumps({"messages": STORY, "temperature": 0, "max_tokens": 400}).encode()
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while not service.model_lock.locked():  # until its decoding has started
+            assert time.monotonic() < deadline, "the request did not reach the model"
+            time.sleep(0.01)
+        time.sleep(0.5)  # a few steps in
+    closed = time.monotonic()
+    wait_idle(service, app)
+    assert time.monotonic() - closed < 5.0
+    job, outcome = app.state.ppd.finished[-1]
+    assert job.max_new_tokens == 400 and outcome.finish_reason == "cancelled" and outcome.completion_tokens < 400
+    # the engine is ready: the next answer is exactly the single-request one
+    answer = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=32)
+    assert answer.choices[0].message.content == expected_text(service, QUESTION, 32)
+
+
+def error_of(response: httpx.Response) -> dict:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["message"]
+    return error
+
+
+@pytest.mark.slow
+def test_bad_requests_get_400_in_openai_shape(served):
+    client, service, app, url = served
+    endpoint = f"{url}/v1/chat/completions"
+
+    def post(body) -> dict:
+        content = body if isinstance(body, str) else json.dumps(body)
+        return error_of(httpx.post(endpoint, content=content, headers={"content-type": "application/json"}, timeout=30))
+
+    assert "not valid JSON" in post('{"messages": [')["message"]
+    assert post('[1, 2]')["message"].startswith("the request body:")
+    assert post({"model": "m"})["param"] == "messages"
+    assert "empty" in post({"messages": []})["message"]
+    assert "unknown role 'wizard'" in post({"messages": [{"role": "wizard", "content": "hi"}]})["message"]
+    assert post({"messages": [{"role": "user", "content": "   "}]})["param"] == "messages[0].content"
+    assert post({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})["param"] == "messages[0].content"
+    assert post({"messages": QUESTION, "n": 2})["param"] == "n"
+    assert post({"messages": QUESTION, "temperature": 3})["param"] == "temperature"
+    assert post({"messages": QUESTION, "top_p": 0})["param"] == "top_p"
+    assert post({"messages": QUESTION, "max_tokens": 0})["param"] == "max_tokens"
+    assert post({"messages": QUESTION, "stop": ["a", "b", "c", "d", "e"]})["param"] == "stop"
+    too_long = post({"messages": [{"role": "user", "content": "word " * (service.engine.max_context + 100)}]})
+    assert too_long["code"] == "context_length_exceeded" and str(service.engine.max_context) in too_long["message"]
+    assert post({"messages": QUESTION, "max_tokens": service.engine.max_context})["code"] == "context_length_exceeded"
+
+    with pytest.raises(openai.BadRequestError) as raised:  # the official client sees an OpenAI error
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": ""}], max_tokens=8)
+    assert raised.value.status_code == 400 and raised.value.body["param"] == "messages[0].content"
+    assert not service.model_lock.locked() and app.state.ppd.running == 0  # nothing reached the model
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monkeypatch):
+    """`ppd chat --host 0.0.0.0 --auth USER:PASS --api-key KEY`: page and API on one server, one model lock; no key, 401."""
+    import gradio as gr
+    from gradio_client import Client
+
+    _, service, _, _ = served
+    launched = {}
+    launch = gr.Blocks.launch
+
+    def launch_in_background(self, **kwargs):
+        launched["page"] = self
+        return launch(self, prevent_thread_lock=True, **kwargs)
+
+    monkeypatch.setattr(gr.Blocks, "launch", launch_in_background)
+    monkeypatch.setattr("app.cli.load_engine", lambda args: service.engine)  # the model already loaded
+    port = free_port()
+    assert main(["chat", "--host", "0.0.0.0", "--port", str(port), "--auth", "me:secret", "--api-key", KEY]) == 0
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for key in ("wrong", None):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            response = httpx.post(f"{base}/v1/chat/completions", json={"messages": QUESTION}, headers=headers)
+            assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
+        keyed = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=120)
+        assert keyed.models.list().data[0].id == service.engine.loaded.name
+
+        # a page answer and an API answer share the model lock: the API one waits for the page's
+        page = Client(f"{base}/", auth=("me", "secret"), verbose=False)
+        job = page.submit("Give me three tips for staying healthy.", "", 0.0, 1.0, 32, True, "lossless", False,
+                          api_name="/send")
+        deadline = time.monotonic() + 60
+        while not httpx.get(f"{base}/health").json()["busy"]:
+            assert time.monotonic() < deadline, "the page's answer did not start"
+            time.sleep(0.01)
+        answer = keyed.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=32)
+        list(job)
+        assert answer.model_extra["ppd"]["queued_seconds"] > 0.05
+        assert answer.choices[0].message.content == expected_text(service, QUESTION, 32)
+    finally:
+        launched["page"].close()
+
+
+def test_serve_on_a_non_loopback_host_needs_a_key_or_no_auth(capsys, monkeypatch):
+    from app.cli import api_key_of
+
+    monkeypatch.delenv("PPD_API_KEY", raising=False)
+    assert main(["serve", "--host", "0.0.0.0", "--port", str(free_port())]) == 2
+    assert "--api-key KEY" in capsys.readouterr().err
+    assert api_key_of(build_parser().parse_args(["serve"])) == (True, None)  # loopback: no key needed
+    assert api_key_of(build_parser().parse_args(["serve", "--host", "0.0.0.0", "--api-key", KEY])) == (True, KEY)
+    assert api_key_of(build_parser().parse_args(["serve", "--host", "0.0.0.0", "--no-auth"])) == (True, None)
+    assert "without a key" in capsys.readouterr().err
+    monkeypatch.setenv("PPD_API_KEY", KEY)
+    assert api_key_of(build_parser().parse_args(["serve", "--host", "0.0.0.0"])) == (True, KEY)
+    # `ppd chat` with a page login but no API key on a non-loopback host serves the page without the API
+    monkeypatch.delenv("PPD_API_KEY")
+    assert api_key_of(build_parser().parse_args(["chat", "--host", "0.0.0.0", "--auth", "me:secret"])) == (False, None)
+    assert "API (/v1) is off" in capsys.readouterr().err
+    assert main(["serve", "--api-key", " ", "--port", str(free_port())]) == 2
