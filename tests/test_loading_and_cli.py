@@ -32,17 +32,21 @@ def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
 
 @pytest.mark.slow
 def test_gguf_file_path_loads():
-    loaded = load_model(str(default_model_file()), device="cpu")
+    loaded = load_model(str(default_model_file()), quant="int4", device="cpu")
     assert loaded.model.config.num_hidden_layers == 30 and loaded.dtype == torch.float32
-    # --quant auto on a CPU: int4 layers taken from the file's Q4_1 blocks, said in the device panel
-    assert loaded.quant == "int4" and loaded.quant_is_default
+    # int4 layers taken from the file's Q4_1 blocks, said in the device panel
+    assert loaded.quant == "int4" and not loaded.quant_is_default
     assert all(isinstance(layer.w13, QuantLinear) for layer in loaded.decoder.layers)
-    assert "int4 weights, int8 LM head; the CPU default, --quant none for full precision" in weights_label(loaded)
+    assert weights_label(loaded) == "int4 weights, int8 LM head"
 
 
-def test_auto_quant_is_int4_on_the_lean_cpu_path_only(tiny_model_dir):
+def test_auto_quant_follows_the_cpu_default(tiny_model_dir, monkeypatch):
     automatic = load_model(str(tiny_model_dir), device="cpu")
-    assert (automatic.quant, automatic.quant_is_default, automatic.forward) == ("int4", True, "lean")
+    assert (automatic.quant, automatic.quant_is_default, automatic.forward) == ("none", True, "lean")
+    monkeypatch.setattr("ppd_core.loading.AUTO_CPU_QUANT", "int4")  # the day int4 tree steps are exact
+    automatic = load_model(str(tiny_model_dir), device="cpu")
+    assert (automatic.quant, automatic.quant_is_default) == ("int4", True)
+    assert weights_label(automatic) == "int4 weights, int8 LM head; the CPU default, --quant none for full precision"
     generic = load_model(str(tiny_model_dir), device="cpu", forward="transformers")
     assert (generic.quant, generic.forward) == ("none", "transformers") and weights_label(generic) == "not quantized"
     chosen = load_model(str(tiny_model_dir), quant="int8", device="cpu")
