@@ -47,7 +47,7 @@ def served():
     a CPU shared with other work slows every step several-fold (threads wait for each other).
     """
     threads = torch.get_num_threads()
-    engine = Engine.load(EngineConfig(model="default", device="cpu", tree="small", threads=1))
+    engine = Engine.load(EngineConfig(model="default", quant="int4", device="cpu", tree="small", threads=1))
     service = ChatService(engine)
     app = create_api(service)
     server, thread, port = start(app, "127.0.0.1")
