@@ -25,8 +25,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", default=None, help="prompt-token file (default: the one shipped for the model)")
     parser.add_argument(
         "--quant", default="auto", choices=QUANT_CHOICES,
-        help="auto (default): the model's own dtype for now; int4/int8: CPU kernels (faster, see README); "
-        "4bit/8bit: bitsandbytes on CUDA; none: the model's own dtype",
+        help="auto (default): int4 on a CPU where the lean forward runs, else the model's own dtype; "
+        "int4/int8: CPU kernels; 4bit/8bit: bitsandbytes on CUDA; none: the model's own dtype",
     )
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument(

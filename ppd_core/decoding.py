@@ -77,10 +77,11 @@ def forward_hidden(
     inputs_embeds: torch.Tensor,  # [T, hidden]
     position_ids: torch.Tensor,  # [T]
     attention_mask: torch.Tensor | None,  # [1, 1, T, cached + T] additive, or None for causal
+    exact_rows: int | None = None,  # leading rows (a tree's nodes) that must equal plain steps bitwise
 ) -> torch.Tensor:
     """Run the decoder body (no LM head) and return the last hidden states [T, hidden]."""
     if isinstance(model, LeanDecoder):
-        return model(inputs_embeds, position_ids, attention_mask, cache)
+        return model(inputs_embeds, position_ids, attention_mask, cache, exact_rows)
     output = model.base_model(
         inputs_embeds=inputs_embeds[None],
         position_ids=position_ids[None],
@@ -141,7 +142,7 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
 
     # 2. One forward pass; the model's own choice at every node. One LM-head call over all
     # rows: on a CPU a matmul of 2..16 rows costs about the same as one of 2.
-    hidden = forward_hidden(model, cache, embeds, positions, mask)  # [T, hidden]
+    hidden = forward_hidden(model, cache, embeds, positions, mask, tree.num_nodes)  # [T, hidden]
     logits = logits_of(model, hidden)  # [T, vocab]
 
     # 3. Accept the longest path the model agrees with; its own next token comes free.

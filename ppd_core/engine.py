@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     model: str = "default"
     prompt_tokens: str | None = None  # a prompt-token file; None: the one shipped for the model
-    quant: str = "auto"  # see loading.AUTO_CPU_QUANT (today the model's own weights)
+    quant: str = "auto"  # see loading.AUTO_CPU_QUANT (int4 on a CPU with the lean forward)
     device: str = "auto"
     dtype: str = "auto"
     forward: str = "lean"  # "lean" (Llama-family fast path, where supported) or "transformers"

@@ -42,11 +42,11 @@ def test_gguf_file_path_loads():
 
 def test_auto_quant_follows_the_cpu_default(tiny_model_dir, monkeypatch):
     automatic = load_model(str(tiny_model_dir), device="cpu")
-    assert (automatic.quant, automatic.quant_is_default, automatic.forward) == ("none", True, "lean")
-    monkeypatch.setattr("ppd_core.loading.AUTO_CPU_QUANT", "int4")  # the day int4 tree steps are exact
-    automatic = load_model(str(tiny_model_dir), device="cpu")
-    assert (automatic.quant, automatic.quant_is_default) == ("int4", True)
+    assert (automatic.quant, automatic.quant_is_default, automatic.forward) == ("int4", True, "lean")
     assert weights_label(automatic) == "int4 weights, int8 LM head; the CPU default, --quant none for full precision"
+    monkeypatch.setattr("ppd_core.loading.AUTO_CPU_QUANT", "none")
+    automatic = load_model(str(tiny_model_dir), device="cpu")
+    assert (automatic.quant, automatic.quant_is_default) == ("none", True)
     generic = load_model(str(tiny_model_dir), device="cpu", forward="transformers")
     assert (generic.quant, generic.forward) == ("none", "transformers") and weights_label(generic) == "not quantized"
     chosen = load_model(str(tiny_model_dir), quant="int8", device="cpu")

@@ -114,6 +114,9 @@ class LeanDecoder:
         self.hidden = config.hidden_size
         self.eps = config.rms_norm_eps
         self.skinny_sizes: frozenset[int] = frozenset()  # step sizes (rows) using ``weight @ x.T``: calibration's choice
+        # Tree steps attend row by row (``_attention_by_row``): with row-invariant packed kernels this makes
+        # greedy PPD bitwise equal to plain decoding. fp32 matmuls are not row-invariant, so there it would only cost.
+        self.row_exact = quant is not None
         body = model.base_model
         self.quant = quant  # None: the model's own weights (shared, no copy); "int8" / "int4": CPU kernels
         self.layers = [self._layer(block, shared=quant is None) for block in body.layers]
@@ -200,11 +203,19 @@ class LeanDecoder:
         positions: torch.Tensor,  # [T] RoPE positions
         mask: torch.Tensor | None,  # [1, 1, T, cached + T] additive or bool; None: causal
         cache: StaticCache,
+        exact_rows: int | None = None,  # with a mask: the leading rows that must equal plain steps (None: all)
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm; the T tokens' keys and values go into ``cache``."""
+        """Hidden states [T, hidden] after the final norm; the T tokens' keys and values go into ``cache``.
+
+        With ``row_exact``, the first ``exact_rows`` rows of a masked step (a tree's nodes) attend row by
+        row, bitwise as plain decoding would; the rest (prompt tokens, which only guess) attend batched.
+        """
         T = embeds.shape[0]
         start, end = cache.length, cache.length + T
         cache.reserve(end)
+        # a step's tree mask: row by row where that is exact; prefill (no mask) stays batched
+        exact = T if exact_rows is None else exact_rows
+        rows = visible_rows(mask, start, exact) if self.row_exact and mask is not None and exact else None
         if mask is None and T > 1:
             mask = torch.ones(T, end, dtype=torch.bool, device=embeds.device).tril(start)  # causal after the cache
         skinny = T in self.skinny_sizes
@@ -218,16 +229,73 @@ class LeanDecoder:
             qk = qk.view(T, H + Hkv, D)
             qk = qk * cos + qk.roll(D // 2, dims=-1) * sin  # RoPE on queries and keys at once
             q, k = qk.split([H, Hkv], dim=1)  # [T, H, D], [T, Hkv, D]
-            keys, values = cache.write(index, start, k.transpose(0, 1), v.view(T, Hkv, D).transpose(0, 1))  # [Hkv, end, D]
-            attended = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, enable_gqa=H != Hkv
-            )  # [1, H, T, D]
-            x = x + linear(attended[0].transpose(0, 1).reshape(T, H * D), layer.wo, layer.bo, skinny)
+            k, v = k.transpose(0, 1), v.view(T, Hkv, D).transpose(0, 1)  # [Hkv, T, D] each
+            if rows is None:
+                keys, values = cache.write(index, start, k, v)  # [Hkv, end, D]
+                attended = F.scaled_dot_product_attention(
+                    q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, enable_gqa=H != Hkv
+                )[0].transpose(0, 1)  # [T, H, D]
+            else:
+                attended = self._attention_by_row(q, k, v, cache, index, start, rows)  # [exact, H, D]
+                keys, values = cache.write(index, start, k, v)
+                if exact < T:
+                    rest = F.scaled_dot_product_attention(
+                        q[exact:].transpose(0, 1)[None], keys[None], values[None], attn_mask=mask[:, :, exact:],
+                        enable_gqa=H != Hkv,
+                    )[0].transpose(0, 1)  # [T - exact, H, D]
+                    attended = torch.cat([attended, rest])
+            x = x + linear(attended.reshape(T, H * D), layer.wo, layer.bo, skinny)
             h = F.rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)
             gate, up = linear(h, layer.w13, None, skinny).chunk(2, dim=-1)  # [T, intermediate] each
             x = x + linear(F.silu(gate) * up, layer.w2, None, skinny)
         cache.length = end
         return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
+
+    def _attention_by_row(
+        self,
+        q: torch.Tensor,  # [T, H, D] (rows beyond ``rows`` are not used)
+        k: torch.Tensor,  # [Hkv, T, D]
+        v: torch.Tensor,  # [Hkv, T, D]
+        cache: StaticCache,
+        index: int,
+        start: int,
+        rows: list[list[int]],
+    ) -> torch.Tensor:
+        """Each row attends exactly as a 1-token step would: its visible rows sit right after the context.
+
+        Row t's visible step rows (root ... itself) are written at ``start, start + 1, ...`` and one
+        unmasked 1-row SDPA call runs over them and the context: the same call, on the same data
+        at the same places, as plain decoding makes for that token. SDPA's result for one row
+        depends on how many rows it is given, so this keeps a tree step bitwise equal to plain
+        steps wherever the matmul kernels are row-invariant (the packed int8 / int4 ones are).
+        Only the part of a row's sequence that differs from the previous row's is rewritten.
+        """
+        placed: list[int] = []  # step rows now at start, start + 1, ...
+        out = []
+        for t, sequence in enumerate(rows):
+            same = 0
+            while same < min(len(placed), len(sequence)) and placed[same] == sequence[same]:
+                same += 1
+            if same < len(sequence):
+                changed = sequence[same:]
+                cache.keys[index, :, start + same : start + len(sequence)] = k[:, changed]
+                cache.values[index, :, start + same : start + len(sequence)] = v[:, changed]
+            placed = sequence
+            end = start + len(sequence)
+            out.append(F.scaled_dot_product_attention(
+                q[t, :, None][None], cache.keys[index, :, :end][None], cache.values[index, :, :end][None],
+                enable_gqa=self.heads != self.kv_heads,
+            )[0, :, 0])  # [H, D]
+        return torch.stack(out)  # [len(rows), H, D]
+
+
+def visible_rows(mask: torch.Tensor, start: int, count: int) -> list[list[int]] | None:
+    """For a step mask [1, 1, T, start + T] (additive or bool), the first ``count`` rows' visible step rows
+    in order; None unless they see the whole context (only then can a row run as a plain step)."""
+    seen = mask[0, 0, :count] if mask.dtype == torch.bool else mask[0, 0, :count] == 0  # [count, start + T]
+    if not bool(seen[:, :start].all()):
+        return None
+    return [torch.nonzero(row).flatten().tolist() for row in seen[:, start:]]
 
 
 def same_weight(layer: QuantLinear, weight: torch.Tensor, tolerance: float = 0.02) -> bool:

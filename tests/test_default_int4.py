@@ -1,0 +1,85 @@
+"""The embedded default model with int4 weights (the CPU default): tree steps are bitwise plain steps.
+
+The packed int4 / int8 kernels give each row the same result whatever the number of rows, and a
+tree step attends row by row (``LeanDecoder._attention_by_row``), so a node's hidden state in a
+tree step is bit for bit the one plain decoding computes for that token. Without that, greedy PPD
+drifted from plain decoding on the real model's near-ties (the tiny model has none).
+"""
+
+import pytest
+import torch
+
+from ppd_core.engine import Engine, EngineConfig
+from ppd_core.static_trees import STATIC_TREES
+from ppd_core.tree import family_from_spec
+
+PROMPTS = [
+    "Give me three tips for staying healthy.",
+    "Write a long story about a dragon who learns to bake bread.",
+    "Write a Python function that merges two sorted lists, and explain it.",
+]
+NEW_TOKENS = 128
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def int4_engine():
+    return Engine.load(EngineConfig(model="default", quant="int4", device="cpu", tree="medium"))
+
+
+def prefilled(engine, prompt):
+    decoder = engine.loaded.decoder
+    ids = torch.tensor(engine.chat_ids([{"role": "user", "content": prompt}]))
+    cache = decoder.new_cache()
+    decoder(decoder.get_input_embeddings()(ids), torch.arange(len(ids)), None, cache)
+    return decoder, cache
+
+
+def plain_steps(decoder, cache, tokens):
+    """Hidden states of ``tokens`` fed one per step after ``cache`` (which is left as it was)."""
+    start = cache.length
+    embeds = decoder.get_input_embeddings()(tokens)
+    hidden = [decoder(embeds[i : i + 1], torch.tensor([start + i]), None, cache) for i in range(len(tokens))]
+    cache.truncate(start)
+    return torch.cat(hidden)
+
+
+def test_block_of_ten_equals_ten_plain_steps_bitwise(int4_engine):
+    decoder, cache = prefilled(int4_engine, PROMPTS[0])
+    start = cache.length
+    tokens = torch.randint(0, 5000, (10,), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(1, 1, 10, start + 10, dtype=torch.bool).tril(start)
+    block = decoder(decoder.get_input_embeddings()(tokens), torch.arange(start, start + 10), mask, cache)  # all rows exact
+    cache.truncate(start)
+    assert torch.equal(block, plain_steps(decoder, cache, tokens))
+
+
+def test_every_node_of_a_tree_step_equals_plain_steps_along_its_path(int4_engine):
+    decoder, cache = prefilled(int4_engine, PROMPTS[1])
+    start = cache.length
+    tree = family_from_spec("large", STATIC_TREES["large"], 3).for_depth(3)
+    tokens = torch.randint(0, 5000, (tree.num_nodes,), generator=torch.Generator().manual_seed(1))
+    table = int4_engine.prompt_tokens.flat(torch.float32, torch.device("cpu"))  # [n * V, hidden]: prompt-token rows ride along
+    embeds = torch.cat([decoder.get_input_embeddings()(tokens), table[tree.prompt_embedding_index]])
+    mask = tree.additive_mask(start, embeds.dtype, embeds.device)
+    hidden = decoder(embeds, tree.position_offsets + start, mask, cache, exact_rows=tree.num_nodes)
+    cache.truncate(start)
+    assert all(parent < node for node, parent in enumerate(tree.parents) if node)  # paths ascend: rows sit in path order
+    for node, path in enumerate(tree.node_paths):
+        assert torch.equal(hidden[node], plain_steps(decoder, cache, tokens[list(path)])[-1]), path
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_int4_ppd_equals_int4_plain_on_every_static_tree(int4_engine, prompt):
+    ids = int4_engine.chat_ids([{"role": "user", "content": prompt}])
+    plain = int4_engine.generate(ids, "vanilla", NEW_TOKENS).tokens
+    saved = int4_engine.family
+    try:
+        for name, spec in STATIC_TREES.items():
+            int4_engine.set_tree(family_from_spec(name, spec, 3))
+            result = int4_engine.generate(ids, "ppd", NEW_TOKENS)
+            assert result.tokens == plain, name
+            assert result.stats.mean_accepted > 1.0, name  # the trees did guess right sometimes
+    finally:
+        int4_engine.set_tree(saved)
