@@ -7,6 +7,7 @@ well under a second and can be re-quantized with bitsandbytes.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import logging
@@ -19,12 +20,12 @@ import platformdirs
 import psutil
 import torch
 from filelock import FileLock, Timeout
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
 
 from ppd_core.atomic_files import atomic_directory
 from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core.errors import PpdError
-from ppd_core.lean.gguf_blocks import int4_layers
+from ppd_core.lean.gguf_blocks import int4_layers, int8_head
 from ppd_core.lean.model import LeanDecoder, unsupported_reason
 from ppd_core.lean.quant import QUANT_KINDS
 
@@ -182,6 +183,13 @@ def _remove_stale_conversions(cache: Path, gguf: Path, keep: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+def conversion_folder(gguf: Path) -> Path:
+    """Where the Hugging Face copy of ``gguf`` lives (keyed by path, size and modification time)."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return Path(platformdirs.user_cache_dir("ppd")) / "gguf" / f"{gguf.stem}-{key}"
+
+
 def converted_gguf_dir(folder: Path, gguf_name: str) -> Path:
     """A Hugging Face copy of a GGUF model in the user's cache, made on first use.
 
@@ -189,10 +197,8 @@ def converted_gguf_dir(folder: Path, gguf_name: str) -> Path:
     one's result. A new conversion deletes older conversions of the same file.
     """
     gguf = folder / gguf_name
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    cache = Path(platformdirs.user_cache_dir("ppd")) / "gguf"
-    target = cache / f"{gguf.stem}-{key}"
+    target = conversion_folder(gguf)
+    cache = target.parent
     if (target / "config.json").is_file():
         return target
     log = logging.getLogger(__name__)
@@ -237,11 +243,24 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
+def release_free_heap() -> None:
+    """Hand freed heap memory back to the OS (glibc's ``malloc_trim``; elsewhere nothing to do).
+
+    glibc keeps freed chunks of a grown heap: while the int4 / int8 layers are built, 20-30 MB of
+    the process's resident memory is free heap that no later allocation may need.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None, gguf_file: Path | None = None):
     """The lean forward where the architecture allows it (else a one-line notice), or the model itself.
 
     ``quant`` ("int8" / "int4") needs the lean forward: without it loading fails with a one-line reason.
-    With int4 and a ``gguf_file`` of Q4_0/Q4_1 layers, the file's own blocks are the weights.
+    With int4 and a ``gguf_file`` of Q4_0/Q4_1 layers, the file's own blocks are the weights, and its LM head
+    (Q8_0 / F32 / F16) becomes the int8 head, so the model's memory-mapped fp32 layers are never read.
     """
     if forward == "transformers":
         return model
@@ -252,7 +271,12 @@ def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None,
         logging.getLogger(__name__).warning("lean forward unavailable (%s): using the transformers forward", reason)
         return model
     int4_weights = int4_layers(gguf_file, model.config) if quant == "int4" and gguf_file is not None else None
-    return LeanDecoder(model, quant, int4_weights)
+    release_free_heap()  # each step's transients, before the next step grows the heap again
+    head = int8_head(gguf_file, model.config) if quant is not None and gguf_file is not None else None
+    release_free_heap()
+    decoder = LeanDecoder(model, quant, int4_weights, head)
+    release_free_heap()
+    return decoder
 
 
 def load_model(
@@ -275,7 +299,11 @@ def load_model(
     folder, gguf_name = resolve_source(model)
     name = DEFAULT_NAME if model == "default" else (Path(gguf_name).stem if gguf_name else folder.name)
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=gguf_name) if gguf_name else AutoConfig.from_pretrained(folder)
+        converted = conversion_folder(folder / gguf_name) if gguf_name else None
+        if converted is not None and (converted / "config.json").is_file():
+            config = AutoConfig.from_pretrained(converted)  # not from the GGUF: parsing its metadata holds 160 MB
+        else:
+            config = AutoConfig.from_pretrained(folder, gguf_file=gguf_name) if gguf_name else AutoConfig.from_pretrained(folder)
         needed = estimated_bytes(config, torch_dtype, quant)
     except (ValueError, KeyError) as error:
         raise ModelLoadError(f"{folder / (gguf_name or '')} is not a supported causal LM ({str(error).splitlines()[0]})") from None
@@ -300,7 +328,8 @@ def load_model(
         )
         kwargs["device_map"] = {"": target}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        # a converted GGUF always has tokenizer.json: read it as it is (AutoTokenizer rebuilds it: +90 MB here)
+        tokenizer = (PreTrainedTokenizerFast if gguf_name else AutoTokenizer).from_pretrained(folder)
         network = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load {name}: {str(error).splitlines()[0]}") from None

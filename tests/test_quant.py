@@ -10,8 +10,9 @@ from gguf.quants import quantize as ggml_quantize
 
 from conftest import tiny_llama
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.lean.gguf_blocks import block_levels, int4_layers, unpermute_rows
-from ppd_core.lean.model import LeanDecoder, fused, same_weight
+from ppd_core.lean.gguf_blocks import block_levels, int4_layers, int8_head, read_raw, unpermute_rows
+from ppd_core.lean.gguf_index import tensor_index
+from ppd_core.lean.model import LeanDecoder, fused, same_rows, same_weight
 from ppd_core.lean.quant import INT4_GROUP, int4_from_levels, quantize
 from ppd_core.loading import default_model_file, pick_decoder
 from ppd_core.static_trees import STATIC_TREES
@@ -126,3 +127,29 @@ def test_greedy_ppd_equals_plain_in_quant_modes(kind, tree_name):
     fp32_steps = generate(Speculator(pick_decoder(model, "lean"), vanilla_family()), Request(prompt, 60, frozenset(), 256))
     fp32_plain = [t for s in fp32_steps for t in s.tokens]
     assert plain[:5] == fp32_plain[:5]  # the quantized model still is the model
+
+
+def test_tensor_index_matches_the_gguf_reader():
+    """Offsets, types, shapes and bytes of every tensor of the default file, as gguf's own reader sees them."""
+    path = default_model_file()
+    index = tensor_index(path)
+    tensors = gguf.GGUFReader(path).tensors
+    assert len(index) == len(tensors)
+    for tensor in tensors:
+        info = index[tensor.name]
+        assert (info.offset, info.n_bytes, info.kind) == (tensor.data_offset, tensor.n_bytes, tensor.tensor_type.name)
+        assert info.shape == tuple(int(size) for size in tensor.shape)
+    embedding = next(t for t in tensors if t.name == "token_embd.weight")
+    info = index["token_embd.weight"]
+    assert np.array_equal(read_raw(path, info, 100, 105), np.asarray(embedding.data)[100:105].view(np.uint8))
+
+
+@pytest.mark.slow
+def test_the_files_int8_head_is_the_models_head_quantized(default_engine):
+    """Built from the file's Q8_0 rows a chunk at a time, it equals quantizing the model's de-quantized head."""
+    model = default_engine.loaded.model
+    head = int8_head(default_model_file(), model.config)
+    reference = quantize(model.get_output_embeddings().weight, None, "int8")
+    assert torch.equal(head.qweight, reference.qweight) and torch.equal(head.scales, reference.scales)
+    assert same_rows(head, model.get_output_embeddings().weight)
+    assert not same_rows(head, model.get_output_embeddings().weight.roll(1, 0))  # the guard sees a wrong file

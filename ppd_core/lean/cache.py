@@ -25,7 +25,8 @@ class StaticCache:
     @staticmethod
     def empty(layers: int, kv_heads: int, max_length: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> StaticCache:
         shape = (layers, kv_heads, min(FIRST_CAPACITY, max_length), head_dim)
-        return StaticCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device), max_length)
+        # empty, not zeros: nothing reads past ``length``, and untouched pages take no memory until written
+        return StaticCache(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device), max_length)
 
     @property
     def capacity(self) -> int:
@@ -40,7 +41,7 @@ class StaticCache:
         capacity = min(max(end, 2 * self.capacity), self.max_length)
         for name in ("keys", "values"):
             old = getattr(self, name)
-            new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
+            new = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 

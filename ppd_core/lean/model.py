@@ -78,18 +78,6 @@ class LeanLayer:
     w13: Weight  # [2 * intermediate, hidden]: gate, then up
     w2: Weight  # [hidden, intermediate]
 
-    def quantized(self, kind: str, given: dict[str, QuantLinear] | None = None) -> LeanLayer:
-        """The same layer with int8 or int4 weights (biases folded into them); ``given``: int4 weights to use as they are."""
-
-        def weight(name: str, bias: torch.Tensor | None) -> QuantLinear:
-            if given is None:
-                return quantize(getattr(self, name), bias, kind)
-            given[name].bias = None if bias is None else bias.detach().clone()
-            return given[name]
-
-        return LeanLayer(self.attn_norm, weight("wqkv", self.bqkv), None, weight("wo", self.bo), None, self.mlp_norm,
-                         weight("w13", None), weight("w2", None))
-
     @property
     def num_bytes(self) -> int:
         tensors = [self.attn_norm, self.mlp_norm, self.bqkv, self.bo]
@@ -101,7 +89,13 @@ class LeanLayer:
 class LeanDecoder:
     """The decoder body of a Llama-family model over a ``StaticCache``; embeddings and LM head stay the model's."""
 
-    def __init__(self, model: nn.Module, quant: str | None = None, int4_weights: list[dict[str, QuantLinear]] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        quant: str | None = None,
+        int4_weights: list[dict[str, QuantLinear]] | None = None,  # a file's own 4-bit layers (``gguf_blocks``)
+        head: QuantLinear | None = None,  # a file's own LM head as int8
+    ):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"no lean forward for this model: {reason}")
@@ -119,15 +113,22 @@ class LeanDecoder:
         self.row_exact = quant is not None
         body = model.base_model
         self.quant = quant  # None: the model's own weights (shared, no copy); "int8" / "int4": CPU kernels
-        self.layers = [self._layer(block, shared=quant is None) for block in body.layers]
         self.head = model.get_output_embeddings()
-        if quant is not None:
-            if int4_weights and not (quant == "int4" and same_weight(int4_weights[0]["wqkv"], self.layers[0].wqkv)):
+        if quant is None:
+            self.layers = [self._layer(block) for block in body.layers]
+        else:
+            # Guards: the file's weights must be the model's (layer 0's q/k/v rows, a few head rows).
+            first = body.layers[0].self_attn
+            qkv = (first.q_proj.weight, first.k_proj.weight, first.v_proj.weight)
+            if int4_weights and not (quant == "int4" and same_weight(int4_weights[0]["wqkv"], fused(*qkv))):
                 logging.getLogger(__name__).warning("the file's 4-bit blocks do not match the model's weights: re-quantizing")
                 int4_weights = None
-            given = int4_weights or [None] * len(self.layers)
-            self.layers = [layer.quantized(quant, weights) for layer, weights in zip(self.layers, given)]
-            self.head = quantize(self.head.weight, self.head.bias, "int8")  # an int4 head: 88% agreement, int8: 98%
+            given = int4_weights or [None] * len(body.layers)
+            self.layers = [self._quantized_layer(block, quant, weights) for block, weights in zip(body.layers, given)]
+            if head is None or not same_rows(head, self.head.weight):
+                head = quantize(self.head.weight, None, "int8")  # an int4 head: 88% agreement, int8: 98%
+            head.bias = None if self.head.bias is None else self.head.bias.detach().clone()
+            self.head = head
         self.norm = body.norm.weight.detach()
         # RoPE for every position, from the model's own rotary module (any rope scaling it has).
         weight = body.embed_tokens.weight
@@ -140,8 +141,8 @@ class LeanDecoder:
         self.sin = (sin[0] * sign).to(weight.dtype)  # [P, head_dim]: rotate_half(x) * sin == roll(x) * this
 
     @staticmethod
-    def _layer(block: nn.Module, shared: bool) -> LeanLayer:
-        """Fuse one block's projections; ``shared``: the model's own Linear modules then view the fused tensors."""
+    def _layer(block: nn.Module) -> LeanLayer:
+        """Fuse one block's projections; the model's own Linear modules then view the fused tensors (one copy)."""
         attention, mlp = block.self_attn, block.mlp
         q, k, v, o = attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj
         layer = LeanLayer(
@@ -154,12 +155,36 @@ class LeanDecoder:
             w13=fused(mlp.gate_proj.weight, mlp.up_proj.weight),
             w2=mlp.down_proj.weight.detach(),
         )
-        if shared:  # one copy in memory
-            share(layer.wqkv, [q, k, v], "weight")
-            if layer.bqkv is not None:
-                share(layer.bqkv, [q, k, v], "bias")
-            share(layer.w13, [mlp.gate_proj, mlp.up_proj], "weight")
+        share(layer.wqkv, [q, k, v], "weight")
+        if layer.bqkv is not None:
+            share(layer.bqkv, [q, k, v], "bias")
+        share(layer.w13, [mlp.gate_proj, mlp.up_proj], "weight")
         return layer
+
+    @staticmethod
+    def _quantized_layer(block: nn.Module, kind: str, given: dict[str, QuantLinear] | None) -> LeanLayer:
+        """One block with int8 / int4 weights, biases folded in: ``given`` int4 weights as they are (the model's
+        own weights, memory-mapped by transformers, are then never read), else quantized one layer at a time."""
+        attention, mlp = block.self_attn, block.mlp
+        q, k, v, o = attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj
+
+        def weight(name: str, parts: list[nn.Linear]) -> QuantLinear:
+            bias = fused(*(part.bias for part in parts))
+            if given is None:
+                return quantize(fused(*(part.weight for part in parts)), bias, kind)
+            given[name].bias = bias
+            return given[name]
+
+        return LeanLayer(
+            attn_norm=block.input_layernorm.weight.detach(),
+            wqkv=weight("wqkv", [q, k, v]),
+            bqkv=None,
+            wo=weight("wo", [o]),
+            bo=None,
+            mlp_norm=block.post_attention_layernorm.weight.detach(),
+            w13=weight("w13", [mlp.gate_proj, mlp.up_proj]),
+            w2=weight("w2", [mlp.down_proj]),
+        )
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()
@@ -302,6 +327,16 @@ def same_weight(layer: QuantLinear, weight: torch.Tensor, tolerance: float = 0.0
     """Whether ``layer`` stores ``weight`` [out, in] up to rounding (relative Frobenius error): guards the row order."""
     reference = weight.float()
     return bool((layer.dequantized() - reference).norm() <= tolerance * reference.norm())
+
+
+def same_rows(head: QuantLinear, weight: torch.Tensor, rows: int = 16, tolerance: float = 0.02) -> bool:
+    """Whether an int8 ``head`` stores ``weight`` [vocab, hidden] on a few spread rows (reads only those rows)."""
+    if head.kind != "int8" or head.qweight.shape != weight.shape:
+        return False
+    index = torch.linspace(0, weight.shape[0] - 1, rows).long()
+    stored = head.qweight[index].float() * head.scales[index].float()[:, None]
+    reference = weight.detach()[index].float()
+    return bool((stored - reference).norm() <= tolerance * reference.norm())
 
 
 def share(fused_tensor: torch.Tensor, modules: list[nn.Module], name: str) -> None:
