@@ -15,8 +15,14 @@ import torch
 from ppd_core.engine import GREEDY, Engine, PpdError, SamplingParams, describe
 
 
-def read_questions(path: Path, limit: int | None) -> list[list[str]]:
-    """The ``turns`` of each MT-Bench style JSONL record; a missing or malformed file is a one-line PpdError."""
+@dataclass
+class Question:
+    turns: list[str]
+    category: str = "-"
+
+
+def read_questions(path: Path, limit: int | None) -> list[Question]:
+    """The ``turns`` (and ``category``) of each MT-Bench style JSONL record; a missing or malformed file is a one-line PpdError."""
     path = Path(path)
     if not path.is_file():
         raise PpdError(f"question file not found: {path}")
@@ -29,12 +35,13 @@ def read_questions(path: Path, limit: int | None) -> list[list[str]]:
         if not line.strip():
             continue
         try:
-            turns = json.loads(line)["turns"]
+            record = json.loads(line)
+            turns = record["turns"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            turns = None
+            record, turns = {}, None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise PpdError(f"{path}:{number} is not a JSON object with a 'turns' list")
-        questions.append(turns)
+        questions.append(Question(turns, str(record.get("category", "-"))))
     if not questions:
         raise PpdError(f"{path} holds no questions (expected one JSON object with a 'turns' list per line)")
     return questions[:limit] if limit else questions
@@ -78,19 +85,27 @@ class ModeTotals:
     seconds: float = 0.0
     steps: int = 0
     decode_tokens: int = 0
+    from_prompt_tokens: int = 0  # accepted guesses by source
+    from_lookup: int = 0
     peak_bytes: int = 0
     answers: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return round(self.new_tokens / self.seconds, 3) if self.seconds else 0.0
 
     def to_json(self, with_steps: bool) -> dict:
         out = {
             "new_tokens": self.new_tokens,
             "seconds": round(self.seconds, 3),
-            "tok_s": round(self.new_tokens / self.seconds, 3) if self.seconds else 0.0,
+            "tok_s": self.tok_s,
             "peak_mem_mb": round(self.peak_bytes / 2**20, 1),
         }
         if with_steps:
             out["steps"] = self.steps
             out["mean_accepted"] = round(self.decode_tokens / self.steps, 4) if self.steps else 0.0
+            per_step = {"prompt_tokens": self.from_prompt_tokens, "lookup": self.from_lookup}
+            out["accepted_per_step_by_source"] = {k: round(v / self.steps, 4) if self.steps else 0.0 for k, v in per_step.items()}
         return out
 
 
@@ -107,20 +122,25 @@ class BenchRun:
     """Running totals of one benchmark."""
 
     modes: dict[str, ModeTotals] = field(default_factory=lambda: {"vanilla": ModeTotals(), "ppd": ModeTotals()})
+    groups: dict[str, dict[str, ModeTotals]] = field(default_factory=dict)  # "turn 2", "coding", ...: the same per group
     reference: ModeTotals = field(default_factory=ModeTotals)  # transformers generate()
     mismatches: list[int] = field(default_factory=list)  # questions whose greedy answers differ
 
 
-def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int, totals: ModeTotals, sampling: SamplingParams) -> list[int]:
+def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int, totals: list[ModeTotals], sampling: SamplingParams) -> list[int]:
+    """One answer, counted into each of ``totals`` (the run's, its turn's, its category's)."""
     with PeakMemory(engine.loaded.device) as memory:
         result = engine.generate(ids, mode, max_new_tokens, sampling=sampling)
     stats = result.stats
-    totals.new_tokens += stats.new_tokens
-    totals.seconds += stats.seconds
-    totals.steps += stats.steps
-    totals.decode_tokens += sum(stats.accepted_per_step)
-    totals.peak_bytes = max(totals.peak_bytes, memory.peak)
-    totals.answers.append(result.tokens)
+    for total in totals:
+        total.new_tokens += stats.new_tokens
+        total.seconds += stats.seconds
+        total.steps += stats.steps
+        total.decode_tokens += sum(stats.accepted_per_step)
+        total.from_prompt_tokens += stats.from_guesses - stats.from_lookup
+        total.from_lookup += stats.from_lookup
+        total.peak_bytes = max(total.peak_bytes, memory.peak)
+    totals[0].answers.append(result.tokens)
     return result.tokens
 
 
@@ -133,17 +153,19 @@ def timed_reference(engine: Engine, ids: list[int], max_new_tokens: int, totals:
     totals.peak_bytes = max(totals.peak_bytes, memory.peak)
 
 
-def bench_question(engine: Engine, number: int, turns: list[str], config: BenchConfig, run: BenchRun) -> None:
+def bench_question(engine: Engine, number: int, question: Question, config: BenchConfig, run: BenchRun) -> None:
     """Both modes on each turn of one question, in alternating order; later turns follow the plain answer."""
     sampling = config.sampling
     if not sampling.greedy:  # both modes get the same seed per question
         sampling = dataclasses.replace(sampling, seed=(sampling.seed or 0) + number)
     order = ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla")
     history: list[dict] = []
-    for turn in turns[: config.turns]:
+    for index, turn in enumerate(question.turns[: config.turns], 1):
         history.append({"role": "user", "content": turn})
         ids = engine.chat_ids(history)
-        answers = {mode: timed_answer(engine, ids, mode, config.max_new_tokens, run.modes[mode], sampling) for mode in order}
+        groups = [run.groups.setdefault(name, {"vanilla": ModeTotals(), "ppd": ModeTotals()}) for name in (f"turn {index}", question.category)]
+        answers = {mode: timed_answer(engine, ids, mode, config.max_new_tokens, [run.modes[mode]] + [g[mode] for g in groups], sampling)
+                   for mode in order}
         if config.compare_generate and sampling.greedy:
             timed_reference(engine, ids, config.max_new_tokens, run.reference)
         if answers["ppd"] != answers["vanilla"] and number not in run.mismatches:
@@ -151,7 +173,7 @@ def bench_question(engine: Engine, number: int, turns: list[str], config: BenchC
         history.append({"role": "assistant", "content": engine.tokenizer.decode(answers["vanilla"], skip_special_tokens=True)})
 
 
-def run_benchmark(engine: Engine, questions: list[list[str]], config: BenchConfig, log=sys.stderr) -> dict:
+def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig, log=sys.stderr) -> dict:
     """Answers both ways for every question (order alternating), then the JSON summary.
 
     Greedy by default: the answers must then be identical. When sampling, both modes get
@@ -161,8 +183,8 @@ def run_benchmark(engine: Engine, questions: list[list[str]], config: BenchConfi
     for mode in ("vanilla", "ppd"):
         engine.generate(warmup, mode, 16)
     run = BenchRun()
-    for number, turns in enumerate(questions):
-        bench_question(engine, number, turns, config, run)
+    for number, question in enumerate(questions):
+        bench_question(engine, number, question, config, run)
         speeds = {mode: t.new_tokens / max(t.seconds, 1e-9) for mode, t in run.modes.items()}
         print(f"[{number + 1}/{len(questions)}] ppd {speeds['ppd']:.1f} tok/s, vanilla {speeds['vanilla']:.1f} tok/s", file=log, flush=True)
     return summary(engine, len(questions), config, run)
@@ -197,6 +219,11 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
         result["calibration"] = expectation
     if config.compare_generate:
         result["transformers_generate"] = run.reference.to_json(False)
+    result["groups"] = {  # by turn and by category: the same measures on each part of the run
+        name: {"vanilla_tok_s": totals["vanilla"].tok_s, "ppd": totals["ppd"].to_json(True),
+               "speedup": round(totals["ppd"].tok_s / totals["vanilla"].tok_s, 4) if totals["vanilla"].tok_s else 0.0}
+        for name, totals in sorted(run.groups.items())
+    }
     return result
 
 

@@ -42,6 +42,21 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--tree", default="auto",
         help=f"guess tree: auto (calibrated for this device), {', '.join(STATIC_TREES)}, or a token budget such as 12",
     )
+    parser.add_argument(
+        "--lookup", type=lookup_length, default=None, metavar="auto|N",
+        help="guesses copied from the conversation (n-gram lookup) per PPD step: auto (default: the lengths "
+        "calibration chose), 0 (off) or up to N tokens",
+    )
+
+
+def lookup_length(text: str) -> int | None:
+    """``--lookup``: "auto" (None) or a chain length."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number of tokens, got {text!r}") from None
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -171,7 +186,7 @@ def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
     config = EngineConfig(
         model=args.model, prompt_tokens=args.prompt_tokens, quant=args.quant, device=args.device,
         dtype=args.dtype, forward=args.forward, tree=args.tree, auto_calibrate=auto_calibrate,
-        threads=model_threads(args),
+        threads=model_threads(args), lookup=args.lookup,
     )
     return Engine.load(config, ProgressBars())
 

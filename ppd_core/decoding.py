@@ -20,6 +20,7 @@ from ppd_core import kv_cache
 from ppd_core.errors import PpdError
 from ppd_core.kv_cache import Cache
 from ppd_core.lean.model import LeanDecoder
+from ppd_core.lookup import ChainedTrees, NgramIndex
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
@@ -40,6 +41,7 @@ class Speculator:
     model: PreTrainedModel | LeanDecoder
     family: TreeFamily  # one tree per number of guessed depths; a root-only family is plain decoding
     prompt_table: torch.Tensor | None = None  # [n * V, hidden]
+    lookup_lengths: tuple[int, ...] = ()  # lookup chain length by match length 1, 2, ... (empty or 0: none)
 
     @property
     def top_k(self) -> int:
@@ -58,6 +60,7 @@ class Request:
     sampling: SamplingParams = GREEDY
     cache: Cache | None = None  # a cache to continue (multi-turn); None: a new one
     guess_hook: GuessHook | None = None
+    history: Sequence[int] = ()  # the tokens ``cache`` already holds (lookup guesses copy from them too)
 
 
 @dataclass
@@ -150,6 +153,7 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
     last, bonus = accept(tree.parents, node_list, logits[: tree.num_nodes], state.sampling, state.generator)
     path = tree.node_paths[last]  # node indices, root first
     tokens = [node_list[i] for i in path[1:]] + [bonus]
+    from_lookup = sum(1 for i in path[1:] if tree.paths[i][-1] == speculator.top_k)  # the lookup chain's rank
 
     # 4. Keep the accepted path's KV at contiguous positions; drop the rest.
     kv_cache.keep_tree_entries(cache, cached, path)
@@ -162,7 +166,8 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
         ensemble = logits[slots.flatten()].view(depth, tree.ensemble_size, -1)  # [m, V, vocab]
         state.guesses = ensemble.mean(1).topk(speculator.top_k, dim=-1).indices  # [m, K]
     state.root = tokens[-1]
-    return StepStats(tokens=tokens, from_guesses=len(path) - 1, tree_tokens=tree.num_tokens, seconds=time.perf_counter() - start)
+    return StepStats(tokens=tokens, from_guesses=len(path) - 1, tree_tokens=tree.num_tokens,
+                     seconds=time.perf_counter() - start, from_lookup=from_lookup)
 
 
 def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
@@ -180,7 +185,10 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
     cache = kv_cache.new_cache(model) if request.cache is None else request.cache
     prompt_end = kv_cache.cache_length(cache) + len(request.input_ids)  # sequence length before the answer
     check_prompt_fits(prompt_end, max_context)
-    last_resort = root_only_tree().to(model.get_input_embeddings().weight.device)
+    device = model.get_input_embeddings().weight.device
+    last_resort = root_only_tree().to(device)
+    lookup = NgramIndex([*request.history, *request.input_ids]) if any(speculator.lookup_lengths) else None
+    chained = ChainedTrees(speculator.top_k, device)
 
     sampling = request.sampling
     generator = None if sampling.greedy else sampling.generator()
@@ -197,6 +205,12 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
 
         # the depth-0 tree (no guesses yet) only attaches prompt tokens to the root
         tree = speculator.family.for_depth(0 if state.guesses is None else state.guesses.shape[0])
+        if lookup is not None:
+            lookup.extend(stats.tokens)
+            chain, match = lookup.propose(max(speculator.lookup_lengths))
+            chain = chain[: speculator.lookup_lengths[match - 1]] if chain else []
+            if chain:
+                tree, state.guesses = chained.step(tree, state.guesses, chain)
         if prompt_end + len(produced) - 1 + tree.max_offset >= max_context:
             tree = last_resort  # no room left for guesses near the end of the context
         stats = tree_step(speculator, state, tree)

@@ -32,6 +32,7 @@ from ppd_core.loading import (
     LoadedModel,
     load_model,
 )
+from ppd_core.lookup import MAX_NGRAM
 from ppd_core.prompt_tokens import INIT_TEXT, PromptTokens
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
@@ -70,6 +71,7 @@ class EngineConfig:
     auto_calibrate: bool = True  # "auto" without a profile: calibrate now (else use the default static tree)
     max_context: int | None = None  # default: the model's
     threads: int = 0  # CPU threads for torch (process-wide); 0: torch's default, one per core
+    lookup: int | None = None  # n-gram lookup chain per PPD step: None, the profile's choice; 0, none; N, up to N
 
 
 @dataclass
@@ -138,6 +140,8 @@ class Engine:
         self._kept: KeptCache | None = None
         self._vanilla = vanilla_family().to(loaded.device)
         self._prompt_table = prompt_tokens.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
+        self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match length (empty: none)
+        self._lookup: int | None = None  # the asked-for chain length; None: the profile's
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
@@ -153,6 +157,9 @@ class Engine:
         family = family_from_spec(static, STATIC_TREES[static], prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size)
         max_context = min(config.max_context or loaded.max_context, loaded.max_context)
         engine = cls(loaded, prompt_tokens, family, max_context)
+        if config.lookup is not None and not 0 <= config.lookup <= 64:
+            raise PpdError(f"lookup must be auto, 0 (off) or a chain length up to 64, got {config.lookup}")
+        engine.set_lookup(config.lookup)
         if config.tree not in STATIC_TREES:
             profile = engine.saved_profile()
             if profile is None and config.auto_calibrate:
@@ -182,9 +189,18 @@ class Engine:
         self.use_profile(profile)
         return profile
 
+    def set_lookup(self, length: int | None) -> None:
+        """Lookup chains of up to ``length`` tokens (0: none); None: the lengths calibration chose (none without a profile)."""
+        self._lookup = length
+        if length is None:
+            self.lookup_lengths = tuple(self.profile.lookup_lengths) if self.profile is not None else ()
+        else:
+            self.lookup_lengths = (length,) * MAX_NGRAM if length else ()
+
     def use_profile(self, profile: DeviceProfile, budget: int | None = None) -> None:
         """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
         self.profile, self.tree_budget = profile, budget
+        self.set_lookup(self._lookup)
         if hasattr(self.loaded.decoder, "skinny_sizes"):  # the matmul kernel calibration measured faster, per size
             self.loaded.decoder.skinny_sizes = frozenset(profile.skinny_sizes)
         if budget is None:
@@ -206,6 +222,7 @@ class Engine:
             "candidates": deepest.num_nodes - 1,
             "prompt_tokens": deepest.num_tokens - deepest.num_nodes,
             "tokens_by_guess_depth": [tree.num_tokens for tree in self.family.trees],
+            "lookup_chain_by_match_length": list(self.lookup_lengths),  # empty: no lookup guesses
         }
 
     def calibration_expectation(self) -> dict | None:
@@ -257,9 +274,10 @@ class Engine:
         stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
         text = TextStream(self.tokenizer)  # incremental: O(new tokens) per step
-        speculator = decoding.Speculator(self.loaded.decoder, family, self._prompt_table)
+        lookup = self.lookup_lengths if mode == "ppd" else ()
+        speculator = decoding.Speculator(self.loaded.decoder, family, self._prompt_table, lookup)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
-                                   sampling, cache, guess_hook)
+                                   sampling, cache, guess_hook, history=input_ids[:reused])
         steps = decoding.generate(speculator, request)
         try:
             for step in steps:

@@ -15,6 +15,7 @@ class StepStats:
     seconds: float
     prefill: bool = False  # the prompt forward that yields the first token
     stop: str | None = None  # set on the last step: "eos", "length" or "context"
+    from_lookup: int = 0  # how many of the accepted guesses came from the n-gram lookup chain
 
 
 @dataclass
@@ -26,6 +27,7 @@ class GenerationStats:
     new_tokens: int = 0
     steps: int = 0  # forward passes after the prefill
     from_guesses: int = 0
+    from_lookup: int = 0  # of ``from_guesses``, those the lookup chain proposed
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     accepted_per_step: list[int] = field(default_factory=list)
@@ -33,6 +35,7 @@ class GenerationStats:
     def add(self, step: StepStats) -> None:
         self.new_tokens += len(step.tokens)
         self.from_guesses += step.from_guesses
+        self.from_lookup += step.from_lookup
         if step.prefill:
             self.prefill_seconds += step.seconds
         else:

@@ -125,9 +125,14 @@ class Tree:
         return torch.cat([context, block], dim=1)[None, None]
 
 
-def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1) -> Tree:
-    """Build the buffers of ``spec``; raises ValueError on an inconsistent description."""
+def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, max_depth: int | None = None) -> Tree:
+    """Build the buffers of ``spec``; raises ValueError on an inconsistent description.
+
+    ``max_depth``: the deepest candidate allowed (default: the ``num_prompt_tokens`` depths that
+    prompt tokens guess; a lookup chain can reach deeper).
+    """
     n, V = num_prompt_tokens, ensemble_size
+    deepest = n if max_depth is None else max_depth
     if () not in spec.prompt_counts:
         raise ValueError("tree has no root node ()")
     if n < 0 or V < 1:
@@ -137,8 +142,8 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1) -
             raise ValueError(f"negative rank in {path}")
         if path and path[:-1] not in spec.prompt_counts:
             raise ValueError(f"candidate {path} has no parent in the tree")
-        if len(path) > n:
-            raise ValueError(f"candidate {path} is deeper than the {n} prompt tokens can guess")
+        if len(path) > deepest:
+            raise ValueError(f"candidate {path} is deeper than the {deepest} depths guessed")
         if not 0 <= count <= n:
             raise ValueError(f"node {path} has {count} prompt tokens; allowed 0..{n}")
 
@@ -186,6 +191,16 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1) -
         prompt_slots=slots,
         attention_mask=mask,
     )
+
+
+def with_chain(spec: TreeSpec, attach: Path, length: int, rank: int) -> TreeSpec:
+    """``spec`` plus a chain of ``length`` nodes of rank ``rank`` under node ``attach`` (no prompt tokens)."""
+    if attach not in spec.prompt_counts:
+        raise ValueError(f"chain attached to {attach}, which is not a node")
+    counts = dict(spec.prompt_counts)
+    for j in range(1, length + 1):
+        counts.setdefault(attach + (rank,) * j, 0)
+    return TreeSpec(counts)
 
 
 @dataclass(frozen=True, eq=False)

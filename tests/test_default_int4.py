@@ -11,7 +11,7 @@ import torch
 
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import family_from_spec
+from ppd_core.tree import family_from_spec, vanilla_family
 
 PROMPTS = [
     "Give me three tips for staying healthy.",
@@ -83,3 +83,23 @@ def test_int4_ppd_equals_int4_plain_on_every_static_tree(int4_engine, prompt):
             assert result.stats.mean_accepted > 1.0, name  # the trees did guess right sometimes
     finally:
         int4_engine.set_tree(saved)
+
+
+@pytest.mark.parametrize("tree", ["vanilla", "medium"])
+def test_lookup_chains_keep_greedy_output_exact(int4_engine, tree):
+    """Lookup guesses on a prompt that makes the model copy, alone (plain family) and merged with a PPD tree."""
+    ids = int4_engine.chat_ids([{"role": "user", "content": (
+        "Fix the typo in this code and show the whole corrected code:\n\n"
+        "def greet(name):\n    mesage = 'Hello, ' + name\n    print(mesage)\n    return mesage\n")}])
+    plain = int4_engine.generate(ids, "vanilla", 96).tokens
+    saved = int4_engine.family
+    try:
+        if tree == "vanilla":
+            int4_engine.set_tree(vanilla_family())
+        int4_engine.set_lookup(4)
+        result = int4_engine.generate(ids, "ppd", 96)
+    finally:
+        int4_engine.set_tree(saved)
+        int4_engine.set_lookup(None)
+    assert result.tokens == plain
+    assert result.stats.from_lookup > 10 and result.stats.mean_accepted > 1.5  # the copied code was guessed

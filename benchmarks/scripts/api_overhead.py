@@ -72,7 +72,7 @@ def main() -> None:
     warm = [{"role": "user", "content": "Hello!"}]
     via_api(warm), via_engine(warm)  # warm-up, both paths
     rows = []
-    for index, turns in enumerate(read_questions(DEFAULT_QUESTIONS, args.questions)):
+    for index, turns in enumerate(q.turns for q in read_questions(DEFAULT_QUESTIONS, args.questions)):
         messages = [{"role": "user", "content": turns[0]}]
         order = ("api", "generate") if index % 2 == 0 else ("generate", "api")
         results = {name: (via_api if name == "api" else via_engine)(messages) for name in order}

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 import torch
 
 from ppd_core.distillation import student_logits, teacher_pass, teacher_targets, valid_cuts
 from ppd_core.greedy_answers import greedy_batch
+from ppd_core.lookup import LookupStats
 from ppd_core.text import chat_ids
 
 TOP_K = 10
@@ -33,6 +34,7 @@ class AcceptanceStats:
 
     hits: list[list[int]]  # [n][k]
     trials: list[int]  # [n]
+    lookup: LookupStats = field(default_factory=LookupStats.empty)  # n-gram lookup replayed on the same answers
 
     @property
     def probs(self) -> list[list[float]]:
@@ -84,6 +86,7 @@ def measure_acceptance(
     stats = AcceptanceStats(hits=[[0] * top_k for _ in range(n)], trials=[0] * n)
     for done, (prompt, answer) in enumerate(zip(ids, answers), 1):
         sequence = prompt + answer
+        stats.lookup.add_answer(prompt, answer)
         cache, teacher = teacher_pass(model, sequence)
         cuts = valid_cuts(len(prompt), len(sequence), n)
         for start in range(0, len(cuts), chunk):

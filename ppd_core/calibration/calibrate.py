@@ -15,9 +15,10 @@ from datetime import datetime, timezone
 from ppd_core.calibration.acceptance import calibration_prompts, measure_acceptance
 from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency
 from ppd_core.calibration.profiles import DeviceProfile
-from ppd_core.calibration.tree_search import choose_family
+from ppd_core.calibration.tree_search import choose_family, interpolate
 from ppd_core.device_info import describe
 from ppd_core.loading import LoadedModel
+from ppd_core.lookup import chain_lengths
 from ppd_core.prompt_tokens import PromptTokens, embedding_signature
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -66,6 +67,9 @@ def calibrate(
     choice = choose_family(stats.probs, curve, n, V, budgets)
     report("tree search", 1, 1)
     best = choice.best
+    lookup = stats.lookup
+    seconds = interpolate({size: ms / 1000 for size, ms in curve.items()})
+    lengths = chain_lengths(lookup.probs, best.tokens_per_step, best.sizes[-1], seconds)  # added to the full tree
     return DeviceProfile(
         key=profile_key(loaded, prompt_tokens),
         latency_ms=latency,
@@ -88,6 +92,9 @@ def calibrate(
             for budget, e in sorted(choice.by_budget.items())
         ],
         skinny_sizes=sorted(getattr(loaded.decoder, "skinny_sizes", ())),  # chosen by measure_latency
+        lookup_acceptance=[[round(p, 6) for p in row] for row in lookup.probs],
+        lookup_trials=list(lookup.trials),
+        lookup_lengths=lengths,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         calibration_seconds=round(time.perf_counter() - started, 1),
     )

@@ -18,7 +18,7 @@ from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 from ppd_core.tree import TreeFamily, TreeSpec, family_from_specs
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: lookup chains
 
 
 class ProfileError(PpdError):
@@ -47,6 +47,9 @@ class DeviceProfile:
     ensemble_size: int
     budgets: list[dict] = field(default_factory=list)  # every budget tried: tokens/step, ms/step, tokens/s
     skinny_sizes: list[int] = field(default_factory=list)  # step sizes where ``weight @ x.T`` measured faster (lean fp32)
+    lookup_acceptance: list[list[float]] = field(default_factory=list)  # P(first j chain tokens right | match n): [n][j]
+    lookup_trials: list[int] = field(default_factory=list)  # answer positions with a match of length n
+    lookup_lengths: list[int] = field(default_factory=list)  # chosen chain length by match length (0: none)
     created: str = ""
     calibration_seconds: float = 0.0
 

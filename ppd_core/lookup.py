@@ -1,0 +1,138 @@
+"""Guesses copied from the conversation itself: n-gram lookup (prompt-lookup decoding).
+
+At each step the longest suffix of the text so far (``MAX_NGRAM`` tokens down to one) that
+occurred earlier, prompt or answer, proposes the tokens that followed its last occurrence.
+They need no prompt tokens and no training, and they guess what prompt tokens cannot: text
+being copied, as when a user asks to rewrite, fix or extend what is already there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ppd_core.tree import Tree, build_tree, with_chain
+
+MAX_NGRAM = 4  # longest suffix looked up
+MAX_CHAIN = 8  # longest chain calibration considers
+
+
+class NgramIndex:
+    """Where each n-gram (n = 1..``max_n``) of a growing token sequence last occurred with a continuation.
+
+    ``extend`` costs O(new tokens x max_n); ``propose`` O(max_n) lookups: no rescan.
+    """
+
+    def __init__(self, tokens: Iterable[int] = (), max_n: int = MAX_NGRAM):
+        self.max_n = max_n
+        self.tokens: list[int] = []
+        self.continuation: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token after its last occurrence
+        self.extend(tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)  # the new token continues the n-grams ending just before it
+            self.tokens.append(token)
+            for n in range(1, min(self.max_n, end) + 1):
+                self.continuation[tuple(self.tokens[end - n : end])] = end
+
+    def propose(self, count: int) -> tuple[list[int], int]:
+        """Up to ``count`` tokens that followed the last earlier occurrence of the longest suffix that occurred
+        before, and that suffix's length n; ([], 0) if none."""
+        if count < 1:
+            return [], 0
+        for n in range(min(self.max_n, len(self.tokens)), 0, -1):
+            start = self.continuation.get(tuple(self.tokens[-n:]))
+            if start is not None:
+                return self.tokens[start : start + count], n
+        return [], 0
+
+
+@dataclass
+class LookupStats:
+    """Greedy answers replayed: ``hits[n - 1][j - 1]`` positions whose suffix matched with length n and whose
+    chain's first j tokens were all right, out of ``trials[n - 1]`` positions with such a match."""
+
+    hits: list[list[int]]
+    trials: list[int]
+
+    @staticmethod
+    def empty(max_chain: int = MAX_CHAIN, max_n: int = MAX_NGRAM) -> LookupStats:
+        return LookupStats([[0] * max_chain for _ in range(max_n)], [0] * max_n)
+
+    def add_answer(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+        """Propose at every answer position from the prompt and the answer so far, as decoding would."""
+        index = NgramIndex(prompt, len(self.trials))
+        for i, token in enumerate(answer):
+            chain, n = index.propose(len(self.hits[0]))
+            if chain:
+                self.trials[n - 1] += 1
+                for j, guess in enumerate(chain):
+                    if i + j >= len(answer) or answer[i + j] != guess:
+                        break
+                    self.hits[n - 1][j] += 1
+            index.extend([token])
+
+    @property
+    def probs(self) -> list[list[float]]:
+        """P(the chain's first j tokens are right | a match of length n): [n][j]."""
+        return [[h / max(t, 1) for h in row] for row, t in zip(self.hits, self.trials)]
+
+
+def chain_lengths(probs: list[list[float]], tokens_per_step: float, tree_size: int, latency: Callable[[int], float]) -> list[int]:
+    """For each match length, the chain length (0: none) with the most expected tokens per second.
+
+    A chain of k adds ``sum(probs[n][:k])`` expected tokens to the tree's ``tokens_per_step`` and
+    k tokens to its ``tree_size``; ``latency`` is seconds per step by tokens per step.
+    """
+    best_lengths = []
+    for row in probs:
+        best, best_rate, gained = 0, tokens_per_step / latency(tree_size), 0.0
+        for k, p in enumerate(row, 1):
+            gained += p
+            rate = (tokens_per_step + gained) / latency(tree_size + k)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        best_lengths.append(best)
+    return best_lengths
+
+
+class ChainedTrees:
+    """Per-step trees: the family's tree plus a lookup chain, merged where the chain repeats its candidates.
+
+    A chain node at depth d has rank ``rank`` (one past the prompt tokens' ranks), so its token is
+    column ``rank`` of the step's guess table; nodes the chain shares with the tree are not repeated.
+    """
+
+    def __init__(self, rank: int, device: torch.device):
+        self.rank = rank
+        self.device = device
+        self._built: dict[tuple, Tree] = {}
+
+    def step(self, tree: Tree, guesses: torch.Tensor | None, chain: list[int]) -> tuple[Tree, torch.Tensor | None]:
+        """The tree and guess table [depth, rank + 1] for one step with ``chain`` (tokens at depths 1, 2, ...)."""
+        rows = guesses.tolist() if guesses is not None else []
+        nodes = set(tree.paths)
+        attach: tuple[int, ...] = ()
+        for depth, token in enumerate(chain, 1):  # follow the chain through the tree's own candidates
+            if depth > len(rows):
+                break
+            shared = next((attach + (r,) for r, g in enumerate(rows[depth - 1]) if g == token and attach + (r,) in nodes), None)
+            if shared is None:
+                break
+            attach = shared
+        rest = len(chain) - len(attach)
+        if rest == 0:
+            return tree, guesses
+        key = (id(tree), attach, rest)
+        if key not in self._built:
+            spec = with_chain(tree.spec, attach, rest, self.rank)
+            deepest = max(tree.num_prompt_tokens, len(chain))
+            self._built[key] = build_tree(spec, tree.num_prompt_tokens, tree.ensemble_size, deepest).to(self.device)
+        table = torch.zeros(max(len(rows), len(chain)), self.rank + 1, dtype=torch.long, device=self.device)
+        if guesses is not None:
+            table[: guesses.shape[0], : guesses.shape[1]] = guesses
+        table[: len(chain), self.rank] = torch.tensor(chain, dtype=torch.long, device=self.device)
+        return self._built[key], table

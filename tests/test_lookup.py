@@ -1,0 +1,125 @@
+"""n-gram lookup guesses: the index against brute force, merged trees, calibration's chain lengths, exactness."""
+
+import random
+
+import torch
+
+from conftest import tiny_llama
+from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.lookup import ChainedTrees, LookupStats, NgramIndex, chain_lengths
+from ppd_core.loading import pick_decoder
+from ppd_core.static_trees import STATIC_TREES
+from ppd_core.tree import build_tree, family_from_spec, vanilla_family
+
+
+def brute_propose(tokens, count, max_n=4):
+    """The longest suffix (max_n..1) with an earlier occurrence followed by a token; the last such occurrence."""
+    for n in range(min(max_n, len(tokens)), 0, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # occurrences that end before the last token
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + count], n
+    return [], 0
+
+
+def test_index_matches_brute_force_on_random_streams():
+    rng = random.Random(0)
+    for trial in range(60):
+        vocab = rng.choice([2, 3, 5, 12])
+        index, tokens = NgramIndex(), []
+        while len(tokens) < 120:
+            chunk = [rng.randrange(vocab) for _ in range(rng.randint(1, 5))]  # steps emit several tokens
+            index.extend(chunk)
+            tokens += chunk
+            count = rng.randint(1, 6)
+            assert index.propose(count) == brute_propose(tokens, count), (trial, tokens)
+
+
+def test_no_match_and_zero_count():
+    index = NgramIndex([1, 2, 3, 4])
+    assert index.propose(3) == ([], 0)  # no token repeats
+    index.extend([2])
+    assert index.propose(3) == ([3, 4, 2], 1)
+    assert index.propose(0) == ([], 0)
+
+
+def test_replayed_acceptance_counts_match_brute_force():
+    rng = random.Random(1)
+    stats = LookupStats.empty(max_chain=5)
+    hits, trials = [[0] * 5 for _ in range(4)], [0] * 4
+    for _ in range(30):
+        prompt = [rng.randrange(6) for _ in range(rng.randint(1, 20))]
+        answer = [rng.randrange(6) for _ in range(rng.randint(1, 40))]
+        stats.add_answer(prompt, answer)
+        for i in range(len(answer)):
+            chain, n = brute_propose(prompt + answer[:i], 5)
+            if chain:
+                trials[n - 1] += 1
+                for j, guess in enumerate(chain):
+                    if i + j >= len(answer) or answer[i + j] != guess:
+                        break
+                    hits[n - 1][j] += 1
+    assert (stats.hits, stats.trials) == (hits, trials)
+    assert all(row == sorted(row, reverse=True) for row in stats.probs)  # P(first j right) falls with j
+
+
+def test_expected_tokens_and_chain_choice_against_enumeration():
+    rng = random.Random(2)
+    for _ in range(200):
+        cumulative = sorted((rng.random() for _ in range(6)), reverse=True)  # P(first j right), j = 1..6
+        base, size = 1 + rng.random(), rng.randint(1, 8)
+        costs = {s: 0.01 * (1 + rng.random() * 0.3 * (s - 1)) for s in range(1, 20)}
+        chosen = chain_lengths([cumulative], base, size, costs.__getitem__)[0]
+
+        def rate(k):
+            # enumerate how many chain tokens are accepted: exactly j with P(first j) - P(first j + 1)
+            p = [1.0] + cumulative[:k] + [0.0]
+            expected = sum(j * (p[j] - p[j + 1]) for j in range(k + 1))
+            return (base + expected) / costs[size + k]
+
+        best = max(range(7), key=lambda k: (rate(k), -k))
+        assert abs(rate(chosen) - rate(best)) < 1e-12
+
+
+def test_chained_trees_merge_shared_candidates_and_stay_valid():
+    rng = random.Random(3)
+    for name, spec in STATIC_TREES.items():
+        family = family_from_spec(name, spec, 3)
+        rank = family.max_rank + 1
+        chained = ChainedTrees(rank, torch.device("cpu"))
+        for _ in range(40):
+            tree = family.for_depth(3)
+            guesses = torch.stack([torch.randperm(20)[:rank] for _ in range(3)])  # [3, K] distinct per depth
+            chain = [int(guesses[0, 0]) if rng.random() < 0.5 else 100 + rng.randrange(5)]
+            chain += [int(guesses[d, rng.randrange(rank)]) if rng.random() < 0.5 else 100 + rng.randrange(5) for d in (1, 2)]
+            chain += [100 + rng.randrange(5) for _ in range(rng.randint(0, 3))]
+            step_tree, table = chained.step(tree, guesses, chain)
+            tokens = [0] + table[step_tree.candidate_depths - 1, step_tree.candidate_ranks].tolist()
+            children = {}
+            for node, parent in enumerate(step_tree.parents):
+                if node:
+                    assert tokens[node] not in children.setdefault(parent, set()), "a chain token repeats a sibling"
+                    children[parent].add(tokens[node])
+            paths = {tuple(tokens[i] for i in path[1:]) for path in step_tree.node_paths}
+            assert tuple(chain) in paths  # the whole chain is one path from the root
+            assert step_tree.num_nodes <= tree.num_nodes + len(chain)
+            build_tree(step_tree.spec, 3, 1, max(3, len(chain)))  # a consistent description
+
+
+def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
+    model = tiny_llama(seed=7)
+    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(4)) * 5
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]  # repetitive: lookup proposes
+    for quant in (None, "int4"):
+        decoder = pick_decoder(model, "lean", quant)
+
+        def tokens(family, prompt_table, lengths):
+            steps = list(generate(Speculator(decoder, family, prompt_table, lengths), Request(prompt, 80, frozenset(), 256)))
+            return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
+
+        plain, _ = tokens(vanilla_family(), None, ())
+        for family, prompt_table in ((vanilla_family(), None), (family_from_spec("medium", STATIC_TREES["medium"], 3), table)):
+            for lengths in ((1, 1, 1, 1), (0, 2, 3, 4), (6, 6, 6, 6)):
+                found, from_lookup = tokens(family, prompt_table, lengths)
+                assert found == plain, (quant, family.name, lengths)
+                assert from_lookup > 0
