@@ -73,7 +73,10 @@ class Comparison:
 def format_readout(stats: GenerationStats, speedup: str | None, finished: bool) -> str:
     """The live speed line; ``speedup`` is None with PPD off (there is nothing to compare)."""
     state = "" if finished else " (streaming)"
-    mode = f"{stats.mean_accepted:.2f} tokens/step · speedup over plain decoding: {speedup}" if speedup else "PPD off: plain decoding, 1 token/step"
+    steps = max(stats.steps, 1)
+    sources = f" (guessed per step: prompt tokens {(stats.from_guesses - stats.from_lookup) / steps:.2f}, lookup {stats.from_lookup / steps:.2f})"
+    mode = (f"{stats.mean_accepted:.2f} tokens/step{sources} · speedup over plain decoding: {speedup}" if speedup
+            else "PPD off: plain decoding, 1 token/step")
     reused = f", {stats.reused_tokens} reused from the last turn" if stats.reused_tokens else ""
     return (
         f"**{stats.tok_s:.1f} tokens/s**{state} ({SPEED_DEFINITION}) · {mode} · "
@@ -82,19 +85,25 @@ def format_readout(stats: GenerationStats, speedup: str | None, finished: bool) 
     )
 
 
+LOOKUP_MARK = '<mark style="background-color: #bfe3ff">'  # guesses copied from the conversation: blue
+
+
 class Highlighter:
-    """Builds the answer text with the tokens that came from accepted guesses marked, token by token."""
+    """Builds the answer text with the tokens that came from accepted guesses marked by source, token by token."""
 
     def __init__(self, tokenizer):
         self.text = TextStream(tokenizer)
-        self.pieces: list[tuple[str, bool]] = []
+        self.pieces: list[tuple[str, str | None]] = []  # (text, "prompt tokens" / "lookup" / None: the model's own)
         self.html = ""
 
-    def add(self, tokens: Sequence[int], from_guesses: int) -> None:
+    def add(self, tokens: Sequence[int], from_guesses: int, from_lookup: int = 0) -> None:
+        """A step's tokens: its accepted guesses first (prompt tokens', then the lookup chain's), then the model's own."""
         for index, token in enumerate(tokens):
-            piece, guessed = self.text.add(token), index < from_guesses
-            self.pieces.append((piece, guessed))
-            self.html += f"<mark>{html.escape(piece)}</mark>" if guessed and piece.strip() else piece
+            piece = self.text.add(token)
+            source = None if index >= from_guesses else "lookup" if index >= from_guesses - from_lookup else "prompt tokens"
+            self.pieces.append((piece, source))
+            opening = {"prompt tokens": "<mark>", "lookup": LOOKUP_MARK}.get(source)
+            self.html += f"{opening}{html.escape(piece)}</mark>" if opening and piece.strip() else piece
 
 
 class ChatService:
@@ -150,7 +159,7 @@ class ChatService:
                     if stop is not None and stop():
                         break
                     if highlighter is not None:
-                        highlighter.add(event.step.tokens, event.step.from_guesses)
+                        highlighter.add(event.step.tokens, event.step.from_guesses, event.step.from_lookup)
                     yield self._update(event, settings, note, highlighter, event.stop_reason)
             finally:
                 stream.close()

@@ -54,9 +54,12 @@ def lookup_length(text: str) -> int | None:
     if text == "auto":
         return None
     try:
-        return int(text)
+        length = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or a number of tokens, got {text!r}") from None
+        length = -1
+    if not 0 <= length <= 64:
+        raise argparse.ArgumentTypeError(f"expected auto, 0 (off) or a number of tokens up to 64, got {text!r}")
+    return length
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="plain decoding against PPD on the same questions")
     bench.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="MT-Bench style JSONL (default: the shipped MT-Bench questions)")
     bench.add_argument("--limit", type=int, default=None)
+    bench.add_argument("--category", default=None, help="only the questions of this category (e.g. coding)")
     bench.add_argument("--turns", type=int, default=1, choices=[1, 2])
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--json", type=Path, default=None, dest="json_path", help="write the result object here")
@@ -205,6 +209,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"chosen: {profile.budget} tokens per step (trees of {', '.join(map(str, profile.tree_sizes))} tokens by guess depth), "
         f"expected {profile.expected_tokens_per_step:.2f} tokens/step, expected speedup {profile.expected_speedup:.2f}x; "
         f"calibrated in {profile.calibration_seconds:.0f} s"
+    )
+    print(
+        f"lookup: chains of {'/'.join(map(str, profile.lookup_lengths))} tokens after a match of 1/2/3/4 tokens; with them "
+        f"expected {profile.expected_tokens_per_step_with_lookup:.2f} tokens/step, expected speedup "
+        f"{profile.expected_speedup_with_lookup:.2f}x"
     )
     print(f"profile saved to {engine.profile_path}")
     if args.json_path:
@@ -404,7 +413,13 @@ def run_bench(args: argparse.Namespace) -> int:
         raise PpdError("--max-new-tokens must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise PpdError("--limit must be at least 1")
-    questions = read_questions(args.questions, args.limit)  # a missing or malformed file fails before the model loads
+    questions = read_questions(args.questions, None)  # a missing or malformed file fails before the model loads
+    if args.category is not None:
+        categories = sorted({q.category for q in questions})
+        questions = [q for q in questions if q.category == args.category]
+        if not questions:
+            raise PpdError(f"no question of category {args.category!r}; the file has {', '.join(categories)}")
+    questions = questions[: args.limit] if args.limit else questions
     engine = load_engine(args)
     config = BenchConfig(args.turns, args.max_new_tokens, args.compare_generate, sampling)
     result = run_benchmark(engine, questions, config)

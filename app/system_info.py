@@ -45,6 +45,19 @@ def weights_label(loaded) -> str:
     return label
 
 
+def guess_sources(engine) -> str:
+    """Which sources guess in a PPD step: the prompt tokens' tree, lookup chains, both, or none."""
+    summary = engine.tree_summary()
+    sources = []
+    if summary["candidates"] or summary["prompt_tokens"]:
+        sources.append(f"prompt tokens ({summary['candidates']} candidates, {summary['prompt_tokens']} prompt tokens per step)")
+    chains = summary["lookup_chain_by_match_length"]
+    if any(chains):
+        lengths = "/".join(map(str, chains))
+        sources.append(f"n-gram lookup in the conversation (chains of {lengths} tokens after a match of 1/2/3/4 tokens)")
+    return " + ".join(sources) if sources else "nothing: calibration chose plain decoding"
+
+
 def device_panel(engine) -> str:
     """Markdown for the device panel."""
     loaded = engine.loaded
@@ -58,6 +71,7 @@ def device_panel(engine) -> str:
         f"**Prompt tokens:** {engine.prompt_tokens.num_bytes:,} bytes "
         f"({engine.prompt_tokens.num_prompt_tokens} x {engine.prompt_tokens.ensemble_size} embeddings)",
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**engine.tree_summary()),
+        f"**Guesses from:** {guess_sources(engine)}",
     ]
     if loaded.device.type == "cpu" and not torch.cuda.is_available():
         lines.append("*Running on the CPU: no CUDA GPU was found.*")

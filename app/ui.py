@@ -127,7 +127,7 @@ class SettingsPanel:
 def settings_panel() -> SettingsPanel:
     with gr.Accordion("Settings", open=True):
         ppd = gr.Checkbox(True, label="PPD (parallel prompt decoding)", elem_id="ppd")
-        highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses")
+        highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses (yellow: prompt tokens, blue: copied from the conversation)")
         system = gr.Textbox("", label="System prompt", lines=2)
         temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="Temperature (0 = greedy)")
         top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="Top-p")

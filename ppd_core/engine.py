@@ -147,6 +147,8 @@ class Engine:
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
         """Load the model and prompt tokens and pick the tree; ``progress`` reports a calibration."""
         check_tree_name(config.tree)
+        if config.lookup is not None and not 0 <= config.lookup <= 64:
+            raise PpdError(f"lookup must be auto, 0 (off) or a chain length up to 64, got {config.lookup}")
         if config.threads < 0:
             raise PpdError(f"threads must be positive (or 0 for one per core), got {config.threads}")
         if config.threads:
@@ -157,8 +159,6 @@ class Engine:
         family = family_from_spec(static, STATIC_TREES[static], prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size)
         max_context = min(config.max_context or loaded.max_context, loaded.max_context)
         engine = cls(loaded, prompt_tokens, family, max_context)
-        if config.lookup is not None and not 0 <= config.lookup <= 64:
-            raise PpdError(f"lookup must be auto, 0 (off) or a chain length up to 64, got {config.lookup}")
         engine.set_lookup(config.lookup)
         if config.tree not in STATIC_TREES:
             profile = engine.saved_profile()
@@ -237,6 +237,9 @@ class Engine:
             "expected_tokens_per_step": row.get("tokens_per_step"),
             "expected_tokens_per_second": row.get("tokens_per_second"),
             "expected_speedup_of_chosen": self.profile.expected_speedup,
+            "lookup_lengths": self.profile.lookup_lengths,
+            "expected_tokens_per_step_with_lookup": self.profile.expected_tokens_per_step_with_lookup,
+            "expected_speedup_with_lookup": self.profile.expected_speedup_with_lookup,
         }
 
     @property

@@ -57,6 +57,7 @@ class LookupStats:
 
     hits: list[list[int]]
     trials: list[int]
+    positions: int = 0  # answer positions replayed
 
     @staticmethod
     def empty(max_chain: int = MAX_CHAIN, max_n: int = MAX_NGRAM) -> LookupStats:
@@ -65,6 +66,7 @@ class LookupStats:
     def add_answer(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
         """Propose at every answer position from the prompt and the answer so far, as decoding would."""
         index = NgramIndex(prompt, len(self.trials))
+        self.positions += len(answer)
         for i, token in enumerate(answer):
             chain, n = index.propose(len(self.hits[0]))
             if chain:
@@ -79,6 +81,22 @@ class LookupStats:
     def probs(self) -> list[list[float]]:
         """P(the chain's first j tokens are right | a match of length n): [n][j]."""
         return [[h / max(t, 1) for h in row] for row, t in zip(self.hits, self.trials)]
+
+
+def with_lookup(
+    stats: LookupStats, lengths: Sequence[int], tokens_per_step: float, tree_size: int, latency: Callable[[int], float]
+) -> tuple[float, float]:
+    """Expected (tokens, seconds) per step once chains of ``lengths`` (by match length) join a tree of ``tree_size``
+    tokens that yields ``tokens_per_step``: weighted by how often each match length occurred in the replay."""
+    positions = max(stats.positions, 1)
+    tokens, seconds, unmatched = tokens_per_step, 0.0, 1.0
+    for row, trials, length in zip(stats.probs, stats.trials, lengths):
+        if length:
+            share = trials / positions
+            tokens += share * sum(row[:length])
+            seconds += share * latency(tree_size + length)
+            unmatched -= share
+    return tokens, seconds + unmatched * latency(tree_size)
 
 
 def chain_lengths(probs: list[list[float]], tokens_per_step: float, tree_size: int, latency: Callable[[int], float]) -> list[int]:

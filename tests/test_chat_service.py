@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_service import ChatService, ChatSettings, Highlighter
+from app.chat_service import LOOKUP_MARK, ChatService, ChatSettings, Highlighter
 from app.history import Conversation, ConversationStore
+from app.system_info import device_panel, guess_sources
 from ppd_core.engine import Engine, EngineConfig
 
 
@@ -70,8 +71,12 @@ def test_highlighter_marks_accepted_guesses(service):
     highlighter.add(ids[:3], from_guesses=2)  # two accepted guesses, then the model's own token
     highlighter.add(ids[3:], from_guesses=0)
     assert "".join(p for p, _ in highlighter.pieces) == tokenizer.decode(ids)
-    assert [guessed for _, guessed in highlighter.pieces] == [True, True] + [False] * (len(ids) - 2)
+    assert [source for _, source in highlighter.pieces] == ["prompt tokens"] * 2 + [None] * (len(ids) - 2)
     assert highlighter.html.startswith("<mark>")
+    copied = Highlighter(tokenizer)
+    copied.add(ids[:4], from_guesses=3, from_lookup=2)  # one prompt-token guess, two lookup guesses, the model's own
+    assert [source for _, source in copied.pieces] == ["prompt tokens", "lookup", "lookup", None]
+    assert copied.html.count(LOOKUP_MARK) == sum(1 for p, s in copied.pieces if s == "lookup" and p.strip())
 
 
 def test_compare_runs_both_ways_and_feeds_the_readout(service):
@@ -151,3 +156,16 @@ def test_export_folders_are_private_and_cleaned(tmp_path):
     made = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout.strip()
     assert made and not Path(made).exists()  # removed when that process exited
     assert mine.is_dir()  # a live process's folder is left alone
+
+
+def test_device_panel_names_the_guess_sources(service):
+    engine = service.engine
+    try:
+        engine.set_lookup(3)
+        assert "n-gram lookup in the conversation (chains of 3/3/3/3 tokens" in guess_sources(engine)
+        assert guess_sources(engine).startswith("prompt tokens (")  # the medium tree guesses too
+        engine.set_lookup(0)
+        assert "lookup" not in guess_sources(engine)
+        assert "**Guesses from:** prompt tokens (" in device_panel(engine)
+    finally:
+        engine.set_lookup(None)  # no profile with a static tree: no lookup

@@ -154,6 +154,11 @@ def test_bench_empty_question_file(capsys, no_model_load, tmp_path):
                  "bench", "--questions", path)
 
 
+def test_bench_unknown_category(capsys, no_model_load):
+    assert_error(capsys, "no question of category 'cooking'; the file has coding, extraction, humanities, math, "
+                 "reasoning, roleplay, stem, writing", "bench", "--category", "cooking")
+
+
 def test_bench_bad_numbers(capsys, no_model_load):
     assert_error(capsys, "--limit must be at least 1", "bench", "--limit", 0)
     assert_error(capsys, "--max-new-tokens must be at least 1", "bench", "--max-new-tokens", 0)
@@ -265,3 +270,12 @@ def test_interrupt_exits_130(capsys, monkeypatch):
 
     monkeypatch.setattr("app.cli.load_engine", interrupted)
     assert run_cli(capsys, "generate", "hi") == (130, "", "ppd: interrupted\n")
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "65"])
+def test_bad_lookup_length(capsys, no_model_load, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "hi", "--lookup", value])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ppd generate: error: argument --lookup: expected auto, 0 (off) or a number of tokens up to 64, got '{value}'")

@@ -6,7 +6,7 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.lookup import ChainedTrees, LookupStats, NgramIndex, chain_lengths
+from ppd_core.lookup import ChainedTrees, LookupStats, NgramIndex, chain_lengths, with_lookup
 from ppd_core.loading import pick_decoder
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import build_tree, family_from_spec, vanilla_family
@@ -123,3 +123,12 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
                 found, from_lookup = tokens(family, prompt_table, lengths)
                 assert found == plain, (quant, family.name, lengths)
                 assert from_lookup > 0
+
+
+def test_expected_step_with_lookup_weights_match_lengths_by_frequency():
+    stats = LookupStats(hits=[[2, 1], [3, 1], [0, 0]], trials=[4, 5, 0], positions=20)
+    latency = {1: 0.010, 2: 0.013, 3: 0.015}.__getitem__
+    tokens, seconds = with_lookup(stats, [0, 2, 0], 1.0, 1, latency)
+    # a 2-token match on 5 of 20 positions, its chain right on 3/5 then 1/5; 1-token matches get no chain
+    assert abs(tokens - (1.0 + 5 / 20 * (3 / 5 + 1 / 5))) < 1e-12
+    assert abs(seconds - (5 / 20 * 0.015 + 15 / 20 * 0.010)) < 1e-12

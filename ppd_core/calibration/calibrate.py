@@ -18,7 +18,7 @@ from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.calibration.tree_search import choose_family, interpolate
 from ppd_core.device_info import describe
 from ppd_core.loading import LoadedModel
-from ppd_core.lookup import chain_lengths
+from ppd_core.lookup import chain_lengths, with_lookup
 from ppd_core.prompt_tokens import PromptTokens, embedding_signature
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -70,6 +70,7 @@ def calibrate(
     lookup = stats.lookup
     seconds = interpolate({size: ms / 1000 for size, ms in curve.items()})
     lengths = chain_lengths(lookup.probs, best.tokens_per_step, best.sizes[-1], seconds)  # added to the full tree
+    lookup_tokens, lookup_seconds = with_lookup(lookup, lengths, best.tokens_per_step, best.sizes[-1], seconds)
     return DeviceProfile(
         key=profile_key(loaded, prompt_tokens),
         latency_ms=latency,
@@ -95,6 +96,8 @@ def calibrate(
         lookup_acceptance=[[round(p, 6) for p in row] for row in lookup.probs],
         lookup_trials=list(lookup.trials),
         lookup_lengths=lengths,
+        expected_tokens_per_step_with_lookup=round(lookup_tokens, 4),
+        expected_speedup_with_lookup=round(lookup_tokens / lookup_seconds * seconds(1), 4),  # over plain decoding
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         calibration_seconds=round(time.perf_counter() - started, 1),
     )

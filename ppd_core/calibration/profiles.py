@@ -50,6 +50,8 @@ class DeviceProfile:
     lookup_acceptance: list[list[float]] = field(default_factory=list)  # P(first j chain tokens right | match n): [n][j]
     lookup_trials: list[int] = field(default_factory=list)  # answer positions with a match of length n
     lookup_lengths: list[int] = field(default_factory=list)  # chosen chain length by match length (0: none)
+    expected_tokens_per_step_with_lookup: float = 0.0  # the chosen tree plus those chains
+    expected_speedup_with_lookup: float = 0.0
     created: str = ""
     calibration_seconds: float = 0.0
 
