@@ -32,5 +32,12 @@ def test_table_rows_follow_the_json(tmp_path):
     (tmp_path / "other.json").write_text('{"app_tok_s": 1}')  # not a bench result: left out
     lines = generator.table(tmp_path).splitlines()
     assert len(lines) == 3
-    assert lines[2] == ("| `run.json` | Some CPU, 4 threads | lean | int4 (float32) | trained, V=1 | budget-4 (4 tokens) | greedy | "
-                        "40.00 | 52.00 | **1.30x** | 1.300 (1.250) | yes | 13.00 | 510 |")
+    assert lines[2] == ("| `run.json` | Some CPU, 4 threads | lean | int4 (float32) | trained, V=1 | budget-4 (4 tokens) | ? x 1 turn | "
+                        "greedy | 40.00 | 52.00 | **1.30x** | 1.300 (1.250) | yes | 13.00 | 510 |")
+    # with lookup chains, two turns of one category: the lookup prediction, the questions and their category
+    result.update(questions=10, turns=2, groups={"turn 1": {}, "turn 2": {}, "coding": {}})
+    result["tree"]["lookup_chain_by_match_length"] = [0, 3, 3, 3]
+    result["calibration"]["expected_tokens_per_step_with_lookup"] = 1.5
+    (tmp_path / "run.json").write_text(__import__("json").dumps(result))
+    line = generator.table(tmp_path).splitlines()[2]
+    assert "| budget-4 (4 tokens) + lookup 0/3/3/3 | 10 x 2 turns (coding) |" in line and "| 1.300 (1.500) |" in line
