@@ -207,8 +207,9 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
         tree = speculator.family.for_depth(0 if state.guesses is None else state.guesses.shape[0])
         if lookup is not None:
             lookup.extend(stats.tokens)
-            chain, match = lookup.propose(max(speculator.lookup_lengths))
-            chain = chain[: speculator.lookup_lengths[match - 1]] if chain else []
+            lengths = speculator.lookup_lengths
+            chain, match = lookup.propose(max(lengths))
+            chain = chain[: lengths[min(match, len(lengths)) - 1]] if chain else []  # the length for this match
             if chain:
                 tree, state.guesses = chained.step(tree, state.guesses, chain)
         if prompt_end + len(produced) - 1 + tree.max_offset >= max_context:

@@ -125,7 +125,10 @@ class LeanDecoder:
                 int4_weights = None
             given = int4_weights or [None] * len(body.layers)
             self.layers = [self._quantized_layer(block, quant, weights) for block, weights in zip(body.layers, given)]
-            if head is None or not same_rows(head, self.head.weight):
+            if head is not None and not same_rows(head, self.head.weight):
+                logging.getLogger(__name__).warning("the file's LM head does not match the model's: re-quantizing")
+                head = None
+            if head is None:
                 head = quantize(self.head.weight, None, "int8")  # an int4 head: 88% agreement, int8: 98%
             head.bias = None if self.head.bias is None else self.head.bias.detach().clone()
             self.head = head
