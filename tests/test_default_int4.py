@@ -103,3 +103,24 @@ def test_lookup_chains_keep_greedy_output_exact(int4_engine, tree):
         int4_engine.set_lookup(None)
     assert result.tokens == plain
     assert result.stats.from_lookup > 10 and result.stats.mean_accepted > 1.5  # the copied code was guessed
+
+
+def test_lookup_copies_from_earlier_turns_with_a_reused_cache(int4_engine):
+    """Turn 2 continues the kept cache; its lookup index still holds turn 1 (``Request.history``)."""
+    code = "def greet(name):\n    mesage = 'Hello, ' + name\n    print(mesage)\n    return mesage\n"
+    first = [{"role": "user", "content": "Explain this code briefly:\n\n" + code}]
+    saved = int4_engine.family
+    try:
+        int4_engine.set_tree(vanilla_family())
+        int4_engine.set_lookup(4)
+        answer = list(int4_engine.stream(int4_engine.chat_ids(first), "ppd", 64, reuse_cache=True))[-1].text
+        second = first + [{"role": "assistant", "content": answer},
+                          {"role": "user", "content": "Now fix the typo and show the whole corrected code."}]
+        ids = int4_engine.chat_ids(second)
+        events = list(int4_engine.stream(ids, "ppd", 64, reuse_cache=True))
+    finally:
+        int4_engine.set_tree(saved)
+        int4_engine.set_lookup(None)
+    assert events[-1].stats.reused_tokens > 0  # the second turn continued the first turn's cache
+    assert events[-1].tokens == int4_engine.generate(ids, "vanilla", 64).tokens
+    assert events[-1].stats.from_lookup > 5
