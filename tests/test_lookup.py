@@ -8,6 +8,7 @@ from conftest import tiny_llama
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.lookup import ChainedTrees, LookupStats, NgramIndex, chain_lengths, with_lookup
 from ppd_core.loading import pick_decoder
+from ppd_core.sampling import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import build_tree, family_from_spec, vanilla_family
 
@@ -132,3 +133,20 @@ def test_expected_step_with_lookup_weights_match_lengths_by_frequency():
     # a 2-token match on 5 of 20 positions, its chain right on 3/5 then 1/5; 1-token matches get no chain
     assert abs(tokens - (1.0 + 5 / 20 * (3 / 5 + 1 / 5))) < 1e-12
     assert abs(seconds - (5 / 20 * 0.015 + 15 / 20 * 0.010)) < 1e-12
+
+
+def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
+    """One draw per emitted token from the same generator: with a seed, copied guesses change nothing but speed."""
+    decoder = pick_decoder(tiny_llama(seed=7), "lean", "int4")
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+    for seed in range(4):
+        params = SamplingParams(temperature=0.7, seed=seed)
+
+        def tokens(lengths):
+            request = Request(prompt, 80, frozenset(), 256, params)
+            steps = list(generate(Speculator(decoder, vanilla_family(), None, lengths), request))
+            return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
+
+        plain, _ = tokens(())
+        copied, from_lookup = tokens((3, 3, 3, 3))
+        assert copied == plain and from_lookup > 0, seed
