@@ -12,7 +12,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ppd_core.engine import DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, QUANT_CHOICES, STATIC_TREES, PpdError
+from ppd_core.engine import DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, MAX_LOOKUP, QUANT_CHOICES, STATIC_TREES, PpdError
 
 # MT-Bench questions shipped inside the package (app/data/README.md says where they come from).
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "data" / "mt_bench.jsonl"
@@ -57,8 +57,8 @@ def lookup_length(text: str) -> int | None:
         length = int(text)
     except ValueError:
         length = -1
-    if not 0 <= length <= 64:
-        raise argparse.ArgumentTypeError(f"expected auto, 0 (off) or a number of tokens up to 64, got {text!r}")
+    if not 0 <= length <= MAX_LOOKUP:
+        raise argparse.ArgumentTypeError(f"expected auto, 0 (off) or a number of tokens up to {MAX_LOOKUP}, got {text!r}")
     return length
 
 

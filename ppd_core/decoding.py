@@ -48,6 +48,11 @@ class Speculator:
         """Guesses kept per depth: the trees' largest candidate rank + 1."""
         return self.family.max_rank + 1
 
+    @property
+    def lookup_rank(self) -> int:
+        """The rank that marks lookup-chain nodes in a step's tree: one past the prompt tokens' guesses."""
+        return self.top_k
+
 
 @dataclass
 class Request:
@@ -153,7 +158,7 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
     last, bonus = accept(tree.parents, node_list, logits[: tree.num_nodes], state.sampling, state.generator)
     path = tree.node_paths[last]  # node indices, root first
     tokens = [node_list[i] for i in path[1:]] + [bonus]
-    from_lookup = sum(1 for i in path[1:] if tree.paths[i][-1] == speculator.top_k)  # the lookup chain's rank
+    from_lookup = sum(1 for i in path[1:] if tree.paths[i][-1] == speculator.lookup_rank)
 
     # 4. Keep the accepted path's KV at contiguous positions; drop the rest.
     kv_cache.keep_tree_entries(cache, cached, path)
@@ -188,7 +193,7 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
     device = model.get_input_embeddings().weight.device
     last_resort = root_only_tree().to(device)
     lookup = NgramIndex([*request.history, *request.input_ids]) if any(speculator.lookup_lengths) else None
-    chained = ChainedTrees(speculator.top_k, device)
+    chained = ChainedTrees(speculator.lookup_rank, device)
 
     sampling = request.sampling
     generator = None if sampling.greedy else sampling.generator()

@@ -32,7 +32,7 @@ from ppd_core.loading import (
     LoadedModel,
     load_model,
 )
-from ppd_core.lookup import MAX_NGRAM
+from ppd_core.lookup import MAX_LOOKUP, MAX_NGRAM
 from ppd_core.prompt_tokens import INIT_TEXT, PromptTokens
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
@@ -45,7 +45,7 @@ from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanil
 # engine.py is the API app/ uses: app/ imports from ppd_core through this module only.
 __all__ = [
     "Engine", "EngineConfig", "GenerationEvent", "GenerationResult",  # defined here
-    "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
+    "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "MAX_LOOKUP", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
     "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
     "TrainConfig", "TrainRun", "run_training",
@@ -147,8 +147,8 @@ class Engine:
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
         """Load the model and prompt tokens and pick the tree; ``progress`` reports a calibration."""
         check_tree_name(config.tree)
-        if config.lookup is not None and not 0 <= config.lookup <= 64:
-            raise PpdError(f"lookup must be auto, 0 (off) or a chain length up to 64, got {config.lookup}")
+        if config.lookup is not None and not 0 <= config.lookup <= MAX_LOOKUP:
+            raise PpdError(f"lookup must be auto, 0 (off) or a chain length up to {MAX_LOOKUP}, got {config.lookup}")
         if config.threads < 0:
             raise PpdError(f"threads must be positive (or 0 for one per core), got {config.threads}")
         if config.threads:

@@ -17,6 +17,7 @@ from ppd_core.tree import Tree, build_tree, with_chain
 
 MAX_NGRAM = 4  # longest suffix looked up
 MAX_CHAIN = 8  # longest chain calibration considers
+MAX_LOOKUP = 64  # longest chain a user may ask for
 
 
 class NgramIndex:

@@ -94,7 +94,7 @@ def test_unpermute_rows_inverts_llama_cpp_interleaving():
 def test_default_int4_layers_are_the_files_blocks(default_engine):
     """All 30 layers from the file's Q4_1 blocks equal the weights transformers de-quantized, up to scale rounding."""
     model = default_engine.loaded.model
-    layers = int4_layers(default_model_file(), model.config)
+    layers = int4_layers(default_model_file(), tensor_index(default_model_file()), model.config)
     assert layers is not None and len(layers) == model.config.num_hidden_layers
     for block, layer in zip(model.model.layers, layers):
         attention, mlp = block.self_attn, block.mlp
@@ -148,7 +148,7 @@ def test_tensor_index_matches_the_gguf_reader():
 def test_the_files_int8_head_is_the_models_head_quantized(default_engine):
     """Built from the file's Q8_0 rows a chunk at a time, it equals quantizing the model's de-quantized head."""
     model = default_engine.loaded.model
-    head = int8_head(default_model_file(), model.config)
+    head = int8_head(default_model_file(), tensor_index(default_model_file()), model.config)
     reference = quantize(model.get_output_embeddings().weight, None, "int8")
     assert torch.equal(head.qweight, reference.qweight) and torch.equal(head.scales, reference.scales)
     assert same_rows(head, model.get_output_embeddings().weight)

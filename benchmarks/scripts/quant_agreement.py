@@ -23,6 +23,7 @@ from ppd_core import kv_cache
 from ppd_core.decoding import forward_hidden, logits_of
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.lean.gguf_blocks import int4_layers
+from ppd_core.lean.gguf_index import tensor_index
 from ppd_core.lean.model import LeanDecoder
 from ppd_core.loading import default_model_file
 
@@ -69,7 +70,7 @@ def main() -> None:
     for turns in read_questions(DEFAULT_QUESTIONS, args.limit):
         prompt = engine.chat_ids([{"role": "user", "content": turns[0]}])
         sequences.append((prompt, engine.generate(prompt, "vanilla", args.max_new_tokens).tokens))
-    blocks = int4_layers(default_model_file(), model.config)  # the GGUF's own Q4_1 blocks (what --quant auto uses)
+    blocks = int4_layers(default_model_file(), tensor_index(default_model_file()), model.config)  # the GGUF's own Q4_1 blocks (what --quant auto uses)
     decoders = {"fp32": engine.loaded.decoder, "int8": LeanDecoder(model, "int8"), "int4-requantized": LeanDecoder(model, "int4"),
                 "int4-gguf-blocks": LeanDecoder(model, "int4", blocks)}
     result = {"questions": len(sequences), "answer_tokens": sum(len(a) for _, a in sequences), "modes": {}}

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ppd_core.lean.gguf_index import TYPES, TensorInfo, tensor_index
+from ppd_core.lean.gguf_index import TYPES, TensorInfo
 from ppd_core.lean.quant import INT4_GROUP, QuantLinear, int4_from_levels, quantize
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,10 @@ def read_raw(path: Path, tensor: TensorInfo, begin: int = 0, end: int | None = N
     return raw.reshape(end - begin, row_bytes)
 
 
-def int8_head(path: Path, config) -> QuantLinear | None:
+def int8_head(path: Path, tensors: dict[str, TensorInfo], config) -> QuantLinear | None:
     """The LM head (``output.weight``, or the tied token embedding) as per-row int8 from a Q8_0 / F32 / F16
-    tensor, de-quantized a chunk of rows at a time; None for other types (the caller quantizes the model's)."""
-    tensors = tensor_index(path)
+    tensor, de-quantized a chunk of rows at a time; None for other types (the caller quantizes the model's).
+    ``tensors``: the file's ``tensor_index``."""
     tensor = tensors.get("output.weight") or (tensors.get("token_embd.weight") if config.tie_word_embeddings else None)
     if tensor is None or tensor.kind not in ("Q8_0", "F32", "F16"):
         return None
@@ -83,13 +83,12 @@ def int8_head(path: Path, config) -> QuantLinear | None:
     return QuantLinear("int8", qweight, scales, None, width)
 
 
-def int4_layers(path: Path, config) -> list[dict[str, QuantLinear]] | None:
+def int4_layers(path: Path, tensors: dict[str, TensorInfo], config) -> list[dict[str, QuantLinear]] | None:
     """Per layer the fused int4 weights {"wqkv", "wo", "w13", "w2"} from ``path``'s blocks (no biases).
 
     None (with a log line) unless every one of these tensors is Q4_0 or Q4_1 and the architecture's
     row order is known; the caller then quantizes the de-quantized weights instead.
     """
-    tensors = tensor_index(path)
     kinds = {t.kind for name, t in tensors.items() if name.startswith("blk.")
              and any(f".{part}.weight" in name for parts in LAYER_TENSORS.values() for part in parts)}
     if not kinds or not kinds <= set(BLOCK_BYTES) or config.model_type not in ROPE_PERMUTED + ("qwen2", "mistral"):
