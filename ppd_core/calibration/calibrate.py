@@ -26,7 +26,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
     """Device + model fingerprint + quantization + dtype + forward + prompt tokens."""
-    signature = embedding_signature(loaded.model.get_input_embeddings().weight)
+    signature = embedding_signature(loaded.decoder.get_input_embeddings().weight)
     return {
         "device": describe(loaded.device).to_json(),
         "model": {"name": loaded.name, "fingerprint": hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]},
@@ -48,17 +48,16 @@ def calibrate(
 ) -> DeviceProfile:
     """Measure this device and these prompt tokens; choose the tree family with the most tokens/s."""
     started = time.perf_counter()
-    model = loaded.model
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
-    table = prompt_tokens.flat(model.get_input_embeddings().weight.dtype, loaded.device)
+    table = prompt_tokens.flat(loaded.decoder.get_input_embeddings().weight.dtype, loaded.device)
     report = progress or (lambda phase, done, total: None)
 
     sizes = GPU_SIZES if loaded.device.type == "cuda" else CPU_SIZES
     latency = measure_latency(  # on the forward that decodes (lean or transformers)
         loaded.decoder, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
     )
-    stats = measure_acceptance(
-        model, loaded.tokenizer, table, n, V, calibration_prompts()[:prompts], sorted(loaded.eos_token_ids),
+    stats = measure_acceptance(  # on the transformers model (built here if decoding did not need it)
+        loaded.model, loaded.tokenizer, table, n, V, calibration_prompts()[:prompts], sorted(loaded.eos_token_ids),
         max_new_tokens, progress=lambda d, t: report("acceptance", d, t),
     )
     report("tree search", 0, 1)

@@ -20,14 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppd_core.lean.cache import StaticCache
+from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.quant import QuantLinear, quantize
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
-def unsupported_reason(model: nn.Module) -> str | None:
-    """Why ``model`` cannot run on the lean forward (None when it can)."""
-    config = model.config
+def config_reason(config) -> str | None:
+    """Why a model with this config cannot run on the lean forward (None when it can)."""
     kind = getattr(config, "model_type", "?")
     if kind not in ARCHITECTURES:
         return f"architecture {kind!r} (lean forward: {', '.join(ARCHITECTURES)})"
@@ -36,12 +36,43 @@ def unsupported_reason(model: nn.Module) -> str | None:
     window = getattr(config, "sliding_window", None)
     if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
         return "sliding-window attention"
+    return None
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``model`` cannot run on the lean forward (None when it can)."""
+    reason = config_reason(model.config)
+    if reason is not None:
+        return reason
     for module in model.modules():
         if isinstance(module, nn.Linear) and type(module.weight) is not nn.Parameter:
             return f"quantized linear layers ({type(module.weight).__name__})"
         if isinstance(module, nn.Linear) and module.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             return f"weights in {module.weight.dtype}"
     return None
+
+
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # RoPE types whose tables do not depend on the sequence
+
+
+def rope_tables(config) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """RoPE cos and sin [positions, head_dim] for every position, computed as transformers' rotary module
+    computes them (bitwise: same inverse frequencies, same ops); None for a type this does not cover."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    kind = parameters.get("rope_type", "default")
+    if kind not in STATIC_ROPE or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return None
+    if kind == "default":
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        inv_freq, scaling = 1.0 / (parameters["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # no model code: a light import
+
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](config)
+    positions = torch.arange(config.max_position_embeddings)[None]  # [1, P]
+    freqs = positions[..., None].float() * inv_freq.float()  # [1, P, head_dim / 2]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return (angles.cos() * scaling)[0], (angles.sin() * scaling)[0]
 
 
 Weight = torch.Tensor | QuantLinear
@@ -87,7 +118,8 @@ class LeanLayer:
 
 
 class LeanDecoder:
-    """The decoder body of a Llama-family model over a ``StaticCache``; embeddings and LM head stay the model's."""
+    """The decoder body of a Llama-family model over a ``StaticCache``: from a loaded transformers model
+    (sharing its weights) or, for int4 from a GGUF file, from the file and its converted checkpoint alone."""
 
     def __init__(
         self,
@@ -99,20 +131,9 @@ class LeanDecoder:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"no lean forward for this model: {reason}")
-        config = model.config
-        self.config = config
-        self.model = model  # embeddings, LM head and generation config stay the model's own
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.hidden = config.hidden_size
-        self.eps = config.rms_norm_eps
-        self.skinny_sizes: frozenset[int] = frozenset()  # step sizes (rows) using ``weight @ x.T``: calibration's choice
-        # Tree steps attend row by row (``_attention_by_row``): with row-invariant packed kernels this makes
-        # greedy PPD bitwise equal to plain decoding. fp32 matmuls are not row-invariant, so there it would only cost.
-        self.row_exact = quant is not None
         body = model.base_model
-        self.quant = quant  # None: the model's own weights (shared, no copy); "int8" / "int4": CPU kernels
+        self._setup(model.config, quant, model.get_input_embeddings(), body.norm.weight.detach())
+        self.model = model  # the LM head (unquantized) and generation config stay the model's own
         self.head = model.get_output_embeddings()
         if quant is None:
             self.layers = [self._layer(block) for block in body.layers]
@@ -132,16 +153,81 @@ class LeanDecoder:
                 head = quantize(self.head.weight, None, "int8")  # an int4 head: 88% agreement, int8: 98%
             head.bias = None if self.head.bias is None else self.head.bias.detach().clone()
             self.head = head
-        self.norm = body.norm.weight.detach()
-        # RoPE for every position, from the model's own rotary module (any rope scaling it has).
+        # RoPE for every position, from the model's own rotary module (any rope scaling it has), on its device.
         weight = body.embed_tokens.weight
-        positions = torch.arange(config.max_position_embeddings, device=weight.device)[None]
+        positions = torch.arange(self.config.max_position_embeddings, device=weight.device)[None]
         with torch.no_grad():
             cos, sin = body.rotary_emb(weight[:1].float(), positions)  # [1, P, head_dim] each
+        self._set_rope(cos[0], sin[0])
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        config,
+        checkpoint: Checkpoint,  # the converted copy of the file the weights come from
+        int4_weights: list[dict[str, QuantLinear]],  # the file's own 4-bit layers (``gguf_blocks``)
+        head: QuantLinear,  # the file's own LM head as int8
+    ) -> LeanDecoder:
+        """The int4 forward with no transformers model: layers and head from the file, embeddings and norms
+        mapped from ``checkpoint``. ValueError when the config needs the model (``config_reason``, a RoPE type
+        ``rope_tables`` does not cover) or the file's weights fail the same guards as in ``__init__``."""
+        reason = config_reason(config)
+        tables = rope_tables(config)
+        if reason is not None or tables is None:
+            raise ValueError(f"no model-free lean forward for this model: {reason or 'its RoPE type'}")
+
+        def optional(name: str) -> torch.Tensor | None:
+            return checkpoint.tensor(name) if name in checkpoint else None
+
+        first = [checkpoint.tensor(f"model.layers.0.self_attn.{part}_proj.weight") for part in "qkv"]
+        if not same_weight(int4_weights[0]["wqkv"], fused(*first)):
+            raise ValueError("the file's 4-bit blocks do not match its converted weights")
+        embedding = checkpoint.tensor("model.embed_tokens.weight")
+        if not same_rows(head, optional("lm_head.weight") if "lm_head.weight" in checkpoint else embedding):
+            raise ValueError("the file's LM head does not match its converted weights")
+        self = cls.__new__(cls)
+        self._setup(config, "int4", nn.Embedding.from_pretrained(embedding, freeze=True), checkpoint.tensor("model.norm.weight"))
+        self.model = None
+        head.bias = optional("lm_head.bias")
+        self.head = head
+        self.layers = []
+        for index, given in enumerate(int4_weights):
+            prefix = f"model.layers.{index}."
+            given["wqkv"].bias = fused(*(optional(f"{prefix}self_attn.{part}_proj.bias") for part in "qkv"))
+            given["wo"].bias = optional(f"{prefix}self_attn.o_proj.bias")
+            given["w13"].bias = fused(optional(f"{prefix}mlp.gate_proj.bias"), optional(f"{prefix}mlp.up_proj.bias"))
+            given["w2"].bias = optional(f"{prefix}mlp.down_proj.bias")
+            self.layers.append(LeanLayer(
+                attn_norm=checkpoint.tensor(f"{prefix}input_layernorm.weight"), wqkv=given["wqkv"], bqkv=None,
+                wo=given["wo"], bo=None, mlp_norm=checkpoint.tensor(f"{prefix}post_attention_layernorm.weight"),
+                w13=given["w13"], w2=given["w2"],
+            ))
+        self._set_rope(*tables)
+        return self
+
+    def _setup(self, config, quant: str | None, embedding: nn.Module, norm: torch.Tensor) -> None:
+        """Shapes and settings shared by both builders."""
+        self.config = config
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.hidden = config.hidden_size
+        self.eps = config.rms_norm_eps
+        self.skinny_sizes: frozenset[int] = frozenset()  # step sizes (rows) using ``weight @ x.T``: calibration's choice
+        # Tree steps attend row by row (``_attention_by_row``): with row-invariant packed kernels this makes
+        # greedy PPD bitwise equal to plain decoding. fp32 matmuls are not row-invariant, so there it would only cost.
+        self.row_exact = quant is not None
+        self.quant = quant  # None: the model's own weights (shared, no copy); "int8" / "int4": CPU kernels
+        self.embedding = embedding
+        self.norm = norm  # [hidden]
+
+    def _set_rope(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Keep RoPE tables [P, head_dim] in the weights' dtype, with rotate_half's sign folded into sin."""
+        dtype = self.norm.dtype
         half = self.head_dim // 2
         sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)]).to(sin)
-        self.cos = cos[0].to(weight.dtype)  # [P, head_dim]
-        self.sin = (sin[0] * sign).to(weight.dtype)  # [P, head_dim]: rotate_half(x) * sin == roll(x) * this
+        self.cos = cos.to(dtype)  # [P, head_dim]
+        self.sin = (sin * sign).to(dtype)  # [P, head_dim]: rotate_half(x) * sin == roll(x) * this
 
     @staticmethod
     def _layer(block: nn.Module) -> LeanLayer:
@@ -190,7 +276,7 @@ class LeanDecoder:
         )
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.model.get_input_embeddings()
+        return self.embedding
 
     def get_output_embeddings(self) -> nn.Module:
         return self.head

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING
 
 from ppd_core.greedy_answers import greedy_batch
 from ppd_core.text import chat_ids
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
 
 Message = dict[str, str]
 

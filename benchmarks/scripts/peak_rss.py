@@ -1,0 +1,89 @@
+"""Peak resident memory of `ppd generate` per quantization mode, and of `ppd chat` serving one answer.
+
+    python benchmarks/scripts/peak_rss.py [--modes int4,none,int8] [--json FILE]
+
+`ppd generate` runs under ``/usr/bin/time -f %M`` (the kernel's peak RSS of the process), a 64-token
+and a 256-token answer for int4. `ppd chat` is started on a free port (the calibration profile must
+already exist, or the figure includes the first launch's calibration); once it answers ``/health``
+its VmRSS is read, then one 256-token greedy answer is asked through ``/v1/chat/completions`` and
+VmHWM (its peak) is read. Prints one JSON object (and writes it to ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PPD = [sys.executable, "-m", "app.cli"]
+SHORT = ["generate", "Name three planets.", "--tree", "small", "--max-new-tokens", "64", "--json"]
+LONG = ["generate", "Write a long story about a dragon.", "--max-new-tokens", "256", "--json"]
+
+
+def peak_mb(command: list[str]) -> float:
+    """Peak RSS in MB of ``command`` (GNU time's %M, in KB)."""
+    done = subprocess.run(["/usr/bin/time", "-f", "PEAK %M", *command], capture_output=True, text=True, check=True)
+    line = next(line for line in done.stderr.splitlines() if line.startswith("PEAK "))
+    return round(int(line.split()[1]) / 1024, 1)
+
+
+def status_mb(pid: int, field: str) -> float:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return round(int(text.split(f"{field}:")[1].split()[0]) / 1024, 1)
+
+
+def chat_figures() -> dict:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([*PPD, "chat", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        started = status_mb(server.pid, "VmRSS")
+        body = {"model": "ppd", "max_tokens": 256, "temperature": 0,
+                "messages": [{"role": "user", "content": "Write a long story about a dragon."}]}
+        request = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(request, timeout=600))
+        return {"rss_after_start_mb": started, "peak_rss_after_answer_mb": status_mb(server.pid, "VmHWM"),
+                "answer_tokens": answer["usage"]["completion_tokens"]}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modes", default="int4,none,int8")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if shutil.which("/usr/bin/time") is None:
+        sys.exit("needs GNU time at /usr/bin/time")
+    result = {
+        "command": "python benchmarks/scripts/peak_rss.py --modes " + args.modes,
+        "device": f"{platform.processor() or platform.machine()}, {platform.system()}",
+        "generate_64_tokens_peak_rss_mb": {mode: peak_mb([*PPD, *SHORT, "--quant", mode]) for mode in args.modes.split(",")},
+        "generate_256_tokens_int4_peak_rss_mb": peak_mb([*PPD, *LONG, "--quant", "int4"]),
+        "chat": chat_figures(),
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
