@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import shutil
 import socket
 import subprocess
@@ -21,6 +21,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import psutil
+
+from ppd_core.device_info import cpu_name
 
 PPD = [sys.executable, "-m", "app.cli"]
 SHORT = ["generate", "Name three planets.", "--tree", "small", "--max-new-tokens", "64", "--json"]
@@ -74,7 +78,7 @@ def main() -> None:
         sys.exit("needs GNU time at /usr/bin/time")
     result = {
         "command": "python benchmarks/scripts/peak_rss.py --modes " + args.modes,
-        "device": f"{platform.processor() or platform.machine()}, {platform.system()}",
+        "device": f"{cpu_name()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
         "generate_64_tokens_peak_rss_mb": {mode: peak_mb([*PPD, *SHORT, "--quant", mode]) for mode in args.modes.split(",")},
         "generate_256_tokens_int4_peak_rss_mb": peak_mb([*PPD, *LONG, "--quant", "int4"]),
         "chat": chat_figures(),
