@@ -22,7 +22,11 @@ API_KEY_ENV = "PPD_API_KEY"  # the OpenAI-compatible API's key, instead of --api
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="Hugging Face model directory, .gguf file, or 'default'")
-    parser.add_argument("--prompt-tokens", default=None, help="prompt-token file (default: the one shipped for the model)")
+    parser.add_argument(
+        "--prompt-tokens", default=None, metavar="FILE|none",
+        help="prompt-token file (default: yours from `ppd train`, else the one shipped for the model, else none); "
+        "none: guesses from the conversation only (n-gram lookup)",
+    )
     parser.add_argument(
         "--quant", default="auto", choices=QUANT_CHOICES,
         help="auto (default): int4 on a CPU where the lean forward runs, else the model's own dtype; "
@@ -438,11 +442,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import platformdirs
     from tqdm import tqdm
 
     from app.bench import read_questions
-    from ppd_core.engine import PromptTokens, TrainConfig, TrainRun, load_model, run_training
+    from ppd_core.engine import PromptTokens, TrainConfig, TrainRun, load_model, run_training, user_prompt_tokens_path
 
     for option in ("samples", "epochs", "cuts", "accumulate", "ensemble", "lr", "max_prompt_tokens", "max_new_tokens", "generation_batch"):
         if not getattr(args, option) > 0:
@@ -468,7 +471,7 @@ def run_train(args: argparse.Namespace) -> int:
         ensemble_size=args.ensemble, lr=args.lr, max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens, generation_batch=args.generation_batch, seed=args.seed,
     )
-    out = args.out or Path(platformdirs.user_data_dir("ppd")) / "prompt-tokens" / f"{loaded.name}.safetensors"
+    out = args.out or user_prompt_tokens_path(loaded.name)  # where the engine looks first
     run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir, init=args.init)
     bars: dict[str, tqdm] = {}
 

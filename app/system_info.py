@@ -58,6 +58,14 @@ def guess_sources(engine) -> str:
     return " + ".join(sources) if sources else "nothing: calibration chose plain decoding"
 
 
+def prompt_tokens_line(tokens) -> str:
+    if not tokens.num_prompt_tokens:
+        return "**Prompt tokens:** none for this model (guesses come from the conversation; `ppd train` makes them)"
+    trained = "trained" if tokens.training.get("trained") else "untrained"
+    return (f"**Prompt tokens:** {tokens.num_bytes:,} bytes ({tokens.num_prompt_tokens} x {tokens.ensemble_size} "
+            f"embeddings, {trained})")
+
+
 def device_panel(engine) -> str:
     """Markdown for the device panel."""
     loaded = engine.loaded
@@ -68,8 +76,7 @@ def device_panel(engine) -> str:
         f"**{memory.label}:** {gib(memory.used_bytes)} used of {gib(memory.total_bytes)}",
         f"**Model:** {loaded.name}, {gib(loaded.num_bytes)} ({weights_label(loaded)}, "
         f"{str(loaded.dtype).removeprefix('torch.')}, {loaded.forward} forward)",
-        f"**Prompt tokens:** {engine.prompt_tokens.num_bytes:,} bytes "
-        f"({engine.prompt_tokens.num_prompt_tokens} x {engine.prompt_tokens.ensemble_size} embeddings)",
+        prompt_tokens_line(engine.prompt_tokens),
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**engine.tree_summary()),
         f"**Guesses from:** {guess_sources(engine)}",
     ]

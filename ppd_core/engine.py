@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import platformdirs
 import torch
 from transformers import DynamicCache
 
@@ -33,7 +34,7 @@ from ppd_core.loading import (
     load_model,
 )
 from ppd_core.lookup import MAX_LOOKUP, MAX_NGRAM
-from ppd_core.prompt_tokens import INIT_TEXT, PromptTokens
+from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
@@ -48,13 +49,14 @@ __all__ = [
     "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "MAX_LOOKUP", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
     "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
-    "TrainConfig", "TrainRun", "run_training",
+    "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path",
     "atomic_write", "describe", "nvml_probe",
 ]
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_PROMPT_TOKENS = {DEFAULT_NAME: ASSETS / "smollm2-135m-instruct.prompt-tokens.safetensors"}
 MODES = ("ppd", "vanilla")
+NO_PROMPT_TOKENS = "none"  # as the prompt-token file: decode with lookup guesses only
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class EngineConfig:
     model: str = "default"
-    prompt_tokens: str | None = None  # a prompt-token file; None: the one shipped for the model
+    prompt_tokens: str | None = None  # a prompt-token file, or "none"; None: the user's, else the shipped one
     quant: str = "auto"  # see loading.AUTO_CPU_QUANT (int4 on a CPU with the lean forward)
     device: str = "auto"
     dtype: str = "auto"
@@ -107,15 +109,23 @@ class GenerationResult:
     steps: list[StepStats] = field(default_factory=list)
 
 
-def resolve_prompt_tokens(loaded: LoadedModel, path: str | None, num_prompt_tokens: int = 3) -> PromptTokens:
-    """The given file, else the file shipped for this model, else fresh (untrained) tokens."""
+def user_prompt_tokens_path(model_name: str) -> Path:
+    """Where `ppd train` writes a model's prompt tokens by default, and where the engine looks for them first."""
+    return Path(platformdirs.user_data_dir("ppd")) / "prompt-tokens" / f"{model_name}.safetensors"
+
+
+def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens:
+    """The given file, else the user's own (``user_prompt_tokens_path``), else the one shipped for the model,
+    else (or for ``path`` "none") none: then the n-gram lookup guesses alone."""
     embedding = loaded.decoder.get_input_embeddings().weight
-    if path is None and loaded.name in SHIPPED_PROMPT_TOKENS and SHIPPED_PROMPT_TOKENS[loaded.name].is_file():
-        path = str(SHIPPED_PROMPT_TOKENS[loaded.name])
+    if path == NO_PROMPT_TOKENS:
+        return PromptTokens.none(embedding, loaded.name)
+    candidates = [user_prompt_tokens_path(loaded.name), SHIPPED_PROMPT_TOKENS.get(loaded.name)]
+    path = path or next((str(c) for c in candidates if c is not None and c.is_file()), None)
     if path is None:
-        log.warning("no prompt tokens for %s: using untrained ones (expect little speedup; see `ppd train`)", loaded.name)
-        init_ids = loaded.tokenizer.encode(INIT_TEXT, add_special_tokens=False)
-        return PromptTokens.initialize(embedding, init_ids, loaded.name, num_prompt_tokens)
+        log.warning("no prompt tokens for %s: guessing from the conversation only (n-gram lookup); "
+                    "`ppd train` makes prompt tokens", loaded.name)
+        return PromptTokens.none(embedding, loaded.name)
     tokens = PromptTokens.load(path)
     tokens.check_compatible(embedding, loaded.name)
     return tokens
@@ -139,7 +149,8 @@ class Engine:
         self.profile_path: Path | None = None  # where the last calibration was saved
         self._kept: KeptCache | None = None
         self._vanilla = vanilla_family().to(loaded.device)
-        self._prompt_table = prompt_tokens.flat(loaded.decoder.get_input_embeddings().weight.dtype, loaded.device)
+        self._prompt_table = None if not prompt_tokens.num_prompt_tokens else prompt_tokens.flat(
+            loaded.decoder.get_input_embeddings().weight.dtype, loaded.device)
         self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match length (empty: none)
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
 
@@ -155,8 +166,12 @@ class Engine:
             torch.set_num_threads(config.threads)  # before calibration: profiles are per thread count
         loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward)
         prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
+        n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
+        if not n and config.tree in STATIC_TREES:
+            raise PpdError(f"--tree {config.tree} needs prompt tokens, and {loaded.name} has none: use --tree auto "
+                           "(n-gram lookup only) or train them with `ppd train`")
         static = config.tree if config.tree in STATIC_TREES else DEFAULT_TREE  # until a profile says otherwise
-        family = family_from_spec(static, STATIC_TREES[static], prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size)
+        family = family_from_spec(static, STATIC_TREES[static], n, V) if n else vanilla_family()
         max_context = min(config.max_context or loaded.max_context, loaded.max_context)
         engine = cls(loaded, prompt_tokens, family, max_context)
         engine.set_lookup(config.lookup)

@@ -90,6 +90,13 @@ class PromptTokens:
         return self.embeddings.reshape(-1, self.hidden_size).to(device=device, dtype=dtype)
 
     @staticmethod
+    def none(embedding_weight: torch.Tensor, base_model: str) -> PromptTokens:
+        """No prompt tokens, for a model nobody trained them for: its guesses come from n-gram lookup alone."""
+        hidden = embedding_weight.shape[1]
+        return PromptTokens(torch.zeros(0, 1, hidden), base_model, embedding_signature(embedding_weight),
+                            embedding_weight.shape[0], {"trained": False, "none": True})
+
+    @staticmethod
     def initialize(
         embedding_weight: torch.Tensor,
         init_token_ids: list[int],

@@ -45,15 +45,36 @@ def default_engine():
     return Engine.load(EngineConfig(model="default", quant="none", device="cpu", tree="medium"))
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, default_engine):
-    """A tiny random Llama saved as a Hugging Face directory, with the default model's tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny")
+def save_tiny_model(folder, default_engine):
     vocab = default_engine.loaded.model.config.vocab_size
     model = tiny_llama(vocab_size=vocab, max_positions=512)
     model.generation_config.eos_token_id = default_engine.tokenizer.eos_token_id
     model.save_pretrained(folder)
     default_engine.tokenizer.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_engine):
+    """A tiny random Llama saved as a Hugging Face directory, with the default model's tokenizer, and
+    untrained prompt tokens where ``ppd train`` would have saved trained ones (the engine finds them there)."""
+    from ppd_core.engine import PromptTokens, user_prompt_tokens_path
+    from ppd_core.prompt_tokens import INIT_TEXT
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model = save_tiny_model(folder, default_engine)
+    ids = default_engine.tokenizer.encode(INIT_TEXT, add_special_tokens=False)
+    tokens = PromptTokens.initialize(model.get_input_embeddings().weight, ids, folder.name)
+    user_prompt_tokens_path(folder.name).parent.mkdir(parents=True, exist_ok=True)
+    tokens.save(user_prompt_tokens_path(folder.name))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def lookup_only_dir(tmp_path_factory, default_engine):
+    """The same tiny Llama with no prompt tokens anywhere: the engine guesses by n-gram lookup alone."""
+    folder = tmp_path_factory.mktemp("tiny-lookup-only")
+    save_tiny_model(folder, default_engine)
     return folder
 
 

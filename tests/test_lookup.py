@@ -2,15 +2,18 @@
 
 import random
 
+import pytest
 import torch
 
+from app.system_info import device_panel, guess_sources
 from conftest import tiny_llama
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.lookup import ChainedTrees, LookupStats, NgramIndex, chain_lengths, with_lookup
+from ppd_core.engine import Engine, EngineConfig, PpdError, PromptTokens, user_prompt_tokens_path
+from ppd_core.lookup import MAX_NGRAM, ChainedTrees, LookupStats, NgramIndex, chain_lengths, with_lookup
 from ppd_core.loading import pick_decoder
 from ppd_core.sampling import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import build_tree, family_from_spec, vanilla_family
+from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
 
 
 def brute_propose(tokens, count, max_n=4):
@@ -150,3 +153,37 @@ def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
         plain, _ = tokens(())
         copied, from_lookup = tokens((3, 3, 3, 3))
         assert copied == plain and from_lookup > 0, seed
+
+
+def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
+    """No prompt-token file anywhere: no prompt tokens, plain trees, and calibration measures the lookup alone."""
+    engine = Engine.load(EngineConfig(model=str(lookup_only_dir), device="cpu", tree="auto", auto_calibrate=False))
+    assert engine.prompt_tokens.num_prompt_tokens == 0 and engine.prompt_tokens.training.get("none")
+    assert engine.family.name == "vanilla" and engine.lookup_lengths == ()
+    assert "none for this model" in device_panel(engine)
+    profile = engine.calibrate(prompts=3, max_new_tokens=48, contexts=(64,), repeats=1)
+    assert profile.acceptance == [] and profile.trees == [TreeSpec({(): 0})]
+    assert sum(profile.lookup_trials) > 0 and len(profile.lookup_lengths) == MAX_NGRAM
+    assert engine.profile is profile and engine.lookup_lengths == tuple(profile.lookup_lengths)
+    assert engine.saved_profile() == profile  # keyed by the (empty) prompt tokens, found again
+    engine.set_lookup(4)  # whatever calibration chose on this machine: exactness with chains in every step
+    assert "n-gram lookup" in guess_sources(engine) and "prompt tokens (" not in guess_sources(engine)
+    ids = engine.chat_ids([{"role": "user", "content": "Repeat after me: one two three, one two three, one two three."}])
+    ppd = engine.generate(ids, "ppd", 96)
+    assert ppd.tokens == engine.generate(ids, "vanilla", 96).tokens
+    assert ppd.stats.from_lookup > 0 and ppd.stats.from_guesses == ppd.stats.from_lookup  # every guess was copied
+
+
+def test_static_trees_need_prompt_tokens(lookup_only_dir):
+    with pytest.raises(PpdError, match=r"^--tree small needs prompt tokens, and .* has none: use --tree auto"):
+        Engine.load(EngineConfig(model=str(lookup_only_dir), device="cpu", tree="small"))
+
+
+def test_the_engine_finds_prompt_tokens_where_ppd_train_saves_them_and_none_turns_them_off(tiny_model_dir):
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
+    assert engine.prompt_tokens.num_prompt_tokens == 3
+    saved = PromptTokens.load(user_prompt_tokens_path(tiny_model_dir.name))
+    assert torch.equal(engine.prompt_tokens.embeddings, saved.embeddings)
+    forced = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", prompt_tokens="none",
+                                      auto_calibrate=False))
+    assert forced.prompt_tokens.num_prompt_tokens == 0 and forced.family.name == "vanilla"

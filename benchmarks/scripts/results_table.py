@@ -20,6 +20,8 @@ COLUMNS = ["result file", "device", "forward", "weights", "prompt tokens", "tree
 
 
 def prompt_label(training: dict | None) -> str:
+    if training and training.get("none"):
+        return "none (lookup only)"
     if not training or not training.get("trained"):
         return "untrained"
     return f"trained, V={training.get('config', {}).get('ensemble_size', 1)}"

@@ -87,6 +87,8 @@ def measure_acceptance(
     for done, (prompt, answer) in enumerate(zip(ids, answers), 1):
         sequence = prompt + answer
         stats.lookup.add_answer(prompt, answer)
+        if not n:  # no prompt tokens: the answers serve the lookup replay alone
+            continue
         cache, teacher = teacher_pass(model, sequence)
         cuts = valid_cuts(len(prompt), len(sequence), n)
         for start in range(0, len(cuts), chunk):

@@ -74,7 +74,7 @@ def calibrate(
         key=profile_key(loaded, prompt_tokens),
         latency_ms=latency,
         acceptance=[[round(p, 6) for p in row] for row in stats.probs],
-        acceptance_positions=stats.trials[0],
+        acceptance_positions=stats.trials[0] if stats.trials else 0,
         budget=choice.budget,
         trees=list(best.specs),
         tree_sizes=list(best.sizes),

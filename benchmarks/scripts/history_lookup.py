@@ -1,0 +1,94 @@
+"""Would lookup in the user's earlier conversations add guesses? A replay on MT-Bench first turns.
+
+    python benchmarks/scripts/history_lookup.py [--limit 80] [--max-new-tokens 128] [--json FILE]
+
+The default model (int4, greedy, plain decoding) answers the first turn of each question, in
+order. Each answer is then replayed as ``LookupStats`` does in calibration, once with the index
+over its own conversation (what ppd does) and once over the earlier conversations too (the
+prompts and answers of all questions before it, as a saved-chat history would hold them; the
+most recent occurrence wins, so the conversation's own text is preferred), and once with the
+earlier conversations consulted only where the conversation has no match at all. The replays are
+turned into expected tokens per step and speedup with the chain lengths chosen for each from
+the shipped int4 profile's latency curve (``chain_lengths`` / ``with_lookup``, as calibration
+does). Prints one JSON object (and writes it to ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from app.bench import read_questions
+from app.cli import DEFAULT_QUESTIONS
+from ppd_core.calibration.profiles import read_profile
+from ppd_core.calibration.latency import mean_curve
+from ppd_core.calibration.tree_search import interpolate
+from ppd_core.engine import Engine, EngineConfig
+from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, with_lookup
+
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-amd-epyc-2threads-int4-lean.json"
+
+
+def expectation(stats: LookupStats, seconds) -> dict:
+    lengths = chain_lengths(stats.probs, 1.0, 1, seconds)
+    tokens, step_seconds = with_lookup(stats, lengths, 1.0, 1, seconds)
+    return {"chain_lengths": lengths, "matched_positions": sum(stats.trials), "positions": stats.positions,
+            "expected_tokens_per_step": round(tokens, 4), "expected_speedup": round(tokens / step_seconds * seconds(1), 4),
+            "acceptance_by_match_length": [[round(p, 4) for p in row[:4]] for row in stats.probs]}
+
+
+def add_with_fallback(stats: LookupStats, history: list[int], prompt: list[int], answer: list[int]) -> None:
+    """``stats.add_answer(prompt, answer)``, except that where the conversation has no match at all, the
+    earlier conversations (followed by this one) propose."""
+    own, everything = NgramIndex(prompt), NgramIndex(history + prompt)
+    stats.positions += len(answer)
+    for i, token in enumerate(answer):
+        chain, n = own.propose(len(stats.hits[0]))
+        if not chain:
+            chain, n = everything.propose(len(stats.hits[0]))
+        if chain:
+            stats.trials[n - 1] += 1
+            for j, guess in enumerate(chain):
+                if i + j >= len(answer) or answer[i + j] != guess:
+                    break
+                stats.hits[n - 1][j] += 1
+        own.extend([token])
+        everything.extend([token])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--limit", type=int, default=80)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    engine = Engine.load(EngineConfig(model="default", quant="int4", device="cpu", tree="auto", auto_calibrate=False))
+    conversations = []
+    for question in read_questions(DEFAULT_QUESTIONS, args.limit):
+        prompt = engine.chat_ids([{"role": "user", "content": question.turns[0]}])
+        conversations.append((prompt, engine.generate(prompt, "vanilla", args.max_new_tokens).tokens))
+    own, with_history, fallback = LookupStats.empty(), LookupStats.empty(), LookupStats.empty()
+    history: list[int] = []
+    for prompt, answer in conversations:
+        own.add_answer(prompt, answer)
+        with_history.add_answer(history + prompt, answer)
+        add_with_fallback(fallback, history, prompt, answer)
+        history += prompt + answer
+    seconds = interpolate({size: ms / 1000 for size, ms in mean_curve(read_profile(PROFILE).latency_ms).items()})
+    result = {
+        "command": f"python benchmarks/scripts/history_lookup.py --limit {args.limit} --max-new-tokens {args.max_new_tokens}",
+        "model": "default, int4, greedy plain decoding", "questions": len(conversations),
+        "latency_from": PROFILE.name,
+        "conversation_only": expectation(own, seconds),
+        "conversation_and_earlier_conversations": expectation(with_history, seconds),
+        "earlier_conversations_only_where_the_conversation_has_no_match": expectation(fallback, seconds),
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
