@@ -30,9 +30,9 @@ from transformers import AutoConfig, AutoTokenizer, BitsAndBytesConfig, PreTrain
 from ppd_core.atomic_files import atomic_directory
 from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core.errors import PpdError
+from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.gguf_blocks import int4_layers, int8_head
 from ppd_core.lean.gguf_index import tensor_index
-from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.model import LeanDecoder, unsupported_reason
 from ppd_core.lean.quant import QUANT_KINDS, QuantLinear
 
@@ -335,7 +335,7 @@ PLAIN_CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_atte
 
 def plain_config(folder: Path, name: str = "config.json") -> SimpleNamespace | None:
     """A config file's keys as attributes, without transformers' config classes (importing one imports the
-    model code too: about 80 MB and 1.4 s here). None if the file or, for config.json, a key the lean
+    model code too: about 90 MB and 1.4 s here). None if the file or, for config.json, a key the lean
     forward reads is missing."""
     try:
         values = json.loads((folder / name).read_text(encoding="utf-8"))
@@ -354,7 +354,7 @@ def model_free_decoder(gguf_file: Path, converted: Path, config) -> LeanDecoder 
         return None
     try:
         decoder = LeanDecoder.from_checkpoint(config, Checkpoint(converted), layers, head)
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as error:  # e.g. a RoPE type needing a config class
         logging.getLogger(__name__).info("building the model for the lean forward: %s", error)
         return None
     release_free_heap()

@@ -8,8 +8,9 @@ being copied, as when a user asks to rewrite, fix or extend what is already ther
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,11 +55,14 @@ class NgramIndex:
 @dataclass
 class LookupStats:
     """Greedy answers replayed: ``hits[n - 1][j - 1]`` positions whose suffix matched with length n and whose
-    chain's first j tokens were all right, out of ``trials[n - 1]`` positions with such a match."""
+    chain's first j tokens were all right, out of ``trials[n - 1]`` positions with such a match; ``matches``
+    keeps, per answer and position, (n, how many of a ``MAX_CHAIN`` chain were right, how long it was: a
+    continuation can be shorter) for ``replay_steps``."""
 
     hits: list[list[int]]
     trials: list[int]
     positions: int = 0  # answer positions replayed
+    matches: list[list[tuple[int, int, int]]] = field(default_factory=list)  # n = 0: no match there
 
     @staticmethod
     def empty(max_chain: int = MAX_CHAIN, max_n: int = MAX_NGRAM) -> LookupStats:
@@ -67,16 +71,21 @@ class LookupStats:
     def add_answer(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
         """Propose at every answer position from the prompt and the answer so far, as decoding would."""
         index = NgramIndex(prompt, len(self.trials))
-        self.positions += len(answer)
+        self.matches.append([])
         for i, token in enumerate(answer):
             chain, n = index.propose(len(self.hits[0]))
-            if chain:
-                self.trials[n - 1] += 1
-                for j, guess in enumerate(chain):
-                    if i + j >= len(answer) or answer[i + j] != guess:
-                        break
-                    self.hits[n - 1][j] += 1
+            self.add_position(n, right_guesses(chain, answer, i), len(chain))
             index.extend([token])
+
+    def add_position(self, n: int, right: int, proposed: int) -> None:
+        """One position of the latest answer: a match of length n (0: none) proposing ``proposed`` tokens,
+        the first ``right`` of them right."""
+        self.positions += 1
+        self.matches[-1].append((n, right, proposed))
+        if n:
+            self.trials[n - 1] += 1
+            for j in range(right):
+                self.hits[n - 1][j] += 1
 
     @property
     def probs(self) -> list[list[float]]:
@@ -84,38 +93,59 @@ class LookupStats:
         return [[h / max(t, 1) for h in row] for row, t in zip(self.hits, self.trials)]
 
 
+def right_guesses(chain: Sequence[int], answer: Sequence[int], i: int) -> int:
+    """How many leading tokens of ``chain`` equal ``answer[i:]``."""
+    right = 0
+    while right < len(chain) and i + right < len(answer) and answer[i + right] == chain[right]:
+        right += 1
+    return right
+
+
+def replay_steps(stats: LookupStats, lengths: Sequence[int]) -> tuple[int, int, dict[int, int]]:
+    """Decode the replayed answers as the engine would with chains of ``lengths`` (by match length):
+    (steps, accepted chain tokens, steps by chain length). A step at position i that accepts a tokens
+    moves on to i + 1 + a, so the positions inside a copied run, which match best, are skipped, as
+    in decoding. (Averaging over every position instead overestimated: 1.78 tokens per step against
+    1.35 measured on 80 MT-Bench answers.)"""
+    asked = (0, *lengths)  # by match length, 0: no match
+    steps = accepted = 0
+    chains: dict[int, int] = {}
+    for answer in stats.matches:
+        i, end = 0, len(answer)
+        while i < end:
+            n, right, proposed = answer[i]
+            length = min(asked[n], proposed)  # as long as asked, or as the continuation
+            gained = right if right < length else length
+            steps += 1
+            accepted += gained
+            chains[length] = chains.get(length, 0) + 1
+            i += 1 + gained
+    return steps, accepted, chains
+
+
 def with_lookup(
     stats: LookupStats, lengths: Sequence[int], tokens_per_step: float, tree_size: int, latency: Callable[[int], float]
 ) -> tuple[float, float]:
     """Expected (tokens, seconds) per step once chains of ``lengths`` (by match length) join a tree of ``tree_size``
-    tokens that yields ``tokens_per_step``: weighted by how often each match length occurred in the replay."""
-    positions = max(stats.positions, 1)
-    tokens, seconds, unmatched = tokens_per_step, 0.0, 1.0
-    for row, trials, length in zip(stats.probs, stats.trials, lengths):
-        if length:
-            share = trials / positions
-            tokens += share * sum(row[:length])
-            seconds += share * latency(tree_size + length)
-            unmatched -= share
-    return tokens, seconds + unmatched * latency(tree_size)
+    tokens that yields ``tokens_per_step``, from ``replay_steps`` (the tree's own guesses are taken as independent)."""
+    steps, accepted, chains = replay_steps(stats, lengths)
+    if not steps:
+        return tokens_per_step, latency(tree_size)
+    seconds = sum(count * latency(tree_size + length) for length, count in chains.items())
+    return tokens_per_step + accepted / steps, seconds / steps
 
 
-def chain_lengths(probs: list[list[float]], tokens_per_step: float, tree_size: int, latency: Callable[[int], float]) -> list[int]:
-    """For each match length, the chain length (0: none) with the most expected tokens per second.
-
-    A chain of k adds ``sum(probs[n][:k])`` expected tokens to the tree's ``tokens_per_step`` and
-    k tokens to its ``tree_size``; ``latency`` is seconds per step by tokens per step.
-    """
-    best_lengths = []
-    for row in probs:
-        best, best_rate, gained = 0, tokens_per_step / latency(tree_size), 0.0
-        for k, p in enumerate(row, 1):
-            gained += p
-            rate = (tokens_per_step + gained) / latency(tree_size + k)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        best_lengths.append(best)
-    return best_lengths
+def chain_lengths(stats: LookupStats, tokens_per_step: float, tree_size: int, latency: Callable[[int], float]) -> list[int]:
+    """The chain length for each match length (0: none) with the most expected tokens per second
+    (``with_lookup``), over every combination up to the replayed chains' length (step cost need not
+    grow with size, so no length is ruled out by its acceptance alone)."""
+    longest = len(stats.hits[0]) if stats.hits else 0
+    best, best_rate = [0] * len(stats.trials), tokens_per_step / latency(tree_size)
+    for lengths in itertools.product(range(longest + 1), repeat=len(stats.trials)):
+        tokens, seconds = with_lookup(stats, lengths, tokens_per_step, tree_size, latency)
+        if tokens / seconds > best_rate * (1 + 1e-12):
+            best, best_rate = list(lengths), tokens / seconds
+    return best
 
 
 class ChainedTrees:

@@ -1,5 +1,6 @@
 """n-gram lookup guesses: the index against brute force, merged trees, calibration's chain lengths, exactness."""
 
+import itertools
 import random
 
 import pytest
@@ -9,7 +10,7 @@ from app.system_info import device_panel, guess_sources
 from conftest import tiny_llama
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.engine import Engine, EngineConfig, PpdError, PromptTokens, user_prompt_tokens_path
-from ppd_core.lookup import MAX_NGRAM, ChainedTrees, LookupStats, NgramIndex, chain_lengths, with_lookup
+from ppd_core.lookup import MAX_NGRAM, ChainedTrees, LookupStats, NgramIndex, chain_lengths, replay_steps, with_lookup
 from ppd_core.loading import pick_decoder
 from ppd_core.sampling import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
@@ -65,24 +66,45 @@ def test_replayed_acceptance_counts_match_brute_force():
                     hits[n - 1][j] += 1
     assert (stats.hits, stats.trials) == (hits, trials)
     assert all(row == sorted(row, reverse=True) for row in stats.probs)  # P(first j right) falls with j
+    assert len(stats.matches) == 30 and sum(map(len, stats.matches)) == stats.positions
 
 
-def test_expected_tokens_and_chain_choice_against_enumeration():
+def brute_decode(conversations, lengths, size, costs):
+    """Decode each answer as the engine would with lookup chains of ``lengths`` (by match length): a fresh suffix
+    search at every step, the step's accepted tokens skipped. Returns (tokens, steps, seconds)."""
+    tokens = steps = seconds = 0
+    for prompt, answer in conversations:
+        i = 0
+        while i < len(answer):
+            chain, n = brute_propose(prompt + answer[:i], 8)
+            chain = chain[: lengths[n - 1]] if n else []
+            accepted = 0
+            while accepted < len(chain) and i + accepted < len(answer) and answer[i + accepted] == chain[accepted]:
+                accepted += 1
+            tokens, steps, seconds = tokens + 1 + accepted, steps + 1, seconds + costs[size + len(chain)]
+            i += 1 + accepted
+    return tokens, steps, seconds
+
+
+def test_expected_tokens_and_chain_choice_replay_decoding_against_brute_force():
     rng = random.Random(2)
-    for _ in range(200):
-        cumulative = sorted((rng.random() for _ in range(6)), reverse=True)  # P(first j right), j = 1..6
-        base, size = 1 + rng.random(), rng.randint(1, 8)
-        costs = {s: 0.01 * (1 + rng.random() * 0.3 * (s - 1)) for s in range(1, 20)}
-        chosen = chain_lengths([cumulative], base, size, costs.__getitem__)[0]
-
-        def rate(k):
-            # enumerate how many chain tokens are accepted: exactly j with P(first j) - P(first j + 1)
-            p = [1.0] + cumulative[:k] + [0.0]
-            expected = sum(j * (p[j] - p[j + 1]) for j in range(k + 1))
-            return (base + expected) / costs[size + k]
-
-        best = max(range(7), key=lambda k: (rate(k), -k))
-        assert abs(rate(chosen) - rate(best)) < 1e-12
+    for trial in range(12):
+        stats, conversations = LookupStats.empty(max_chain=4), []
+        for _ in range(4):  # repetitive streams: a few tokens, so matches and copied runs are common
+            prompt = [rng.randrange(4) for _ in range(rng.randint(1, 12))]
+            answer = [rng.randrange(4) for _ in range(rng.randint(5, 30))]
+            stats.add_answer(prompt, answer)
+            conversations.append((prompt, answer))
+        size = rng.randint(1, 4)
+        costs = {s: 0.01 * (1 + rng.random() * 0.3 * (s - 1)) for s in range(1, 12)}
+        rates = {}
+        for lengths in itertools.product(range(5), repeat=4):
+            tokens, steps, seconds = brute_decode(conversations, lengths, size, costs)
+            expected_tokens, expected_seconds = with_lookup(stats, lengths, 1.0, size, costs.__getitem__)
+            assert abs(expected_tokens - tokens / steps) < 1e-12 and abs(expected_seconds - seconds / steps) < 1e-12
+            rates[lengths] = tokens / seconds
+        chosen = tuple(chain_lengths(stats, 1.0, size, costs.__getitem__))
+        assert abs(rates[chosen] - max(rates.values())) < 1e-9 * max(rates.values())
 
 
 def test_chained_trees_merge_shared_candidates_and_stay_valid():
@@ -129,13 +151,17 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
                 assert from_lookup > 0
 
 
-def test_expected_step_with_lookup_weights_match_lengths_by_frequency():
-    stats = LookupStats(hits=[[2, 1], [3, 1], [0, 0]], trials=[4, 5, 0], positions=20)
+def test_a_step_that_copies_skips_the_positions_it_covered():
+    stats = LookupStats.empty(max_chain=3)
+    stats.matches.append([])
+    for n, right, proposed in [(2, 3, 3), (3, 3, 3), (4, 2, 3), (0, 0, 0), (1, 1, 1), (0, 0, 0)]:
+        stats.add_position(n, right, proposed)
     latency = {1: 0.010, 2: 0.013, 3: 0.015}.__getitem__
-    tokens, seconds = with_lookup(stats, [0, 2, 0], 1.0, 1, latency)
-    # a 2-token match on 5 of 20 positions, its chain right on 3/5 then 1/5; 1-token matches get no chain
-    assert abs(tokens - (1.0 + 5 / 20 * (3 / 5 + 1 / 5))) < 1e-12
-    assert abs(seconds - (5 / 20 * 0.015 + 15 / 20 * 0.010)) < 1e-12
+    assert replay_steps(stats, [0, 2, 0, 0]) == (4, 2, {2: 1, 0: 3})  # positions 1 and 2 were copied, not visited
+    tokens, seconds = with_lookup(stats, [0, 2, 0, 0], 1.0, 1, latency)
+    assert abs(tokens - (1.0 + 2 / 4)) < 1e-12
+    assert abs(seconds - (0.015 + 3 * 0.010) / 4) < 1e-12
+    assert stats.trials == [1, 1, 1, 1] and stats.hits[1] == [1, 1, 1]  # the per-position counts stay as they were
 
 
 def test_lossless_sampling_with_lookup_reproduces_plain_sampling():

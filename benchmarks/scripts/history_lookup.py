@@ -25,13 +25,13 @@ from ppd_core.calibration.profiles import read_profile
 from ppd_core.calibration.latency import mean_curve
 from ppd_core.calibration.tree_search import interpolate
 from ppd_core.engine import Engine, EngineConfig
-from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, with_lookup
+from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, right_guesses, with_lookup
 
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-amd-epyc-2threads-int4-lean.json"
 
 
 def expectation(stats: LookupStats, seconds) -> dict:
-    lengths = chain_lengths(stats.probs, 1.0, 1, seconds)
+    lengths = chain_lengths(stats, 1.0, 1, seconds)
     tokens, step_seconds = with_lookup(stats, lengths, 1.0, 1, seconds)
     return {"chain_lengths": lengths, "matched_positions": sum(stats.trials), "positions": stats.positions,
             "expected_tokens_per_step": round(tokens, 4), "expected_speedup": round(tokens / step_seconds * seconds(1), 4),
@@ -42,17 +42,12 @@ def add_with_fallback(stats: LookupStats, history: list[int], prompt: list[int],
     """``stats.add_answer(prompt, answer)``, except that where the conversation has no match at all, the
     earlier conversations (followed by this one) propose."""
     own, everything = NgramIndex(prompt), NgramIndex(history + prompt)
-    stats.positions += len(answer)
+    stats.matches.append([])
     for i, token in enumerate(answer):
         chain, n = own.propose(len(stats.hits[0]))
         if not chain:
             chain, n = everything.propose(len(stats.hits[0]))
-        if chain:
-            stats.trials[n - 1] += 1
-            for j, guess in enumerate(chain):
-                if i + j >= len(answer) or answer[i + j] != guess:
-                    break
-                stats.hits[n - 1][j] += 1
+        stats.add_position(n, right_guesses(chain, answer, i), len(chain))
         own.extend([token])
         everything.extend([token])
 

@@ -68,7 +68,7 @@ def calibrate(
     best = choice.best
     lookup = stats.lookup
     seconds = interpolate({size: ms / 1000 for size, ms in curve.items()})
-    lengths = chain_lengths(lookup.probs, best.tokens_per_step, best.sizes[-1], seconds)  # added to the full tree
+    lengths = chain_lengths(lookup, best.tokens_per_step, best.sizes[-1], seconds)  # added to the full tree
     lookup_tokens, lookup_seconds = with_lookup(lookup, lengths, best.tokens_per_step, best.sizes[-1], seconds)
     return DeviceProfile(
         key=profile_key(loaded, prompt_tokens),

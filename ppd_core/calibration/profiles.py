@@ -18,7 +18,7 @@ from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 from ppd_core.tree import TreeFamily, TreeSpec, family_from_specs
 
-FORMAT_VERSION = 2  # 2: lookup chains
+FORMAT_VERSION = 3  # 2: lookup chains; 3: their expectation replays decoding step by step
 
 
 class ProfileError(PpdError):
