@@ -183,7 +183,7 @@ class LeanDecoder:
         if not same_weight(int4_weights[0]["wqkv"], fused(*first)):
             raise ValueError("the file's 4-bit blocks do not match its converted weights")
         embedding = checkpoint.tensor("model.embed_tokens.weight")
-        if not same_rows(head, optional("lm_head.weight") if "lm_head.weight" in checkpoint else embedding):
+        if not same_rows(head, checkpoint.tensor("lm_head.weight") if "lm_head.weight" in checkpoint else embedding):
             raise ValueError("the file's LM head does not match its converted weights")
         self = cls.__new__(cls)
         self._setup(config, "int4", nn.Embedding.from_pretrained(embedding, freeze=True), checkpoint.tensor("model.norm.weight"))
