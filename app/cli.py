@@ -219,6 +219,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"expected {profile.expected_tokens_per_step_with_lookup:.2f} tokens/step, expected speedup "
         f"{profile.expected_speedup_with_lookup:.2f}x"
     )
+    for name, part in profile.expected_with_lookup_by_turn.items():
+        print(f"  {name} ({part['answers']} answers): {part['tokens_per_step']:.2f} tokens/step, {part['speedup']:.2f}x")
     print(f"profile saved to {engine.profile_path}")
     if args.json_path:
         write_output(args.json_path, json.dumps(profile.to_json(), indent=1) + "\n")

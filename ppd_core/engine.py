@@ -258,6 +258,7 @@ class Engine:
             "lookup_lengths": self.profile.lookup_lengths,
             "expected_tokens_per_step_with_lookup": self.profile.expected_tokens_per_step_with_lookup,
             "expected_speedup_with_lookup": self.profile.expected_speedup_with_lookup,
+            "expected_with_lookup_by_turn": self.profile.expected_with_lookup_by_turn,
         }
 
     @property

@@ -63,15 +63,17 @@ class LookupStats:
     trials: list[int]
     positions: int = 0  # answer positions replayed
     matches: list[list[tuple[int, int, int]]] = field(default_factory=list)  # n = 0: no match there
+    turns: list[int] = field(default_factory=list)  # per answer: which turn of its conversation (1: the first)
 
     @staticmethod
     def empty(max_chain: int = MAX_CHAIN, max_n: int = MAX_NGRAM) -> LookupStats:
         return LookupStats([[0] * max_chain for _ in range(max_n)], [0] * max_n)
 
-    def add_answer(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+    def add_answer(self, prompt: Sequence[int], answer: Sequence[int], turn: int = 1) -> None:
         """Propose at every answer position from the prompt and the answer so far, as decoding would."""
         index = NgramIndex(prompt, len(self.trials))
         self.matches.append([])
+        self.turns.append(turn)
         for i, token in enumerate(answer):
             chain, n = index.propose(len(self.hits[0]))
             self.add_position(n, right_guesses(chain, answer, i), len(chain))
@@ -86,6 +88,17 @@ class LookupStats:
             self.trials[n - 1] += 1
             for j in range(right):
                 self.hits[n - 1][j] += 1
+
+    def select(self, keep: Callable[[int], bool]) -> LookupStats:
+        """The answers whose turn passes ``keep`` (e.g. first turns only), counts rebuilt from ``matches``."""
+        out = LookupStats.empty(len(self.hits[0]), len(self.trials))
+        for turn, answer in zip(self.turns, self.matches):
+            if keep(turn):
+                out.matches.append([])
+                out.turns.append(turn)
+                for n, right, proposed in answer:
+                    out.add_position(n, right, proposed)
+        return out
 
     @property
     def probs(self) -> list[list[float]]:

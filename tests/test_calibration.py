@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from ppd_core.calibration.acceptance import AcceptanceStats, calibration_prompts, guess_ranks
+from ppd_core.calibration.acceptance import AcceptanceStats, calibration_prompts, conversation_answers, guess_ranks
 from conftest import tiny_llama
 from ppd_core.calibration import latency
 from ppd_core.calibration.latency import mean_curve, measure_latency, probe_tree
@@ -40,11 +40,27 @@ def test_guess_ranks_finds_the_models_token_among_the_guesses():
 def test_calibration_prompts_are_not_from_mt_bench():
     from app.cli import DEFAULT_QUESTIONS
 
-    prompts = calibration_prompts()
-    assert len(prompts) >= 24 and len(set(prompts)) == len(prompts)
+    conversations = calibration_prompts()
+    prompts = [turn for turns in conversations for turn in turns]
+    assert len(conversations) >= 24 and len(set(prompts)) == len(prompts)
+    assert sum(len(turns) > 1 for turns in conversations[:12]) >= 4  # follow-ups among the prompts calibration uses
     bench = [json.loads(line)["turns"] for line in DEFAULT_QUESTIONS.read_text().splitlines() if line.strip()]
     assert len(bench) == 80  # the MT-Bench questions shipped in app/data/
     assert not set(prompts) & {turn for turns in bench for turn in turns}
+
+
+def test_a_follow_up_is_answered_after_the_earlier_answer(tiny_model_dir):
+    """Turn 2 of a conversation is asked with turn 1 and the model's answer to it in the chat, as a chat holds them."""
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", auto_calibrate=False))
+    model, tokenizer, eos = engine.loaded.model, engine.tokenizer, sorted(engine.loaded.eos_token_ids)
+    conversations = [["Hello there", "Say it again"], ["Name a colour"]]
+    answers = conversation_answers(model, tokenizer, conversations, 12, eos[0], eos)
+    assert [(turn, prompt) for turn, prompt, _ in answers[:2]] == [(1, engine.chat_ids([{"role": "user", "content": t[0]}])) for t in conversations]
+    turn, prompt, answer = answers[2]
+    first = tokenizer.decode(answers[0][2], skip_special_tokens=True)
+    assert turn == 2 and prompt == engine.chat_ids([{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": first},
+                                                    {"role": "user", "content": "Say it again"}])
+    assert 0 < len(answer) <= 12 and len(answers) == 3
 
 
 @pytest.mark.parametrize("size", [1, 2, 4, 7, 16, 33])

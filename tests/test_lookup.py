@@ -107,6 +107,28 @@ def test_expected_tokens_and_chain_choice_replay_decoding_against_brute_force():
         assert abs(rates[chosen] - max(rates.values())) < 1e-9 * max(rates.values())
 
 
+def test_first_turns_and_follow_ups_replay_apart():
+    """``select`` keeps the answers of some turns: its counts and replay equal stats built from those answers alone."""
+    rng = random.Random(3)
+    whole, parts = LookupStats.empty(max_chain=4), {1: LookupStats.empty(max_chain=4), 2: LookupStats.empty(max_chain=4)}
+    conversations = {1: [], 2: []}
+    for _ in range(10):
+        turn = rng.choice([1, 2])
+        prompt = [rng.randrange(4) for _ in range(rng.randint(1, 12))]
+        answer = [rng.randrange(4) for _ in range(rng.randint(5, 30))]
+        whole.add_answer(prompt, answer, turn)
+        parts[turn].add_answer(prompt, answer, turn)
+        conversations[turn].append((prompt, answer))
+    costs = {s: 0.01 * (1 + 0.2 * (s - 1)) for s in range(1, 12)}
+    for turn, keep in ((1, lambda t: t == 1), (2, lambda t: t > 1)):
+        part = whole.select(keep)
+        assert (part.hits, part.trials, part.matches, part.turns) == (parts[turn].hits, parts[turn].trials, parts[turn].matches, parts[turn].turns)
+        tokens, steps, seconds = brute_decode(conversations[turn], (0, 2, 3, 4), 1, costs)
+        expected_tokens, expected_seconds = with_lookup(part, (0, 2, 3, 4), 1.0, 1, costs.__getitem__)
+        assert abs(expected_tokens - tokens / steps) < 1e-12 and abs(expected_seconds - seconds / steps) < 1e-12
+    assert whole.select(lambda t: True).matches == whole.matches
+
+
 def test_chained_trees_merge_shared_candidates_and_stay_valid():
     rng = random.Random(3)
     for name, spec in STATIC_TREES.items():
@@ -190,6 +212,8 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
     profile = engine.calibrate(prompts=3, max_new_tokens=48, contexts=(64,), repeats=1)
     assert profile.acceptance == [] and profile.trees == [TreeSpec({(): 0})]
     assert sum(profile.lookup_trials) > 0 and len(profile.lookup_lengths) == MAX_NGRAM
+    by_turn = profile.expected_with_lookup_by_turn  # the first 3 conversations: two ask a follow-up
+    assert {name: part["answers"] for name, part in by_turn.items()} == {"first turns": 3, "follow-ups": 2}
     assert engine.profile is profile and engine.lookup_lengths == tuple(profile.lookup_lengths)
     assert engine.saved_profile() == profile  # keyed by the (empty) prompt tokens, found again
     engine.set_lookup(4)  # whatever calibration chose on this machine: exactness with chains in every step

@@ -43,6 +43,7 @@ def add_with_fallback(stats: LookupStats, history: list[int], prompt: list[int],
     earlier conversations (followed by this one) propose."""
     own, everything = NgramIndex(prompt), NgramIndex(history + prompt)
     stats.matches.append([])
+    stats.turns.append(1)
     for i, token in enumerate(answer):
         chain, n = own.propose(len(stats.hits[0]))
         if not chain:

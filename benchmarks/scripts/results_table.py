@@ -44,6 +44,8 @@ def row(path: Path, result: dict) -> list[str]:
     if any(chains):
         tree_label += f" + lookup {'/'.join(map(str, chains))}"
         predicted = calibration.get("expected_tokens_per_step_with_lookup")
+        if result.get("turns", 1) == 1:  # first turns alone: their own expectation, where the profile has it
+            predicted = calibration.get("expected_with_lookup_by_turn", {}).get("first turns", {}).get("tokens_per_step", predicted)
     groups = sorted(name for name in result.get("groups", {}) if not name.startswith("turn "))
     questions = f"{result.get('questions', '?')} x {result.get('turns', 1)} turn{'s' if result.get('turns', 1) > 1 else ''}"
     questions += f" ({', '.join(groups)})" if 0 < len(groups) <= 2 else ""

@@ -23,9 +23,29 @@ from ppd_core.text import chat_ids
 TOP_K = 10
 
 
-def calibration_prompts() -> list[str]:
-    """Chat prompts shipped with the package (none from MT-Bench)."""
-    return json.loads(resources.files("ppd_core.calibration").joinpath("prompts.json").read_text())
+def calibration_prompts() -> list[list[str]]:
+    """Conversations shipped with the package, as their user turns (none from MT-Bench): most ask once,
+    some follow up (shorten, rewrite, extend code), as chats do and as lookup needs to be measured on."""
+    entries = json.loads(resources.files("ppd_core.calibration").joinpath("prompts.json").read_text())
+    return [[entry] if isinstance(entry, str) else entry for entry in entries]
+
+
+def conversation_answers(
+    model, tokenizer, conversations: Sequence[Sequence[str]], max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]
+) -> list[tuple[int, list[int], list[int]]]:
+    """The model's greedy answer to every turn of each conversation, batched turn by turn; a later turn
+    follows the earlier answers (as text, as a chat holds them). (turn, prompt ids, answer ids) each."""
+    histories: list[list[dict]] = [[] for _ in conversations]
+    out = []
+    for turn in range(max((len(c) for c in conversations), default=0)):
+        live = [i for i, turns in enumerate(conversations) if turn < len(turns)]
+        for i in live:
+            histories[i].append({"role": "user", "content": conversations[i][turn]})
+        prompts = [chat_ids(tokenizer, histories[i]) for i in live]
+        for i, prompt, answer in zip(live, prompts, greedy_batch(model, prompts, max_new_tokens, pad_id, eos_ids)):
+            histories[i].append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
+            out.append((turn + 1, prompt, answer))
+    return out
 
 
 @dataclass
@@ -71,22 +91,21 @@ def measure_acceptance(
     prompt_table: torch.Tensor,  # [n * V, hidden]
     num_prompt_tokens: int,
     ensemble_size: int,
-    prompts: Sequence[str],
+    conversations: Sequence[Sequence[str]],
     eos_ids: Sequence[int],
     max_new_tokens: int = 96,
     top_k: int = TOP_K,
     chunk: int = 64,
     progress: Callable[[int, int], None] | None = None,
 ) -> AcceptanceStats:
-    """p_d(r) over the model's greedy answers to ``prompts``."""
+    """p_d(r) over the model's greedy answers to every turn of ``conversations``."""
     n = num_prompt_tokens
-    ids = [chat_ids(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    answers = greedy_batch(model, ids, max_new_tokens, pad, eos_ids)
+    answers = conversation_answers(model, tokenizer, conversations, max_new_tokens, pad, eos_ids)
     stats = AcceptanceStats(hits=[[0] * top_k for _ in range(n)], trials=[0] * n)
-    for done, (prompt, answer) in enumerate(zip(ids, answers), 1):
+    for done, (turn, prompt, answer) in enumerate(answers, 1):
         sequence = prompt + answer
-        stats.lookup.add_answer(prompt, answer)
+        stats.lookup.add_answer(prompt, answer, turn)
         if not n:  # no prompt tokens: the answers serve the lookup replay alone
             continue
         cache, teacher = teacher_pass(model, sequence)
@@ -96,5 +115,5 @@ def measure_acceptance(
             student = student_logits(model, cache, prompt_table, part, n, ensemble_size)  # [C, n, vocab]
             stats.add(guess_ranks(student, teacher_targets(teacher, part, n), top_k).cpu())
         if progress:
-            progress(done, len(ids))
+            progress(done, len(answers))
     return stats

@@ -70,6 +70,13 @@ def calibrate(
     seconds = interpolate({size: ms / 1000 for size, ms in curve.items()})
     lengths = chain_lengths(lookup, best.tokens_per_step, best.sizes[-1], seconds)  # added to the full tree
     lookup_tokens, lookup_seconds = with_lookup(lookup, lengths, best.tokens_per_step, best.sizes[-1], seconds)
+    by_turn = {}  # first turns and follow-ups apart: follow-ups copy more
+    for name, keep in (("first turns", lambda turn: turn == 1), ("follow-ups", lambda turn: turn > 1)):
+        part = lookup.select(keep)
+        if part.matches:
+            tokens, step_seconds = with_lookup(part, lengths, best.tokens_per_step, best.sizes[-1], seconds)
+            by_turn[name] = {"answers": len(part.matches), "tokens_per_step": round(tokens, 4),
+                             "speedup": round(tokens / step_seconds * seconds(1), 4)}
     return DeviceProfile(
         key=profile_key(loaded, prompt_tokens),
         latency_ms=latency,
@@ -97,6 +104,7 @@ def calibrate(
         lookup_lengths=lengths,
         expected_tokens_per_step_with_lookup=round(lookup_tokens, 4),
         expected_speedup_with_lookup=round(lookup_tokens / lookup_seconds * seconds(1), 4),  # over plain decoding
+        expected_with_lookup_by_turn=by_turn,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         calibration_seconds=round(time.perf_counter() - started, 1),
     )

@@ -18,7 +18,7 @@ from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 from ppd_core.tree import TreeFamily, TreeSpec, family_from_specs
 
-FORMAT_VERSION = 3  # 2: lookup chains; 3: their expectation replays decoding step by step
+FORMAT_VERSION = 4  # 2: lookup chains; 3: their expectation replays decoding step by step; 4: follow-up turns
 
 
 class ProfileError(PpdError):
@@ -52,6 +52,7 @@ class DeviceProfile:
     lookup_lengths: list[int] = field(default_factory=list)  # chosen chain length by match length (0: none)
     expected_tokens_per_step_with_lookup: float = 0.0  # the chosen tree plus those chains
     expected_speedup_with_lookup: float = 0.0
+    expected_with_lookup_by_turn: dict[str, dict] = field(default_factory=dict)  # "first turns" / "follow-ups": the same apart
     created: str = ""
     calibration_seconds: float = 0.0
 
