@@ -141,24 +141,39 @@ def with_lookup(
 ) -> tuple[float, float]:
     """Expected (tokens, seconds) per step once chains of ``lengths`` (by match length) join a tree of ``tree_size``
     tokens that yields ``tokens_per_step``, from ``replay_steps`` (the tree's own guesses are taken as independent)."""
-    steps, accepted, chains = replay_steps(stats, lengths)
+    return _rate_parts(replay_steps(stats, lengths), tokens_per_step, tree_size, latency)
+
+
+def _rate_parts(replayed: tuple[int, int, dict[int, int]], tokens_per_step: float, tree_size: int,
+                latency: Callable[[int], float]) -> tuple[float, float]:
+    steps, accepted, chains = replayed
     if not steps:
         return tokens_per_step, latency(tree_size)
     seconds = sum(count * latency(tree_size + length) for length, count in chains.items())
     return tokens_per_step + accepted / steps, seconds / steps
 
 
-def chain_lengths(stats: LookupStats, tokens_per_step: float, tree_size: int, latency: Callable[[int], float]) -> list[int]:
-    """The chain length for each match length (0: none) with the most expected tokens per second
-    (``with_lookup``), over every combination up to the replayed chains' length (step cost need not
-    grow with size, so no length is ruled out by its acceptance alone)."""
+def best_with_chains(
+    stats: LookupStats, trees: Sequence[tuple[float, int]], latency: Callable[[int], float]
+) -> tuple[int, list[int]]:
+    """The tree (index into ``trees``: (tokens per step, size) each) and the chain length for each match length
+    (0: none) with the most expected tokens per second together (``with_lookup``), over every tree and every
+    combination of lengths up to the replayed chains' length (step cost need not grow with size, so no
+    length is ruled out by its acceptance alone). Each combination is replayed once for all trees."""
     longest = len(stats.hits[0]) if stats.hits else 0
-    best, best_rate = [0] * len(stats.trials), tokens_per_step / latency(tree_size)
+    best, best_rate = (0, [0] * len(stats.trials)), -1.0
     for lengths in itertools.product(range(longest + 1), repeat=len(stats.trials)):
-        tokens, seconds = with_lookup(stats, lengths, tokens_per_step, tree_size, latency)
-        if tokens / seconds > best_rate * (1 + 1e-12):
-            best, best_rate = list(lengths), tokens / seconds
+        replayed = replay_steps(stats, lengths)
+        for index, (tokens_per_step, size) in enumerate(trees):
+            tokens, seconds = _rate_parts(replayed, tokens_per_step, size, latency)
+            if tokens / seconds > best_rate * (1 + 1e-12):
+                best, best_rate = (index, list(lengths)), tokens / seconds
     return best
+
+
+def chain_lengths(stats: LookupStats, tokens_per_step: float, tree_size: int, latency: Callable[[int], float]) -> list[int]:
+    """``best_with_chains`` for one tree: the chain length for each match length."""
+    return best_with_chains(stats, [(tokens_per_step, tree_size)], latency)[1]
 
 
 class ChainedTrees:

@@ -18,7 +18,7 @@ from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.calibration.tree_search import choose_family, interpolate
 from ppd_core.device_info import describe
 from ppd_core.loading import LoadedModel
-from ppd_core.lookup import chain_lengths, with_lookup
+from ppd_core.lookup import best_with_chains, with_lookup
 from ppd_core.prompt_tokens import PromptTokens, embedding_signature
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -46,7 +46,7 @@ def calibrate(
     contexts: tuple[int, ...] = CONTEXTS,
     repeats: int = 5,
 ) -> DeviceProfile:
-    """Measure this device and these prompt tokens; choose the tree family with the most tokens/s."""
+    """Measure this device and these prompt tokens; choose the tree family and lookup chains with the most tokens/s."""
     started = time.perf_counter()
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
     table = prompt_tokens.flat(loaded.decoder.get_input_embeddings().weight.dtype, loaded.device)
@@ -64,11 +64,14 @@ def calibrate(
     curve = mean_curve(latency)
     budgets = sorted(set(range(1, 33)) | set(curve))  # every small tree; measured sizes beyond
     choice = choose_family(stats.probs, curve, n, V, budgets)
-    report("tree search", 1, 1)
-    best = choice.best
     lookup = stats.lookup
     seconds = interpolate({size: ms / 1000 for size, ms in curve.items()})
-    lengths = chain_lengths(lookup, best.tokens_per_step, best.sizes[-1], seconds)  # added to the full tree
+    # chains join each budget's full tree: a smaller tree may pay more with them than the best tree alone
+    # (budgets ascend: on a tie the smaller tree wins)
+    chosen, lengths = best_with_chains(lookup, [(choice.by_budget[b].tokens_per_step, choice.by_budget[b].sizes[-1]) for b in budgets], seconds)
+    budget = budgets[chosen]
+    best = choice.by_budget[budget]
+    report("tree search", 1, 1)
     lookup_tokens, lookup_seconds = with_lookup(lookup, lengths, best.tokens_per_step, best.sizes[-1], seconds)
     by_turn = {}  # first turns and follow-ups apart: follow-ups copy more
     for name, keep in (("first turns", lambda turn: turn == 1), ("follow-ups", lambda turn: turn > 1)):
@@ -82,12 +85,12 @@ def calibrate(
         latency_ms=latency,
         acceptance=[[round(p, 6) for p in row] for row in stats.probs],
         acceptance_positions=stats.trials[0] if stats.trials else 0,
-        budget=choice.budget,
+        budget=budget,
         trees=list(best.specs),
         tree_sizes=list(best.sizes),
-        expected_tokens_per_step=round(best.tokens_per_step, 4),
+        expected_tokens_per_step=round(best.tokens_per_step, 4),  # the tree alone, without chains
         expected_ms_per_step=round(1000 * best.seconds_per_step, 3),
-        expected_speedup=round(choice.expected_speedup, 4),
+        expected_speedup=round(best.tokens_per_second / choice.vanilla_tokens_per_second, 4),
         ensemble_size=V,
         budgets=[
             {
