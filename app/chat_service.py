@@ -126,7 +126,7 @@ class ChatService:
         if self.last_comparison is not None:
             return f"{self.last_comparison.speedup:.2f}x (measured: last comparison)"
         if self.engine.profile is not None:
-            return f"{self.engine.profile.expected_speedup:.2f}x (expected: calibration)"
+            return f"{self.engine.expected_speedup():.2f}x (expected: calibration)"
         return "not measured yet (run Compare or Calibrate)"
 
     def prepare(self, messages: list[dict], settings: ChatSettings) -> tuple[list[int], str]:

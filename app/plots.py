@@ -17,9 +17,11 @@ def latency_figure(profile: DeviceProfile):
         sizes = sorted(curve)
         axis.plot(sizes, [curve[s] for s in sizes], marker="o", markersize=3, label=f"{context} cached tokens")
     chosen = {row["budget"]: row["ms_per_step"] for row in profile.budgets}.get(profile.budget)
+    chains = " + lookup chains" if any(profile.lookup_lengths) else ""
+    speedup = profile.expected_speedup_with_lookup if chains else profile.expected_speedup
     if chosen is not None:
         axis.scatter([profile.budget], [chosen], s=120, facecolors="none", edgecolors="red", linewidths=2, zorder=5,
-                     label=f"chosen: {profile.budget} tokens, {profile.expected_speedup:.2f}x expected")
+                     label=f"chosen: {profile.budget} tokens{chains}, {speedup:.2f}x expected")
     axis.set_xlabel("tokens in the tree (one forward pass)")
     axis.set_ylabel("step latency (ms)")
     axis.set_title(profile.key["device"]["name"][:60], fontsize=9)

@@ -74,9 +74,19 @@ def calibration_summary(profile) -> str:
     return (
         f"**Expected speedup {profile.expected_speedup:.2f}x** with {profile.budget} tokens per step "
         f"({profile.expected_tokens_per_step:.2f} tokens per step expected; trees of "
-        f"{', '.join(map(str, profile.tree_sizes))} tokens by guess depth). Measured {profile.created}, "
-        f"took {profile.calibration_seconds:.0f} s."
+        f"{', '.join(map(str, profile.tree_sizes))} tokens by guess depth){lookup_summary(profile)}. "
+        f"Measured {profile.created}, took {profile.calibration_seconds:.0f} s."
     )
+
+
+def lookup_summary(profile) -> str:
+    """The calibrated lookup chains and what they are expected to add, first turns and follow-ups apart."""
+    if not any(profile.lookup_lengths):
+        return ""
+    parts = ", ".join(f"{name} {part['speedup']:.2f}x" for name, part in profile.expected_with_lookup_by_turn.items())
+    return (f"; with chains copied from the conversation ({'/'.join(map(str, profile.lookup_lengths))} tokens after a "
+            f"1/2/3/4-token match): **{profile.expected_speedup_with_lookup:.2f}x**, "
+            f"{profile.expected_tokens_per_step_with_lookup:.2f} tokens per step" + (f" ({parts})" if parts else ""))
 
 
 # ---- panels: components only ----

@@ -243,6 +243,13 @@ class Engine:
             "lookup_chain_by_match_length": list(self.lookup_lengths),  # empty: no lookup guesses
         }
 
+    def expected_speedup(self) -> float | None:
+        """Calibration's expected speedup for what decodes now: with its lookup chains while they are on."""
+        if self.profile is None:
+            return None
+        chains = any(self.lookup_lengths) and list(self.lookup_lengths) == self.profile.lookup_lengths
+        return self.profile.expected_speedup_with_lookup if chains else self.profile.expected_speedup
+
     def calibration_expectation(self) -> dict | None:
         """What calibration expects of the tree in use (None without a profile)."""
         if self.profile is None:

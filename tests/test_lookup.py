@@ -1,5 +1,6 @@
 """n-gram lookup guesses: the index against brute force, merged trees, calibration's chain lengths, exactness."""
 
+import dataclasses
 import itertools
 import random
 
@@ -248,6 +249,23 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
     ppd = engine.generate(ids, "ppd", 96)
     assert ppd.tokens == engine.generate(ids, "vanilla", 96).tokens
     assert ppd.stats.from_lookup > 0 and ppd.stats.from_guesses == ppd.stats.from_lookup  # every guess was copied
+
+
+def test_the_expected_speedup_shown_counts_the_chains_while_they_are_on(lookup_only_dir):
+    from app.ui import calibration_summary
+
+    engine = Engine.load(EngineConfig(model=str(lookup_only_dir), device="cpu", tree="auto", auto_calibrate=False))
+    profile = engine.calibrate(prompts=1, max_new_tokens=16, contexts=(64,), repeats=1)
+    with_chains = dataclasses.replace(profile, lookup_lengths=[0, 3, 3, 3], expected_speedup=1.0, expected_speedup_with_lookup=1.3,
+                                      expected_with_lookup_by_turn={"first turns": {"answers": 3, "tokens_per_step": 1.2, "speedup": 1.1},
+                                                                    "follow-ups": {"answers": 2, "tokens_per_step": 1.9, "speedup": 1.6}})
+    engine.use_profile(with_chains)
+    assert engine.lookup_lengths == (0, 3, 3, 3) and engine.expected_speedup() == 1.3
+    summary = calibration_summary(with_chains)
+    assert "0/3/3/3 tokens" in summary and "**1.30x**" in summary and "first turns 1.10x, follow-ups 1.60x" in summary
+    engine.set_lookup(0)  # chains off: the tree's own expectation
+    assert engine.expected_speedup() == 1.0
+    assert "chains" not in calibration_summary(dataclasses.replace(with_chains, lookup_lengths=[0, 0, 0, 0]))
 
 
 def test_static_trees_need_prompt_tokens(lookup_only_dir):
