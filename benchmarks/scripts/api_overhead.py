@@ -14,7 +14,6 @@ Prints one JSON object (and writes it to ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import socket
 import sys
@@ -29,6 +28,7 @@ from app.bench import read_questions
 from app.chat_service import ChatService
 from app.cli import DEFAULT_QUESTIONS
 from ppd_core.engine import Engine, EngineConfig
+from measurement import report
 
 
 def free_port() -> int:
@@ -102,10 +102,7 @@ def main() -> None:
         "identical": all(row["identical"] for row in rows),
         "rows": rows,
     }
-    text = json.dumps(result, indent=1)
-    if args.json_path:
-        args.json_path.write_text(text + "\n")
-    print(text)
+    report(result, args.json_path)
 
 
 if __name__ == "__main__":

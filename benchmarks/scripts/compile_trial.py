@@ -13,7 +13,6 @@ layer index: measured slower than eager, 34.4 against 24.9 ms for one row.)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -23,6 +22,8 @@ import torch.nn.functional as F
 from ppd_core.decoding import forward_hidden
 from ppd_core.lean.quant import INT4_GROUP
 from ppd_core.loading import load_model
+from measurement import report
+
 
 CONTEXT = 256
 
@@ -92,10 +93,7 @@ def main() -> None:
         compiled_ms = [median_ms(compiled, rows) for _ in range(3)]
         result["rows"][rows] = {"eager_ms": round(min(eager_ms), 2), "compiled_ms": round(min(compiled_ms), 2),
                                 "first_call_s": round(compile_s, 1), "same_tokens": step(layer, rows) == step(compiled, rows)}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        open(args.json, "w").write(text + "\n")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

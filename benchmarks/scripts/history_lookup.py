@@ -16,18 +16,14 @@ does). Prints one JSON object (and writes it to ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from app.bench import read_questions
 from app.cli import DEFAULT_QUESTIONS
 from ppd_core.calibration.profiles import read_profile
-from ppd_core.calibration.latency import mean_curve
-from ppd_core.calibration.tree_search import interpolate
+from ppd_core.calibration.latency import step_seconds
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, right_guesses, with_lookup
-
-PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-amd-epyc-2threads-int4-lean.json"
+from measurement import INT4_PROFILE, report
 
 
 def expectation(stats: LookupStats, seconds) -> dict:
@@ -71,19 +67,16 @@ def main() -> None:
         with_history.add_answer(history + prompt, answer)
         add_with_fallback(fallback, history, prompt, answer)
         history += prompt + answer
-    seconds = interpolate({size: ms / 1000 for size, ms in mean_curve(read_profile(PROFILE).latency_ms).items()})
+    seconds = step_seconds(read_profile(INT4_PROFILE).latency_ms)
     result = {
         "command": f"python benchmarks/scripts/history_lookup.py --limit {args.limit} --max-new-tokens {args.max_new_tokens}",
         "model": "default, int4, greedy plain decoding", "questions": len(conversations),
-        "latency_from": PROFILE.name,
+        "latency_from": INT4_PROFILE.name,
         "conversation_only": expectation(own, seconds),
         "conversation_and_earlier_conversations": expectation(with_history, seconds),
         "earlier_conversations_only_where_the_conversation_has_no_match": expectation(fallback, seconds),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -14,18 +14,14 @@ whatever the hardware. Prints one JSON object (and writes it to ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from app.bench import read_questions
 from app.cli import DEFAULT_QUESTIONS
-from ppd_core.calibration.latency import mean_curve
+from ppd_core.calibration.latency import step_seconds
 from ppd_core.calibration.profiles import read_profile
-from ppd_core.calibration.tree_search import interpolate
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.lookup import LookupStats, chain_lengths, with_lookup
-
-PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-amd-epyc-2threads-int4-lean.json"
+from measurement import INT4_PROFILE, report
 
 
 def expectation(stats: LookupStats, seconds) -> dict:
@@ -54,19 +50,16 @@ def main() -> None:
             answer = engine.generate(prompt, "vanilla", args.max_new_tokens).tokens
             stats.add_answer(prompt, answer, turn)
             messages.append({"role": "assistant", "content": engine.tokenizer.decode(answer, skip_special_tokens=True)})
-    measured = interpolate({size: ms / 1000 for size, ms in mean_curve(read_profile(PROFILE).latency_ms).items()})
+    measured = step_seconds(read_profile(INT4_PROFILE).latency_ms)
     flat = lambda size: measured(1) if size <= 16 else measured(size)  # noqa: E731
     result = {
         "command": f"python benchmarks/scripts/lookup_ceiling.py --limit {args.limit} --max-new-tokens {args.max_new_tokens}",
         "model": "default, int4, greedy plain decoding", "questions": args.limit, "answers": len(stats.matches),
-        "latency_from": PROFILE.name,
+        "latency_from": INT4_PROFILE.name,
         "step_cost_measured_here": expectation(stats, measured),
         "step_cost_flat_up_to_16_tokens": expectation(stats, flat),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

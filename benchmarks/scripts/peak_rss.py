@@ -25,6 +25,8 @@ from pathlib import Path
 import psutil
 
 from ppd_core.device_info import cpu_name
+from measurement import report
+
 
 PPD = [sys.executable, "-m", "app.cli"]
 SHORT = ["generate", "Name three planets.", "--tree", "small", "--max-new-tokens", "64", "--json"]
@@ -83,10 +85,7 @@ def main() -> None:
         "generate_256_tokens_int4_peak_rss_mb": peak_mb([*PPD, *LONG, "--quant", "int4"]),
         "chat": chat_figures(),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

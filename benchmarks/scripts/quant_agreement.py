@@ -11,7 +11,6 @@ fp32 and quantized interleaved.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -26,6 +25,7 @@ from ppd_core.lean.gguf_blocks import int4_layers
 from ppd_core.lean.gguf_index import tensor_index
 from ppd_core.lean.model import LeanDecoder
 from ppd_core.loading import default_model_file
+from measurement import report
 
 
 @torch.inference_mode()
@@ -84,10 +84,7 @@ def main() -> None:
         for key in [k for k in numbers if k.startswith("ms_")]:
             numbers[key] = min(numbers[key])
     result["device"] = engine.loaded.device.type
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        open(args.json, "w").write(text + "\n")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from ppd_core.calibration.acceptance import calibration_prompts, measure_acceptance
-from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency
+from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency, step_seconds
 from ppd_core.calibration.profiles import DeviceProfile
-from ppd_core.calibration.tree_search import choose_family, interpolate
+from ppd_core.calibration.tree_search import choose_family
 from ppd_core.device_info import describe
 from ppd_core.loading import LoadedModel
 from ppd_core.lookup import best_with_chains, with_lookup
@@ -65,7 +65,7 @@ def calibrate(
     budgets = sorted(set(range(1, 33)) | set(curve))  # every small tree; measured sizes beyond
     choice = choose_family(stats.probs, curve, n, V, budgets)
     lookup = stats.lookup
-    seconds = interpolate({size: ms / 1000 for size, ms in curve.items()})
+    seconds = step_seconds(latency)
     # chains join each budget's full tree: a smaller tree may pay more with them than the best tree alone
     # (budgets ascend: on a tie the smaller tree wins)
     chosen, lengths = best_with_chains(lookup, [(choice.by_budget[b].tokens_per_step, choice.by_budget[b].sizes[-1]) for b in budgets], seconds)
@@ -77,9 +77,9 @@ def calibrate(
     for name, keep in (("first turns", lambda turn: turn == 1), ("follow-ups", lambda turn: turn > 1)):
         part = lookup.select(keep)
         if part.matches:
-            tokens, step_seconds = with_lookup(part, lengths, best.tokens_per_step, best.sizes[-1], seconds)
+            tokens, per_step = with_lookup(part, lengths, best.tokens_per_step, best.sizes[-1], seconds)
             by_turn[name] = {"answers": len(part.matches), "tokens_per_step": round(tokens, 4),
-                             "speedup": round(tokens / step_seconds * seconds(1), 4)}
+                             "speedup": round(tokens / per_step * seconds(1), 4)}
     return DeviceProfile(
         key=profile_key(loaded, prompt_tokens),
         latency_ms=latency,

@@ -16,6 +16,7 @@ import torch
 
 from ppd_core import kv_cache
 from ppd_core.decoding import DecodeState, Speculator, prefill, tree_step
+from ppd_core.calibration.tree_search import interpolate
 from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree
 
 # Every small size: step cost is not monotone there (on this project's CPU 4 tokens cost less
@@ -111,3 +112,8 @@ def mean_curve(latency_ms: dict[int, dict[int, float]]) -> dict[int, float]:
     """Latency per tree size averaged over the measured context lengths."""
     sizes = sorted(set.intersection(*(set(c) for c in latency_ms.values())))
     return {s: statistics.fmean(c[s] for c in latency_ms.values()) for s in sizes}
+
+
+def step_seconds(latency_ms: dict[int, dict[int, float]]) -> Callable[[int], float]:
+    """Seconds per step against tree size: ``mean_curve`` interpolated between the measured sizes."""
+    return interpolate({size: ms / 1000 for size, ms in mean_curve(latency_ms).items()})
