@@ -72,12 +72,16 @@ class LookupStats:
     def add_answer(self, prompt: Sequence[int], answer: Sequence[int], turn: int = 1) -> None:
         """Propose at every answer position from the prompt and the answer so far, as decoding would."""
         index = NgramIndex(prompt, len(self.trials))
-        self.matches.append([])
-        self.turns.append(turn)
+        self.start_answer(turn)
         for i, token in enumerate(answer):
             chain, n = index.propose(len(self.hits[0]))
             self.add_position(n, right_guesses(chain, answer, i), len(chain))
             index.extend([token])
+
+    def start_answer(self, turn: int = 1) -> None:
+        """A new answer (turn ``turn`` of its conversation): ``add_position`` fills it."""
+        self.matches.append([])
+        self.turns.append(turn)
 
     def add_position(self, n: int, right: int, proposed: int) -> None:
         """One position of the latest answer: a match of length n (0: none) proposing ``proposed`` tokens,
@@ -94,8 +98,7 @@ class LookupStats:
         out = LookupStats.empty(len(self.hits[0]), len(self.trials))
         for turn, answer in zip(self.turns, self.matches):
             if keep(turn):
-                out.matches.append([])
-                out.turns.append(turn)
+                out.start_answer(turn)
                 for n, right, proposed in answer:
                     out.add_position(n, right, proposed)
         return out

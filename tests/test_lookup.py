@@ -202,7 +202,7 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
 
 def test_a_step_that_copies_skips_the_positions_it_covered():
     stats = LookupStats.empty(max_chain=3)
-    stats.matches.append([])
+    stats.start_answer()
     for n, right, proposed in [(2, 3, 3), (3, 3, 3), (4, 2, 3), (0, 0, 0), (1, 1, 1), (0, 0, 0)]:
         stats.add_position(n, right, proposed)
     latency = {1: 0.010, 2: 0.013, 3: 0.015}.__getitem__

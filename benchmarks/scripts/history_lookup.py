@@ -38,8 +38,7 @@ def add_with_fallback(stats: LookupStats, history: list[int], prompt: list[int],
     """``stats.add_answer(prompt, answer)``, except that where the conversation has no match at all, the
     earlier conversations (followed by this one) propose."""
     own, everything = NgramIndex(prompt), NgramIndex(history + prompt)
-    stats.matches.append([])
-    stats.turns.append(1)
+    stats.start_answer()
     for i, token in enumerate(answer):
         chain, n = own.propose(len(stats.hits[0]))
         if not chain:
