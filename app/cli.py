@@ -12,7 +12,9 @@ import socket
 import sys
 from pathlib import Path
 
-from ppd_core.engine import DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, MAX_LOOKUP, QUANT_CHOICES, STATIC_TREES, PpdError
+from ppd_core.engine import (
+    BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, MAX_LOOKUP, QUANT_CHOICES, STATIC_TREES, PpdError,
+)
 
 # MT-Bench questions shipped inside the package (app/data/README.md says where they come from).
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "data" / "mt_bench.jsonl"
@@ -31,6 +33,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--quant", default="auto", choices=QUANT_CHOICES,
         help="auto (default): int4 on a CPU where the lean forward runs, else the model's own dtype; "
         "int4/int8: CPU kernels; 4bit/8bit: bitsandbytes on CUDA; none: the model's own dtype",
+    )
+    parser.add_argument(
+        "--backend", default="auto", choices=BACKEND_CHOICES,
+        help="llamacpp: llama.cpp runs GGUF files (CPU, CUDA, Metal); torch: the lean or transformers forward; "
+        "auto (default): llama.cpp where it can run the model",
+    )
+    parser.add_argument(
+        "--gpu-layers", type=int, default=None, metavar="N",
+        help="llama.cpp on a GPU build: layers to offload (default: all); fewer for a model that does not fit",
     )
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument(
@@ -194,7 +205,7 @@ def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
     config = EngineConfig(
         model=args.model, prompt_tokens=args.prompt_tokens, quant=args.quant, device=args.device,
         dtype=args.dtype, forward=args.forward, tree=args.tree, auto_calibrate=auto_calibrate,
-        threads=model_threads(args), lookup=args.lookup,
+        threads=model_threads(args), lookup=args.lookup, backend=args.backend, gpu_layers=args.gpu_layers,
     )
     return Engine.load(config, ProgressBars())
 

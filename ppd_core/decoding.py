@@ -12,22 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-from ppd_core import kv_cache
+from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
-from ppd_core.kv_cache import Cache
-from ppd_core.lean.model import LeanDecoder
 from ppd_core.lookup import ChainedTrees, NgramIndex
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
 from ppd_core.verify import accept
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
 
 # (tokens so far, the model's guesses [m, K]) -> guesses [m, K]; lets tests plant guesses.
 GuessHook = Callable[[list[int], torch.Tensor], torch.Tensor]
@@ -41,7 +36,7 @@ class PromptTooLongError(PpdError):
 class Speculator:
     """What every step uses and no step changes: the model, its prompt tokens and the trees."""
 
-    model: PreTrainedModel | LeanDecoder
+    decoder: Decoder
     family: TreeFamily  # one tree per number of guessed depths; a root-only family is plain decoding
     prompt_table: torch.Tensor | None = None  # [n * V, hidden]
     lookup_lengths: tuple[int, ...] = ()  # lookup chain length by match length 1, 2, ... (empty or 0: none)
@@ -66,7 +61,7 @@ class Request:
     eos_token_ids: frozenset[int]
     max_context: int
     sampling: SamplingParams = GREEDY
-    cache: Cache | None = None  # a cache to continue (multi-turn); None: a new one
+    cache: Any = None  # the decoder's cache to continue (multi-turn); None: a new one
     guess_hook: GuessHook | None = None
     history: Sequence[int] = ()  # the tokens ``cache`` already holds (lookup guesses copy from them too)
 
@@ -75,56 +70,26 @@ class Request:
 class DecodeState:
     """What one step hands the next."""
 
-    cache: Cache
+    cache: Any  # the decoder's
     root: int  # the last emitted token: the next tree's root
     guesses: torch.Tensor | None = None  # [m, K] for depths 1..m; None before the first tree step
     sampling: SamplingParams = GREEDY
     generator: torch.Generator | None = None
 
 
-def forward_hidden(
-    model: PreTrainedModel | LeanDecoder,
-    cache: Cache,
-    inputs_embeds: torch.Tensor,  # [T, hidden]
-    position_ids: torch.Tensor,  # [T]
-    attention_mask: torch.Tensor | None,  # [1, 1, T, cached + T] additive, or None for causal
-    exact_rows: int | None = None,  # leading rows (a tree's nodes) that must equal plain steps bitwise
-) -> torch.Tensor:
-    """Run the decoder body (no LM head) and return the last hidden states [T, hidden]."""
-    if isinstance(model, LeanDecoder):
-        return model(inputs_embeds, position_ids, attention_mask, cache, exact_rows)
-    output = model.base_model(
-        inputs_embeds=inputs_embeds[None],
-        position_ids=position_ids[None],
-        attention_mask=attention_mask,
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return output.last_hidden_state[0]
-
-
-def logits_of(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    """LM head on selected rows only: [rows, hidden] -> [rows, vocab] float32."""
-    return model.get_output_embeddings()(hidden).float()
-
-
 @torch.inference_mode()
 def prefill(
-    model: PreTrainedModel | LeanDecoder,
-    cache: Cache,
+    decoder: Decoder,
+    cache: Any,
     input_ids: Sequence[int],
     sampling: SamplingParams = GREEDY,
     generator: torch.Generator | None = None,
 ) -> StepStats:
     """Process the prompt (after whatever ``cache`` already holds); emits the first new token."""
     start = time.perf_counter()
-    device = model.get_input_embeddings().weight.device
-    past = kv_cache.cache_length(cache)
-    ids = torch.tensor(list(input_ids), dtype=torch.long, device=device)  # [P]
-    positions = torch.arange(past, past + len(ids), device=device)  # [P]
-    hidden = forward_hidden(model, cache, model.get_input_embeddings()(ids), positions, None)
-    _, token = accept([-1], [0], logits_of(model, hidden[-1:]), sampling, generator)
-    return StepStats(tokens=[token], from_guesses=0, tree_tokens=len(ids), seconds=time.perf_counter() - start, prefill=True)
+    logits = decoder.prefill(cache, input_ids)  # [vocab]
+    _, token = accept([-1], [0], logits[None], sampling, generator)
+    return StepStats(tokens=[token], from_guesses=0, tree_tokens=len(input_ids), seconds=time.perf_counter() - start, prefill=True)
 
 
 @torch.inference_mode()
@@ -134,27 +99,20 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
     Updates ``state``: the cache keeps the accepted path, ``root`` and ``guesses`` are the next step's.
     """
     start = time.perf_counter()
-    model, cache = speculator.model, state.cache
-    embedding = model.get_input_embeddings()
-    device = embedding.weight.device
-    cached = kv_cache.cache_length(cache)
+    decoder, cache = speculator.decoder, state.cache
+    cached = decoder.cache_length(cache)
 
-    # 1. The step's tokens: root, guessed candidates, then prompt tokens.
-    node_tokens = torch.tensor([state.root], dtype=torch.long, device=device)  # [1]
+    # 1. The step's rows: root, guessed candidates, then prompt tokens.
+    node_tokens = torch.tensor([state.root], dtype=torch.long, device=decoder.device)  # [1]
     if tree.num_nodes > 1:
         candidates = state.guesses[tree.candidate_depths - 1, tree.candidate_ranks]  # [N - 1]
         node_tokens = torch.cat([node_tokens, candidates])  # [N]
-    embeds = embedding(node_tokens)  # [N, hidden]
+    prompt_rows = None
     if tree.num_tokens > tree.num_nodes:
-        prompts = speculator.prompt_table[tree.prompt_embedding_index].to(embeds.dtype)  # [T - N, hidden]
-        embeds = torch.cat([embeds, prompts])  # [T, hidden]
-    positions = tree.position_offsets + cached  # [T]
-    mask = tree.additive_mask(cached, embeds.dtype, device) if tree.num_tokens > 1 else None
+        prompt_rows = speculator.prompt_table[tree.prompt_embedding_index]  # [T - N, hidden]
 
-    # 2. One forward pass; the model's own choice at every node. One LM-head call over all
-    # rows: on a CPU a matmul of 2..16 rows costs about the same as one of 2.
-    hidden = forward_hidden(model, cache, embeds, positions, mask, tree.num_nodes)  # [T, hidden]
-    logits = logits_of(model, hidden)  # [T, vocab]
+    # 2. One forward pass; the model's own choice at every row.
+    logits = decoder.tree_logits(cache, tree, node_tokens, prompt_rows)  # [T, vocab]
 
     # 3. Accept the longest path the model agrees with; its own next token comes free.
     node_list = node_tokens.tolist()
@@ -164,7 +122,7 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
     from_lookup = sum(1 for i in path[1:] if tree.paths[i][-1] == speculator.lookup_rank)
 
     # 4. Keep the accepted path's KV at contiguous positions; drop the rest.
-    kv_cache.keep_tree_entries(cache, cached, path)
+    decoder.keep(cache, cached, path)
 
     # 5. Next guesses: the prompt tokens attached to the last accepted node.
     depth = tree.prompt_counts[last]
@@ -189,18 +147,18 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
         raise PpdError("the prompt is empty")
     if request.max_new_tokens < 1:
         raise PpdError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
-    model, max_context = speculator.model, request.max_context
-    cache = kv_cache.new_cache(model) if request.cache is None else request.cache
-    prompt_end = kv_cache.cache_length(cache) + len(request.input_ids)  # sequence length before the answer
+    decoder, max_context = speculator.decoder, request.max_context
+    cache = decoder.new_cache() if request.cache is None else request.cache
+    prompt_end = decoder.cache_length(cache) + len(request.input_ids)  # sequence length before the answer
     check_prompt_fits(prompt_end, max_context)
-    device = model.get_input_embeddings().weight.device
+    device = decoder.device
     last_resort = root_only_tree().to(device)
     lookup = NgramIndex([*request.history, *request.input_ids]) if any(speculator.lookup_lengths) else None
     chained = ChainedTrees(speculator.lookup_rank, device)
 
     sampling = request.sampling
     generator = None if sampling.greedy else sampling.generator()
-    stats = prefill(model, cache, request.input_ids, sampling, generator)
+    stats = prefill(decoder, cache, request.input_ids, sampling, generator)
     state = DecodeState(cache, root=stats.tokens[-1], sampling=sampling, generator=generator)
     produced: list[int] = []
     while True:

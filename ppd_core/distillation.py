@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from ppd_core import kv_cache
-from ppd_core.decoding import forward_hidden, logits_of
+from ppd_core.backends.torch_backend import forward_hidden, logits_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB

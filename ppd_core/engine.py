@@ -14,10 +14,10 @@ from pathlib import Path
 
 import platformdirs
 import torch
-from transformers import DynamicCache
 
-from ppd_core import decoding, kv_cache
+from ppd_core import decoding
 from ppd_core.atomic_files import atomic_write
+from ppd_core.backends import BACKEND_CHOICES
 from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.tree_search import design_family
@@ -34,7 +34,7 @@ from ppd_core.loading import (
     load_model,
 )
 from ppd_core.lookup import MAX_LOOKUP, MAX_NGRAM
-from ppd_core.prompt_tokens import PromptTokens
+from ppd_core.prompt_tokens import PromptTokens, signature_of
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
@@ -46,7 +46,7 @@ from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanil
 # engine.py is the API app/ uses: app/ imports from ppd_core through this module only.
 __all__ = [
     "Engine", "EngineConfig", "GenerationEvent", "GenerationResult",  # defined here
-    "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "MAX_LOOKUP", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
+    "BACKEND_CHOICES", "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "MAX_LOOKUP", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
     "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
     "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path",
@@ -74,6 +74,8 @@ class EngineConfig:
     max_context: int | None = None  # default: the model's
     threads: int = 0  # CPU threads for torch (process-wide); 0: torch's default, one per core
     lookup: int | None = None  # n-gram lookup chain per PPD step: None, the profile's choice; 0, none; N, up to N
+    backend: str = "auto"  # "llamacpp" (GGUF files), "torch", or "auto": llama.cpp where it can run the model
+    gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
 
 
 @dataclass
@@ -96,7 +98,7 @@ class GenerationEvent:
 class KeptCache:
     """The KV cache of the last conversation streamed with ``reuse_cache``: its next turn starts from it."""
 
-    cache: DynamicCache
+    cache: object  # the backend's
     ids: list[int]  # the tokens whose keys and values the cache holds
 
 
@@ -117,17 +119,19 @@ def user_prompt_tokens_path(model_name: str) -> Path:
 def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens:
     """The given file, else the user's own (``user_prompt_tokens_path``), else the one shipped for the model,
     else (or for ``path`` "none") none: then the n-gram lookup guesses alone."""
-    embedding = loaded.decoder.get_input_embeddings().weight
+    backend = loaded.backend
+    signature = signature_of(backend.embedding_rows, backend.vocab_size)
+    hidden = backend.embedding_rows(torch.tensor([0])).shape[-1]
     if path == NO_PROMPT_TOKENS:
-        return PromptTokens.none(embedding, loaded.name)
+        return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
     candidates = [user_prompt_tokens_path(loaded.name), SHIPPED_PROMPT_TOKENS.get(loaded.name)]
     path = path or next((str(c) for c in candidates if c is not None and c.is_file()), None)
     if path is None:
         log.warning("no prompt tokens for %s: guessing from the conversation only (n-gram lookup); "
                     "`ppd train` makes prompt tokens", loaded.name)
-        return PromptTokens.none(embedding, loaded.name)
+        return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
     tokens = PromptTokens.load(path)
-    tokens.check_compatible(embedding, loaded.name)
+    tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
     return tokens
 
 
@@ -150,7 +154,7 @@ class Engine:
         self._kept: KeptCache | None = None
         self._vanilla = vanilla_family().to(loaded.device)
         self._prompt_table = None if not prompt_tokens.num_prompt_tokens else prompt_tokens.flat(
-            loaded.decoder.get_input_embeddings().weight.dtype, loaded.device)
+            loaded.backend.dtype, loaded.backend.device)
         self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match length (empty: none)
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
 
@@ -164,7 +168,8 @@ class Engine:
             raise PpdError(f"threads must be positive (or 0 for one per core), got {config.threads}")
         if config.threads:
             torch.set_num_threads(config.threads)  # before calibration: profiles are per thread count
-        loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward)
+        loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward,
+                            config.backend, config.threads, config.gpu_layers)
         prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
         n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
         if not n and config.tree in STATIC_TREES:
@@ -219,8 +224,8 @@ class Engine:
         """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
         self.profile, self.tree_budget = profile, budget
         self.set_lookup(self._lookup)
-        if hasattr(self.loaded.decoder, "skinny_sizes"):  # the matmul kernel calibration measured faster, per size
-            self.loaded.decoder.skinny_sizes = frozenset(profile.skinny_sizes)
+        if getattr(self.loaded.backend, "has_kernel_choice", False):  # the matmul kernel calibration measured faster, per size
+            self.loaded.backend.skinny_sizes = frozenset(profile.skinny_sizes)
         if budget is None:
             self.set_tree(profile.family())
             return
@@ -304,7 +309,7 @@ class Engine:
         tokens: list[int] = []
         text = TextStream(self.tokenizer)  # incremental: O(new tokens) per step
         lookup = self.lookup_lengths if mode == "ppd" else ()
-        speculator = decoding.Speculator(self.loaded.decoder, family, self._prompt_table, lookup)
+        speculator = decoding.Speculator(self.loaded.backend, family, self._prompt_table, lookup)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused])
         steps = decoding.generate(speculator, request)
@@ -321,24 +326,24 @@ class Engine:
         if cache is not None:
             self._keep_cache(cache, list(input_ids) + tokens)
 
-    def _take_cache(self, input_ids: Sequence[int]) -> tuple[DynamicCache, int]:
+    def _take_cache(self, input_ids: Sequence[int]) -> tuple[object, int]:
         """The kept cache cut to its common prefix with ``input_ids`` (at least one token left to prefill)."""
         kept, self._kept = self._kept, None
         if kept is None:
-            return kv_cache.new_cache(self.loaded.decoder), 0
+            return self.loaded.backend.new_cache(), 0
         common = 0
         for cached, new in zip(kept.ids, input_ids):
             if cached != new:
                 break
             common += 1
         common = min(common, len(input_ids) - 1)
-        kv_cache.truncate(kept.cache, common)
+        self.loaded.backend.truncate(kept.cache, common)
         return kept.cache, common
 
-    def _keep_cache(self, cache: DynamicCache, ids: list[int]) -> None:
+    def _keep_cache(self, cache: object, ids: list[int]) -> None:
         """Keep ``cache`` for the next turn, holding the keys and values of a prefix of ``ids``."""
-        length = min(kv_cache.cache_length(cache), len(ids))
-        kv_cache.truncate(cache, length)  # drops guesses accepted past a stop
+        length = min(self.loaded.backend.cache_length(cache), len(ids))
+        self.loaded.backend.truncate(cache, length)  # drops guesses accepted past a stop
         self._kept = KeptCache(cache, ids[:length])
 
     def generate(self, input_ids: Sequence[int], mode: str = "ppd", max_new_tokens: int = 256, **kwargs) -> GenerationResult:

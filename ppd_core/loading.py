@@ -28,6 +28,8 @@ from filelock import FileLock, Timeout
 from transformers import AutoConfig, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
 
 from ppd_core.atomic_files import atomic_directory
+from ppd_core.backends import BACKEND_CHOICES, Decoder
+from ppd_core.backends.torch_backend import TorchDecoder
 from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core.errors import PpdError
 from ppd_core.lean.checkpoint import Checkpoint
@@ -65,7 +67,8 @@ class LoadedModel:
     quant: str  # as resolved: never "auto"
     config: object  # the model's transformers config
     generation_config: object
-    decoder: object = None  # what decodes: a ``LeanDecoder``, or the transformers model itself
+    decoder: object = None  # the torch forward: a ``LeanDecoder``, or the transformers model itself (None on llama.cpp)
+    backend: Decoder | None = None  # what decodes: llama.cpp, or ``decoder`` through the torch backend
     quant_is_default: bool = False  # ``quant`` was chosen by --quant auto
     network: torch.nn.Module | None = None  # the transformers model, once built
     build_network: Callable[[], torch.nn.Module] | None = None  # builds it on first use (None: built at load)
@@ -115,6 +118,8 @@ class LoadedModel:
     @property
     def num_bytes(self) -> int:
         """The weights decoding reads: the model's, plus the int8 / int4 copies the lean forward decodes with."""
+        if self.backend.name == "llamacpp":
+            return self.backend.gguf_file.stat().st_size
         if self.build_network is not None:  # the lean forward decodes without the model
             return self.decoder.num_bytes
         extra = 0
@@ -377,13 +382,22 @@ def build_network(folder: Path, kwargs: dict, target: torch.device, name: str) -
 
 
 def load_model(
-    model: str = "default", quant: str = "auto", device: str = "auto", dtype: str = "auto", forward: str = "lean"
+    model: str = "default", quant: str = "auto", device: str = "auto", dtype: str = "auto", forward: str = "lean",
+    backend: str = "auto", threads: int = 0, gpu_layers: int | None = None,
 ) -> LoadedModel:
     """Load a frozen model for inference; raises ModelLoadError with a one-line reason.
 
-    int4 from a GGUF file of 4-bit blocks decodes without the transformers model; it is built on first
-    use (``LoadedModel.model``). Everything else builds it here.
+    A GGUF file decodes on llama.cpp (``backend`` "auto" or "llamacpp") unless a torch quantization is
+    asked for or llama-cpp-python is missing (then, with "auto", on torch with a one-line notice). On the
+    torch backend, int4 from a GGUF file of 4-bit blocks decodes without the transformers model; it is
+    built on first use (``LoadedModel.model``), as it is for llama.cpp. Everything else builds it here.
     """
+    if backend not in BACKEND_CHOICES:
+        raise ModelLoadError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_CHOICES)}")
+    if backend != "torch":
+        loaded = load_llamacpp(model, quant, device, dtype, forward, backend == "llamacpp", threads, gpu_layers)
+        if loaded is not None:
+            return loaded
     if quant not in QUANT_CHOICES:
         raise ModelLoadError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_CHOICES)}")
     if forward not in FORWARD_CHOICES:
@@ -451,3 +465,40 @@ def load_model(
     decoder = pick_decoder(network, forward, quant if quant in QUANT_KINDS else None, gguf_file)
     return LoadedModel(**loaded, quant=quant, config=network.config, decoder=decoder,
                        generation_config=network.generation_config, network=network)
+
+
+def load_llamacpp(model: str, quant: str, device: str, dtype: str, forward: str, required: bool,
+                  threads: int, gpu_layers: int | None) -> LoadedModel | None:
+    """The model on the llama.cpp backend, or None where it cannot run there and was not ``required``
+    (a notice says why); the tokenizer and config come from the GGUF's converted copy."""
+    from ppd_core.backends.llamacpp import LlamaCppDecoder, LlamaCppError  # noqa: PLC0415 - loads llama.cpp's library
+
+    folder, gguf_name = resolve_source(model)
+    reason = None
+    if gguf_name is None:
+        reason = "the llama.cpp backend runs GGUF files"
+    elif quant not in ("auto", "none"):
+        reason = f"--quant {quant} is a torch quantization (llama.cpp runs the file's own)"
+    elif forward != "lean" or dtype != "auto" or device == "cuda" and not required:
+        reason = "--forward, --dtype and --device cuda choose the torch backend"
+    if reason is None:
+        try:
+            decoder = LlamaCppDecoder(folder / gguf_name, threads, gpu_layers)
+        except LlamaCppError as error:
+            reason = str(error)
+    if reason is not None:
+        if required:
+            raise ModelLoadError(reason)
+        logging.getLogger(__name__).warning("decoding on torch: %s", reason)
+        return None
+    name = DEFAULT_NAME if model == "default" else Path(gguf_name).stem
+    converted = converted_gguf_dir(folder, gguf_name)  # the tokenizer, chat template and config
+    config = plain_config(converted) or AutoConfig.from_pretrained(converted)
+    target = torch.device("cpu")
+    kwargs = {"dtype": torch.float32}
+    return LoadedModel(
+        tokenizer=PreTrainedTokenizerFast.from_pretrained(converted), name=name, source=str(folder / gguf_name),
+        device=target, dtype=torch.float32, quant="gguf", config=config, quant_is_default=quant == "auto",
+        generation_config=plain_config(converted, "generation_config.json") or config, backend=decoder,
+        build_network=lambda: build_network(converted, kwargs, target, name),
+    )

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,12 +32,18 @@ class PromptTokenError(PpdError):
     """A prompt-token file that is missing, corrupt, or made for another model."""
 
 
-def embedding_signature(embedding_weight: torch.Tensor) -> list[float]:
-    """Row norms of a few fixed rows of the input embedding table: a dtype-tolerant fingerprint."""
-    vocab = embedding_weight.shape[0]
-    rows = torch.linspace(0, vocab - 1, SIGNATURE_ROWS).long().to(embedding_weight.device)
-    norms = embedding_weight.detach()[rows].float().norm(dim=-1)
+def signature_of(rows_of: Callable[[torch.Tensor], torch.Tensor], vocab: int) -> list[float]:
+    """Row norms of a few fixed rows of the input embedding table (``rows_of(ids)`` gives them): a
+    dtype-tolerant fingerprint that needs no whole table (llama.cpp keeps it in the GGUF file)."""
+    rows = torch.linspace(0, vocab - 1, SIGNATURE_ROWS).long()
+    norms = rows_of(rows).float().norm(dim=-1)
     return [round(float(x), 5) for x in norms]
+
+
+def embedding_signature(embedding_weight: torch.Tensor) -> list[float]:
+    """``signature_of`` an embedding table."""
+    weight = embedding_weight.detach()
+    return signature_of(lambda rows: weight[rows.to(weight.device)], weight.shape[0])
 
 
 def signatures_match(a: list[float], b: list[float]) -> bool:
@@ -90,11 +97,9 @@ class PromptTokens:
         return self.embeddings.reshape(-1, self.hidden_size).to(device=device, dtype=dtype)
 
     @staticmethod
-    def none(embedding_weight: torch.Tensor, base_model: str) -> PromptTokens:
+    def none(signature: list[float], vocab: int, hidden: int, base_model: str) -> PromptTokens:
         """No prompt tokens, for a model nobody trained them for: its guesses come from n-gram lookup alone."""
-        hidden = embedding_weight.shape[1]
-        return PromptTokens(torch.zeros(0, 1, hidden), base_model, embedding_signature(embedding_weight),
-                            embedding_weight.shape[0], {"trained": False, "none": True})
+        return PromptTokens(torch.zeros(0, 1, hidden), base_model, signature, vocab, {"trained": False, "none": True})
 
     @staticmethod
     def initialize(
@@ -174,12 +179,16 @@ class PromptTokens:
     def check_compatible(self, embedding_weight: torch.Tensor, model_name: str) -> None:
         """Refuse tokens trained for another model (hidden size, vocabulary or embedding table)."""
         vocab, hidden = embedding_weight.shape
+        self.check_signature(embedding_signature(embedding_weight), vocab, hidden, model_name)
+
+    def check_signature(self, signature: list[float], vocab: int, hidden: int, model_name: str) -> None:
+        """``check_compatible`` against a model's ``signature_of``, vocabulary and hidden sizes."""
         if hidden != self.hidden_size:
             raise PromptTokenError(
                 f"prompt tokens have hidden size {self.hidden_size} but {model_name} has {hidden}: "
                 f"they were made for {self.base_model}"
             )
-        if vocab != self.vocab_size or not signatures_match(self.signature, embedding_signature(embedding_weight)):
+        if vocab != self.vocab_size or not signatures_match(self.signature, signature):
             raise PromptTokenError(
                 f"prompt tokens were made for {self.base_model}, not for {model_name} (embedding table differs)"
             )

@@ -74,6 +74,7 @@ class Tree:
     ensemble_size: int  # V: members per prompt token
     paths: tuple[Path, ...]  # node paths, breadth-first
     parents: tuple[int, ...]  # parent node index of each node, -1 for the root
+    row_parents: tuple[int, ...]  # parent row of every token row (nodes and prompt tokens), -1 for the root
     node_paths: tuple[tuple[int, ...], ...]  # node indices from the root to each node
     prompt_counts: tuple[int, ...]  # prompt tokens attached to each node
     candidate_depths: torch.Tensor  # [num_nodes - 1] depth (1-based) of each candidate
@@ -104,6 +105,15 @@ class Tree:
     def max_offset(self) -> int:
         """The largest position offset: how far past the root this tree reaches."""
         return int(self.position_offsets.max())
+
+    @functools.cached_property
+    def sequences(self) -> list[list[int]]:
+        """``leaf_sequences`` of the token rows: the tree mask as llama.cpp sequence ids."""
+        return leaf_sequences(self.row_parents)
+
+    @functools.cached_property
+    def num_leaves(self) -> int:
+        return max((ids[-1] for ids in self.sequences), default=-1) + 1
 
     def to(self, device: torch.device) -> Tree:
         """The same tree with its index tensors on ``device``."""
@@ -164,11 +174,13 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, m
     for i, ancestors in enumerate(node_paths):
         mask[i, list(ancestors)] = True  # a node sees its ancestors and itself
 
+    row_parents = list(parents)
     position = num_nodes
     for i, path in enumerate(paths):
         for k in range(counts[i]):  # prompt token k+1 of node i
             for j in range(V):
                 slots[i, k, j] = position
+                row_parents.append(i if k == 0 else int(slots[i, k - 1, j]))  # member j's chain hangs under node i
                 offsets.append(len(path) + k + 1)
                 embedding_index.append(k * V + j)
                 mask[position, list(node_paths[i])] = True  # the node's path
@@ -182,6 +194,7 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, m
         ensemble_size=V,
         paths=tuple(paths),
         parents=tuple(parents),
+        row_parents=tuple(row_parents),
         node_paths=tuple(node_paths),
         prompt_counts=tuple(counts),
         candidate_depths=torch.tensor([len(p) for p in paths[1:]], dtype=torch.long),
@@ -191,6 +204,25 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, m
         prompt_slots=slots,
         attention_mask=mask,
     )
+
+
+def leaf_sequences(row_parents: tuple[int, ...]) -> list[list[int]]:
+    """One sequence id per leaf row (numbered in row order); each row gets the ids of the leaves below it,
+    itself included, ascending. A row's first id then names a sequence whose rows up to the row's own depth are
+    exactly its ancestors and itself: the tree mask in llama.cpp's terms (a query sees the cells that hold its
+    first sequence id at positions up to its own). Rows come parent first."""
+    has_child = [False] * len(row_parents)
+    for parent in row_parents:
+        if parent >= 0:
+            has_child[parent] = True
+    sequences: list[list[int]] = [[] for _ in row_parents]
+    leaves = [row for row, inner in enumerate(has_child) if not inner]
+    for seq, leaf in enumerate(leaves):
+        row = leaf
+        while row >= 0:
+            sequences[row].append(seq)
+            row = row_parents[row]
+    return sequences
 
 
 def with_chain(spec: TreeSpec, attach: Path, length: int, rank: int) -> TreeSpec:

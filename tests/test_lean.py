@@ -8,7 +8,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import tiny_llama
 from ppd_core import kv_cache
-from ppd_core.decoding import forward_hidden, logits_of, prefill
+from ppd_core.backends.torch_backend import forward_hidden, logits_of
+from ppd_core.decoding import prefill
 from ppd_core.lean.model import LeanDecoder
 from ppd_core.loading import pick_decoder
 from ppd_core.tree import TreeSpec, build_tree

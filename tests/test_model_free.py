@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import tiny_llama
 from ppd_core import kv_cache
-from ppd_core.decoding import forward_hidden, logits_of
+from ppd_core.backends.torch_backend import forward_hidden, logits_of
 from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.gguf_blocks import int4_layers, int8_head
 from ppd_core.lean.gguf_index import tensor_index

@@ -6,7 +6,8 @@ import torch
 from conftest import tiny_llama
 from ppd_core import kv_cache
 from ppd_core.loading import pick_decoder
-from ppd_core.decoding import forward_hidden, logits_of, prefill
+from ppd_core.backends.torch_backend import forward_hidden, logits_of
+from ppd_core.decoding import prefill
 from ppd_core.tree import TreeSpec, build_tree
 
 SPEC = TreeSpec({(): 3, (0,): 1, (1,): 3, (1, 0): 2, (1, 1): 1, (1, 0, 1): 1})

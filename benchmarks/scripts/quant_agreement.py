@@ -19,7 +19,7 @@ import torch
 from app.bench import read_questions
 from app.cli import DEFAULT_QUESTIONS
 from ppd_core import kv_cache
-from ppd_core.decoding import forward_hidden, logits_of
+from ppd_core.backends.torch_backend import forward_hidden, logits_of
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.lean.gguf_blocks import int4_layers
 from ppd_core.lean.gguf_index import tensor_index

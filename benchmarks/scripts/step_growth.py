@@ -16,7 +16,7 @@ import time
 import torch
 
 from ppd_core import kv_cache
-from ppd_core.decoding import forward_hidden, logits_of
+from ppd_core.backends.torch_backend import forward_hidden, logits_of
 from ppd_core.engine import Engine, EngineConfig
 
 PROMPT = "Count from 1 to 1000, one number per line, and do not stop early."

@@ -19,19 +19,20 @@ from ppd_core.calibration.tree_search import choose_family
 from ppd_core.device_info import describe
 from ppd_core.loading import LoadedModel
 from ppd_core.lookup import best_with_chains, with_lookup
-from ppd_core.prompt_tokens import PromptTokens, embedding_signature
+from ppd_core.prompt_tokens import PromptTokens, signature_of
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
     """Device + model fingerprint + quantization + dtype + forward + prompt tokens."""
-    signature = embedding_signature(loaded.decoder.get_input_embeddings().weight)
+    signature = signature_of(loaded.backend.embedding_rows, loaded.backend.vocab_size)
     return {
         "device": describe(loaded.device).to_json(),
         "model": {"name": loaded.name, "fingerprint": hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]},
         "quant": loaded.quant,
         "dtype": str(loaded.dtype).removeprefix("torch."),
+        "backend": loaded.backend.name,
         "forward": loaded.forward,  # the lean and transformers forwards differ in step latency
         "prompt_tokens": prompt_tokens.fingerprint,
     }
@@ -49,12 +50,13 @@ def calibrate(
     """Measure this device and these prompt tokens; choose the tree family and lookup chains with the most tokens/s."""
     started = time.perf_counter()
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
-    table = prompt_tokens.flat(loaded.decoder.get_input_embeddings().weight.dtype, loaded.device)
+    table = prompt_tokens.flat(loaded.backend.dtype, loaded.backend.device)
     report = progress or (lambda phase, done, total: None)
 
-    sizes = GPU_SIZES if loaded.device.type == "cuda" else CPU_SIZES
+    on_gpu = loaded.device.type == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
+    sizes = GPU_SIZES if on_gpu else CPU_SIZES
     latency = measure_latency(  # on the forward that decodes (lean or transformers)
-        loaded.decoder, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
+        loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
     )
     stats = measure_acceptance(  # on the transformers model (built here if decoding did not need it)
         loaded.model, loaded.tokenizer, table, n, V, calibration_prompts()[:prompts], sorted(loaded.eos_token_ids),
@@ -101,7 +103,7 @@ def calibrate(
             }
             for budget, e in sorted(choice.by_budget.items())
         ],
-        skinny_sizes=sorted(getattr(loaded.decoder, "skinny_sizes", ())),  # chosen by measure_latency
+        skinny_sizes=sorted(getattr(loaded.backend, "skinny_sizes", ())),  # chosen by measure_latency
         lookup_acceptance=[[round(p, 6) for p in row] for row in lookup.probs],
         lookup_trials=list(lookup.trials),
         lookup_lengths=lengths,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ppd_core import kv_cache
+from ppd_core.backends import Decoder
 from ppd_core.decoding import DecodeState, Speculator, prefill, tree_step
 from ppd_core.calibration.tree_search import interpolate
 from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree
@@ -42,7 +42,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure_latency(
-    model,
+    decoder: Decoder,
     prompt_table: torch.Tensor | None,  # [n * V, hidden]
     num_prompt_tokens: int,
     ensemble_size: int,
@@ -56,27 +56,25 @@ def measure_latency(
 
     Where the forward has two matmul kernels (the lean fp32 forward: ``F.linear`` or
     ``weight @ x.T``), both are timed per size, interleaved, and the faster over all contexts
-    is set on ``model.skinny_sizes`` and reported. Which wins depends on the CPU: on one AMD EPYC
+    is set on ``decoder.skinny_sizes`` and reported. Which wins depends on the CPU: on one AMD EPYC
     ``weight @ x.T`` won for a few rows, on an Intel Xeon it was 3x slower for 2 rows.
     """
-    device = model.get_input_embeddings().weight.device
-    vocab = model.get_input_embeddings().weight.shape[0]
-    max_context = int(getattr(model.config, "max_position_embeddings", 2048))
-    choices = (False, True) if getattr(model, "has_kernel_choice", False) else (None,)
+    device, vocab, max_context = decoder.device, decoder.vocab_size, decoder.max_context
+    choices = (False, True) if getattr(decoder, "has_kernel_choice", False) else (None,)
     generator = torch.Generator().manual_seed(0)
     measured: dict[tuple[int, int, bool | None], float] = {}  # (context, size, skinny) -> ms
     total, done = len(contexts) * len(sizes), 0
     for context in contexts:
         context = min(context, max_context - max(sizes) - 4)
-        cache = kv_cache.new_cache(model)
-        prefill(model, cache, torch.randint(vocab, (context,), generator=generator).tolist())
+        cache = decoder.new_cache()
+        prefill(decoder, cache, torch.randint(vocab, (context,), generator=generator).tolist())
         for size in sizes:
             tree = probe_tree(size, num_prompt_tokens, ensemble_size).to(device)
             guesses = torch.randint(vocab, (max(tree.depth, 1), max(tree.max_rank + 1, 1)), generator=generator).to(device)
-            speculator = Speculator(model, TreeFamily(f"probe-{size}", (tree,)), prompt_table)
+            speculator = Speculator(decoder, TreeFamily(f"probe-{size}", (tree,)), prompt_table)
             for skinny in choices * (2 if len(choices) > 1 else 1):  # interleaved: drifts hit both kernels
                 if skinny is not None:
-                    model.skinny_sizes = frozenset({size} if skinny else ())
+                    decoder.skinny_sizes = frozenset({size} if skinny else ())
                 ms = step_ms(speculator, cache, tree, guesses, context, warmup, repeats)
                 measured[context, size, skinny] = min(ms, measured.get((context, size, skinny), float("inf")))
             done += 1
@@ -85,7 +83,7 @@ def measure_latency(
     chosen = {size: min(choices, key=lambda k: sum(ms for (c, s, v), ms in measured.items() if s == size and v == k))
               for size in sizes}
     if choices != (None,):
-        model.skinny_sizes = frozenset(size for size, skinny in chosen.items() if skinny)
+        decoder.skinny_sizes = frozenset(size for size, skinny in chosen.items() if skinny)
     result: dict[int, dict[int, float]] = {}
     for (context, size, skinny), ms in measured.items():
         if skinny == chosen[size]:
@@ -104,7 +102,7 @@ def step_ms(speculator: Speculator, cache, tree: Tree, guesses: torch.Tensor, co
         synchronize(device)
         if run >= warmup:
             times.append(time.perf_counter() - start)
-        kv_cache.truncate(cache, context)
+        speculator.decoder.truncate(cache, context)
     return 1000 * statistics.median(times)
 
 

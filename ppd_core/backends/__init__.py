@@ -1,0 +1,56 @@
+"""Decoder backends: one small protocol between the decoding algorithm and the code that runs the model.
+
+A backend turns "these rows (tokens or embeddings), these parents, these positions" into logits and
+keeps an accepted path; the tree, verification, lookup and the decoding loop stay above it and never
+see a cache's layout. Two implement it: ``torch`` (the lean and transformers forwards) and
+``llamacpp`` (llama.cpp through llama-cpp-python's low-level API, GGUF models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from ppd_core.tree import Tree
+
+BACKEND_CHOICES = ("auto", "llamacpp", "torch")
+
+
+class Decoder(Protocol):
+    """What decoding needs of a model. A cache is opaque: only its backend reads or edits it."""
+
+    name: str  # "torch" or "llamacpp": reported by the readout, the bench and the API
+    device: torch.device  # where logits, guesses and prompt-token rows live
+    dtype: torch.dtype  # prompt-token rows are kept in it
+    vocab_size: int
+    max_context: int  # positions a cache may hold (prompt and answer)
+
+    def new_cache(self) -> Any:
+        """An empty cache."""
+
+    def cache_length(self, cache: Any) -> int:
+        """Positions the cache holds (accepted tokens only)."""
+
+    def prefill(self, cache: Any, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append ``token_ids`` after what ``cache`` holds; logits [vocab] float32 of the last one."""
+
+    def tree_logits(self, cache: Any, tree: Tree, node_tokens: torch.Tensor, prompt_rows: torch.Tensor | None) -> torch.Tensor:
+        """One forward pass over ``tree`` rooted right after the cache: node tokens [N], then prompt-token
+        embeddings [T - N, hidden] (or None). Every row sees the cache and its tree ancestors; row i sits at
+        position ``cache_length + tree.position_offsets[i]``. Returns logits [T, vocab] float32. The rows'
+        keys and values are held until ``keep``."""
+
+    def keep(self, cache: Any, start: int, path: Sequence[int]) -> None:
+        """After ``tree_logits`` at cache length ``start``: keep tree rows ``path`` (root first, ascending)
+        as positions ``start, start + 1, ...`` and drop the step's other rows."""
+
+    def truncate(self, cache: Any, length: int) -> None:
+        """Forget every position from ``length`` on."""
+
+    def embedding_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The model's input embeddings [k, hidden] float32 of ``token_ids`` [k] (fingerprints, training)."""
+
+    def describe(self) -> dict:
+        """What runs the model, for the device panel and reports: backend, kernels, offload."""

@@ -1,0 +1,357 @@
+"""The llama.cpp backend: GGUF models decoded by llama.cpp (llama-cpp-python's low-level API).
+
+llama.cpp owns the kernels, threads and devices (CPU, CUDA, Metal); this module owns the tree.
+
+* **A tree in one ``llama_decode``.** The context's KV cache is unified and every token row carries
+  the sequence ids of the leaves below it (``Tree.sequences``), at position cache length + depth.
+  llama.cpp lets a query see the cells holding its first sequence id at positions up to its own:
+  exactly its ancestors. The context's cells belong to every sequence a tree uses.
+* **Bitwise equal to single-token decoding** with flash attention and a Q8_0 KV cache, whose CPU
+  kernel takes the same path for one query and many (the default f16 cache splits a single
+  query's keys across threads, so long contexts round differently).
+* **Rejected rows are parked, never freed.** A freed cell would take the next token ahead of
+  accepted cells and the attention sums would run in another order. Parked cells keep only
+  ``PARK``, a sequence no query uses. Since no cell is ever freed between rebuilds, llama.cpp
+  places every new cell after all others, so accepted cells stay in position order. When parked
+  cells fill the context, the cells after the first parked one are freed and the accepted tokens
+  re-decoded in order (``LlamaCache.clean`` tracks that prefix).
+* **Prompt-token rows are embeddings**: such a step is an embedding batch whose token rows are
+  the file's own ``token_embd`` rows, de-quantized as llama.cpp does (bitwise the same logits).
+
+One llama.cpp context serves every cache; a cache that is not the one resident in the context is
+re-decoded into it first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ppd_core.errors import PpdError
+from ppd_core.tree import Tree
+
+log = logging.getLogger(__name__)
+
+SEQ_MAX = 256  # llama.cpp refuses more sequences per context
+PARK = SEQ_MAX - 1  # parked cells: rejected rows and truncated positions, seen by no query
+KEEP = SEQ_MAX - 2  # marks a step's accepted path while its cells change hands
+MAX_LEAVES = SEQ_MAX - 2  # sequence ids left for a tree's leaves
+BATCH_ROWS = 512  # rows per llama_decode (prefill is split into batches this long)
+SPARE_CELLS = 1024  # cells beyond the context for parked rows and one step's tree
+DEFAULT_MAX_CONTEXT = 4096  # positions held at most (the model's own if smaller): 12 KB of Q8_0 cache each here
+EMBEDDING_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")  # token_embd types whose rows this module de-quantizes
+
+
+class LlamaCppError(PpdError):
+    """llama.cpp is missing, refused the model, or failed a decode; the message is one line."""
+
+
+def import_llama_cpp():
+    """The ``llama_cpp`` module, or LlamaCppError saying why it cannot be used."""
+    try:
+        import llama_cpp  # noqa: PLC0415 - optional: the torch backend runs without it
+    except (ImportError, OSError) as error:  # OSError: a wheel whose shared library does not load
+        raise LlamaCppError(f"llama-cpp-python is not usable here ({str(error).splitlines()[0]}); "
+                            "`make setup` builds it") from None
+    return llama_cpp
+
+
+@dataclass
+class LlamaCache:
+    """What one conversation holds in the context: its accepted tokens, in position order.
+
+    ``cells`` counts the context's occupied cells (accepted and parked), ``clean`` the accepted
+    tokens before the first parked cell (their cells are the context's first ``clean`` cells).
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    cells: int = 0
+    clean: int = 0
+    width: int = 1  # sequences 0..width-1 hold every accepted cell
+    pending: tuple[Tree, list[int]] | None = None  # the last tree step's tree and node tokens, until ``keep``
+
+
+class LlamaCppDecoder:
+    """``Decoder`` on llama.cpp for a GGUF file."""
+
+    name = "llamacpp"
+
+    def __init__(self, gguf_file: Path, threads: int = 0, gpu_layers: int | None = None,
+                 max_context: int | None = None, kv_type: str = "q8_0"):
+        llama = self.llama = import_llama_cpp()
+        llama.llama_backend_init()
+        quiet_logs(llama)
+        self.gguf_file = Path(gguf_file)
+        model_params = llama.llama_model_default_params()
+        offload = llama.llama_supports_gpu_offload()
+        model_params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
+        self.gpu_layers = model_params.n_gpu_layers if offload else 0
+        self.model = llama.llama_model_load_from_file(str(self.gguf_file).encode(), model_params)
+        if not self.model:
+            raise LlamaCppError(f"llama.cpp could not load {self.gguf_file.name}")
+        self.vocab = llama.llama_model_get_vocab(self.model)
+        self.vocab_size = llama.llama_vocab_n_tokens(self.vocab)
+        self.hidden = llama.llama_model_n_embd(self.model)
+        trained = llama.llama_n_ctx_train(self.model)
+        self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, trained if trained > 0 else DEFAULT_MAX_CONTEXT)
+        self.threads = threads or os.cpu_count() or 1
+        self.kv_type = kv_type
+        params = llama.llama_context_default_params()
+        params.n_ctx = self.max_context + SPARE_CELLS
+        params.n_batch = params.n_ubatch = BATCH_ROWS
+        params.n_seq_max = SEQ_MAX
+        params.kv_unified = True
+        params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_k = params.type_v = {"q8_0": llama.GGML_TYPE_Q8_0, "f16": llama.GGML_TYPE_F16}[kv_type]
+        params.n_threads = params.n_threads_batch = self.threads
+        params.no_perf = True
+        self.context = llama.llama_init_from_model(self.model, params)
+        if not self.context:
+            raise LlamaCppError(f"llama.cpp could not create a context for {self.gguf_file.name}")
+        self.cells = llama.llama_n_ctx(self.context)
+        self.memory = llama.llama_get_memory(self.context)
+        self.device = torch.device("cpu")  # logits come back to the host; llama.cpp runs where it offloaded
+        self.dtype = torch.float32
+        self._token_batch = llama.llama_batch_init(BATCH_ROWS, 0, SEQ_MAX)
+        self._embedding_batch = None  # made on the first step with prompt-token rows
+        self._resident: LlamaCache | None = None
+        self._embeddings = EmbeddingRows(self.gguf_file)
+
+    def close(self) -> None:
+        llama = self.llama
+        for batch in (self._token_batch, self._embedding_batch):
+            if batch is not None:
+                llama.llama_batch_free(batch)
+        self._token_batch = self._embedding_batch = None
+        if self.context:
+            llama.llama_free(self.context)
+            self.context = None
+        if self.model:
+            llama.llama_model_free(self.model)
+            self.model = None
+
+    # --- the protocol -------------------------------------------------------------------------
+
+    def new_cache(self) -> LlamaCache:
+        return LlamaCache()
+
+    def cache_length(self, cache: LlamaCache) -> int:
+        return len(cache.tokens)
+
+    def prefill(self, cache: LlamaCache, token_ids: Sequence[int]) -> torch.Tensor:
+        self._make_resident(cache, len(token_ids))
+        logits = self._decode_tokens(cache, list(token_ids), len(cache.tokens))  # [vocab]
+        cache.tokens.extend(token_ids)
+        if cache.clean == len(cache.tokens) - len(token_ids):
+            cache.clean = len(cache.tokens)
+        return logits
+
+    def tree_logits(self, cache: LlamaCache, tree: Tree, node_tokens: torch.Tensor, prompt_rows: torch.Tensor | None) -> torch.Tensor:
+        T, start = tree.num_tokens, len(cache.tokens)
+        if T > BATCH_ROWS or tree.num_leaves > MAX_LEAVES:
+            raise LlamaCppError(f"a tree of {T} rows and {tree.num_leaves} leaves exceeds llama.cpp's {BATCH_ROWS} rows "
+                                f"and {MAX_LEAVES} sequences per step")
+        self._make_resident(cache, T)
+        self._widen(cache, tree.num_leaves)
+        nodes = node_tokens.tolist()
+        positions = (tree.position_offsets.cpu().numpy() + start).astype(np.int32)  # [T]
+        if prompt_rows is None:
+            batch = self._token_batch
+            tokens_view(batch)[:T] = nodes
+        else:
+            batch = self._embedding_rows_batch()
+            rows = embeddings_view(batch, self.hidden)
+            rows[: tree.num_nodes] = self._embeddings.rows(nodes)
+            rows[tree.num_nodes : T] = prompt_rows.float().cpu().numpy()
+        fill_batch(batch, positions, tree.sequences, outputs=np.ones(T, dtype=np.int8))
+        logits = self._run(batch, T, T)  # [T, vocab]
+        cache.cells += T
+        cache.pending = (tree, nodes)
+        return logits
+
+    def keep(self, cache: LlamaCache, start: int, path: Sequence[int]) -> None:
+        tree, nodes = cache.pending
+        cache.pending = None
+        llama, memory = self.llama, self.memory
+        end = start + len(path)
+        if len(path) < tree.num_tokens:  # park the step's other rows
+            last = tree.sequences[path[-1]][0]  # its cells from ``start`` to ``end`` are the accepted path
+            llama.llama_memory_seq_cp(memory, last, KEEP, start, end)
+            for seq in range(cache.width):  # every row holds a leaf's sequence, and leaves <= width
+                llama.llama_memory_seq_cp(memory, seq, PARK, start, -1)
+                llama.llama_memory_seq_rm(memory, seq, start, -1)
+            for seq in range(cache.width):
+                llama.llama_memory_seq_cp(memory, KEEP, seq, start, end)
+            llama.llama_memory_seq_rm(memory, KEEP, -1, -1)
+        else:  # a chain accepted whole: its rows hold sequence 0 only
+            for seq in range(1, cache.width):
+                llama.llama_memory_seq_cp(memory, 0, seq, start, -1)
+        if cache.clean == start:  # accepted rows before the step's first rejected one are still in order
+            cache.clean += next((i for i, row in enumerate(path) if row != i), len(path))
+        cache.tokens.extend(nodes[i] for i in path)
+
+    def truncate(self, cache: LlamaCache, length: int) -> None:
+        if length >= len(cache.tokens):
+            return
+        if self._resident is cache:
+            if cache.clean >= length:  # no parked cell before ``length``: free everything from there
+                self.llama.llama_memory_seq_rm(self.memory, -1, length, -1)
+                cache.cells, cache.clean = length, length
+            else:  # accepted cells after a parked one: park them too
+                for seq in range(cache.width):
+                    self.llama.llama_memory_seq_cp(self.memory, seq, PARK, length, -1)
+                    self.llama.llama_memory_seq_rm(self.memory, seq, length, -1)
+        else:
+            cache.clean = min(cache.clean, length)
+        del cache.tokens[length:]
+
+    def embedding_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self._embeddings.rows(token_ids.tolist()))
+
+    def describe(self) -> dict:
+        system = self.llama.llama_print_system_info().decode(errors="replace").strip()
+        return {"backend": self.name, "gpu_layers": self.gpu_layers, "threads": self.threads,
+                "kv_cache": self.kv_type, "flash_attention": True, "llama_cpp_python": self.llama.__version__,
+                "system": system}
+
+    # --- the context ----------------------------------------------------------------------------
+
+    def _make_resident(self, cache: LlamaCache, new_rows: int) -> None:
+        """Put ``cache`` in the context with room for ``new_rows`` more cells (re-decoding it if needed)."""
+        if len(cache.tokens) + new_rows > self.cells:
+            raise LlamaCppError(f"{len(cache.tokens) + new_rows} positions exceed llama.cpp's context of {self.cells}")
+        if self._resident is not cache:
+            self.llama.llama_memory_clear(self.memory, True)
+            if self._resident is not None:
+                self._resident.clean = 0  # its cells are gone: all of it is re-decoded when it returns
+            self._resident = cache
+            cache.cells = cache.clean = 0
+            cache.width = 1
+        elif cache.cells + new_rows <= self.cells:
+            return
+        # free everything after the clean prefix, then decode the accepted tokens after it in order
+        self.llama.llama_memory_seq_rm(self.memory, -1, cache.clean, -1)
+        cache.width = 1
+        for seq in range(1, SEQ_MAX):
+            self.llama.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        cache.cells = cache.clean
+        rest = cache.tokens[cache.clean :]
+        if rest:
+            log.info("llama.cpp: re-decoding %d cached tokens to drop parked cells", len(rest))
+            self._decode_tokens(cache, rest, cache.clean, logits=False)
+        cache.clean = len(cache.tokens)
+
+    def _widen(self, cache: LlamaCache, leaves: int) -> None:
+        """Give the accepted cells sequences 0..leaves-1 as well."""
+        for seq in range(cache.width, leaves):
+            self.llama.llama_memory_seq_cp(self.memory, 0, seq, -1, -1)
+        cache.width = max(cache.width, leaves)
+
+    def _decode_tokens(self, cache: LlamaCache, tokens: list[int], start: int, logits: bool = True) -> torch.Tensor | None:
+        """Decode a chain of tokens at positions ``start, ...`` on sequences 0..width-1, a batch at a time;
+        the last token's logits [vocab]."""
+        batch, seqs = self._token_batch, [list(range(cache.width))] * BATCH_ROWS
+        result = None
+        for begin in range(0, len(tokens), BATCH_ROWS):
+            chunk = tokens[begin : begin + BATCH_ROWS]
+            count = len(chunk)
+            tokens_view(batch)[:count] = chunk
+            outputs = np.zeros(count, dtype=np.int8)
+            last = begin + count == len(tokens)
+            outputs[-1] = logits and last
+            fill_batch(batch, np.arange(start + begin, start + begin + count, dtype=np.int32), seqs[:count], outputs)
+            out = self._run(batch, count, int(outputs.sum()))
+            cache.cells += count
+            if last and logits:
+                result = out[0]
+        return result
+
+    def _embedding_rows_batch(self):
+        if self._embedding_batch is None:
+            self._embedding_batch = self.llama.llama_batch_init(BATCH_ROWS, self.hidden, SEQ_MAX)
+        return self._embedding_batch
+
+    def _run(self, batch, rows: int, outputs: int) -> torch.Tensor:
+        """``llama_decode`` of the batch's first ``rows`` rows; the logits of its ``outputs`` rows [outputs, vocab]."""
+        batch.n_tokens = rows
+        status = self.llama.llama_decode(self.context, batch)
+        if status != 0:
+            raise LlamaCppError(f"llama_decode failed with status {status} ({rows} rows)")
+        if not outputs:
+            return torch.empty(0, self.vocab_size)
+        pointer = self.llama.llama_get_logits(self.context)
+        logits = np.ctypeslib.as_array(pointer, shape=(outputs, self.vocab_size))
+        return torch.from_numpy(logits.copy())
+
+
+def tokens_view(batch) -> np.ndarray:
+    return np.ctypeslib.as_array(batch.token, shape=(BATCH_ROWS,))
+
+
+def embeddings_view(batch, hidden: int) -> np.ndarray:
+    return np.ctypeslib.as_array(batch.embd, shape=(BATCH_ROWS, hidden))
+
+
+def fill_batch(batch, positions: np.ndarray, sequences: Sequence[Sequence[int]], outputs: np.ndarray) -> None:
+    """Positions, sequence ids and output flags of the batch's first ``len(positions)`` rows."""
+    rows = len(positions)
+    np.ctypeslib.as_array(batch.pos, shape=(BATCH_ROWS,))[:rows] = positions
+    np.ctypeslib.as_array(batch.logits, shape=(BATCH_ROWS,))[:rows] = outputs
+    counts = np.ctypeslib.as_array(batch.n_seq_id, shape=(BATCH_ROWS,))
+    for row, ids in enumerate(sequences):
+        counts[row] = len(ids)
+        target = batch.seq_id[row]
+        for j, seq in enumerate(ids):
+            target[j] = seq
+
+
+class EmbeddingRows:
+    """Rows of a GGUF file's ``token_embd``, de-quantized as llama.cpp's ``get_rows`` does (fp32)."""
+
+    def __init__(self, gguf_file: Path):
+        from ppd_core.lean.gguf_index import tensor_index  # noqa: PLC0415 - header parse only when rows are needed
+
+        self.gguf_file = gguf_file
+        self.tensor = tensor_index(gguf_file).get("token_embd.weight")
+        self._file = None
+
+    @property
+    def available(self) -> bool:
+        return self.tensor is not None and self.tensor.kind in EMBEDDING_TYPES
+
+    def rows(self, token_ids: Sequence[int]) -> np.ndarray:
+        """[k, hidden] float32."""
+        if not self.available:
+            kind = self.tensor.kind if self.tensor is not None else "missing"
+            raise LlamaCppError(f"{self.gguf_file.name}'s token embedding is {kind}: prompt tokens need one of "
+                                f"{', '.join(EMBEDDING_TYPES)} on the llama.cpp backend")
+        from gguf import GGMLQuantizationType  # noqa: PLC0415
+        from gguf.quants import dequantize  # noqa: PLC0415
+
+        if self._file is None:
+            self._file = open(self.gguf_file, "rb")  # noqa: SIM115 - held for the decoder's life
+        row_bytes = self.tensor.n_bytes // self.tensor.rows
+        out = []
+        for token in token_ids:
+            self._file.seek(self.tensor.offset + int(token) * row_bytes)
+            out.append(np.frombuffer(self._file.read(row_bytes), dtype=np.uint8))
+        raw = np.stack(out)  # [k, row bytes]
+        return dequantize(raw, GGMLQuantizationType[self.tensor.kind]).astype(np.float32, copy=False)
+
+
+def quiet_logs(llama) -> None:
+    """llama.cpp logs every load to stderr; keep its warnings and errors only."""
+    @llama.llama_log_callback
+    def callback(level, text, user_data):
+        if level in (3, 4):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+            log.warning("llama.cpp: %s", text.decode(errors="replace").rstrip())
+
+    quiet_logs.callback = callback  # must outlive the call
+    llama.llama_log_set(callback, ctypes.c_void_p(0))
