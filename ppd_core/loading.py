@@ -477,15 +477,18 @@ def load_llamacpp(model: str, quant: str, device: str, dtype: str, forward: str,
     reason = None
     if gguf_name is None:
         reason = "the llama.cpp backend runs GGUF files"
-    elif quant not in ("auto", "none"):
-        reason = f"--quant {quant} is a torch quantization (llama.cpp runs the file's own)"
-    elif forward != "lean" or dtype != "auto" or device == "cuda" and not required:
-        reason = "--forward, --dtype and --device cuda choose the torch backend"
+    elif quant != "auto":
+        reason = f"--quant {quant} is a torch precision (llama.cpp runs the file's own quantization)"
+    elif forward != "lean" or dtype != "auto":
+        reason = "--forward and --dtype choose the torch backend"
     if reason is None:
         try:
             decoder = LlamaCppDecoder(folder / gguf_name, threads, gpu_layers)
         except LlamaCppError as error:
             reason = str(error)
+        else:
+            if device == "cuda" and not decoder.gpu_layers:
+                reason = "this llama-cpp-python build has no GPU support (`make setup` on a machine with nvcc builds one)"
     if reason is not None:
         if required:
             raise ModelLoadError(reason)

@@ -13,6 +13,7 @@ from ppd_core.calibration.latency import mean_curve, measure_latency, probe_tree
 from ppd_core.lean.model import LeanDecoder
 from ppd_core.calibration.profiles import ProfileError, load_profile, profile_path, read_profile, save_profile
 from ppd_core.engine import Engine, EngineConfig
+from ppd_core.backends.torch_backend import TorchDecoder
 
 
 def test_acceptance_counts_are_conditional_on_earlier_depths():
@@ -78,13 +79,13 @@ def test_latency_keeps_the_faster_matmul_per_size(monkeypatch):
     calls = []
 
     def fake_step(speculator, cache, tree, guesses, context, warmup, repeats):
-        skinny = tree.num_tokens in speculator.model.skinny_sizes
+        skinny = tree.num_tokens in speculator.decoder.skinny_sizes
         calls.append((tree.num_tokens, context, skinny))
         return fake_ms[tree.num_tokens][context][skinny]
 
     monkeypatch.setattr(latency, "step_ms", fake_step)
     table = torch.zeros(3, 64)
-    result = measure_latency(decoder, table, 3, 1, [1, 2, 3], contexts=(64, 96))
+    result = measure_latency(TorchDecoder(decoder), table, 3, 1, [1, 2, 3], contexts=(64, 96))
     assert decoder.skinny_sizes == {2, 3}
     assert result == {64: {1: 5.0, 2: 4.0, 3: 6.5}, 96: {1: 5.0, 2: 4.0, 3: 6.5}}
     assert calls.count((2, 64, True)) == calls.count((2, 64, False)) == 2  # both kernels, twice, interleaved
@@ -92,7 +93,7 @@ def test_latency_keeps_the_faster_matmul_per_size(monkeypatch):
     calls.clear()
     quantized = LeanDecoder(tiny_llama(seed=1), "int8")
     assert not quantized.has_kernel_choice
-    measure_latency(quantized, table, 3, 1, [1, 2], contexts=(64,))
+    measure_latency(TorchDecoder(quantized), table, 3, 1, [1, 2], contexts=(64,))
     assert sorted(calls) == [(1, 64, False), (2, 64, False)]
 
 

@@ -8,13 +8,14 @@ from ppd_core.decoding import PromptTooLongError, Request, Speculator, clip_toke
 from ppd_core.loading import pick_decoder
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
+from ppd_core.backends.torch_backend import TorchDecoder
 
 EOS = frozenset({127})
 CHAIN = TreeSpec({(): 3, (0,): 1, (1,): 3, (1, 0): 3, (1, 1): 1, (1, 0, 1): 3, (1, 0, 0): 1})
 
 
 def run(model, prompt, family, table, max_new_tokens=60, max_context=256, hook=None, eos=frozenset()):
-    steps = list(generate(Speculator(model, family, table), Request(prompt, max_new_tokens, eos, max_context, guess_hook=hook)))
+    steps = list(generate(Speculator(TorchDecoder(model), family, table), Request(prompt, max_new_tokens, eos, max_context, guess_hook=hook)))
     tokens = [t for s in steps for t in s.tokens]
     return tokens, steps
 

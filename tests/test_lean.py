@@ -9,10 +9,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from conftest import tiny_llama
 from ppd_core import kv_cache
 from ppd_core.backends.torch_backend import forward_hidden, logits_of
-from ppd_core.decoding import prefill
 from ppd_core.lean.model import LeanDecoder
 from ppd_core.loading import pick_decoder
 from ppd_core.tree import TreeSpec, build_tree
+from ppd_core.backends.torch_backend import TorchDecoder
 
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
@@ -61,7 +61,7 @@ def test_static_cache_keeps_random_paths_exactly():
     context = torch.randint(0, 128, (12,), generator=generator).tolist()
     for trial in range(6):
         cache = kv_cache.new_cache(lean)
-        prefill(lean, cache, context)
+        TorchDecoder(lean).prefill(cache, context)
         node_tokens = torch.randint(0, 128, (tree.num_nodes,), generator=generator)
         with torch.inference_mode():
             forward_hidden(lean, cache, embedding(node_tokens), tree.position_offsets + len(context),
@@ -82,7 +82,7 @@ def test_static_cache_grows_past_its_first_capacity():
     cache = kv_cache.new_cache(lean)
     ids = torch.randint(0, 128, (1100,), generator=torch.Generator().manual_seed(3)).tolist()
     assert cache.capacity < len(ids)
-    prefill(lean, cache, ids[:1000])
+    TorchDecoder(lean).prefill(cache, ids[:1000])
     with torch.inference_mode():
         hidden = forward_hidden(lean, cache, model.get_input_embeddings()(torch.tensor(ids[1000:])), torch.arange(1000, 1100), None)
     assert cache.capacity >= 1100 and kv_cache.cache_length(cache) == 1100

@@ -16,6 +16,7 @@ from ppd_core.loading import pick_decoder
 from ppd_core.sampling import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
+from ppd_core.backends.torch_backend import TorchDecoder
 
 
 def brute_propose(tokens, count, max_n=4):
@@ -189,7 +190,7 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
         decoder = pick_decoder(model, "lean", quant)
 
         def tokens(family, prompt_table, lengths):
-            steps = list(generate(Speculator(decoder, family, prompt_table, lengths), Request(prompt, 80, frozenset(), 256)))
+            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table, lengths), Request(prompt, 80, frozenset(), 256)))
             return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
 
         plain, _ = tokens(vanilla_family(), None, ())
@@ -222,7 +223,7 @@ def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
 
         def tokens(lengths):
             request = Request(prompt, 80, frozenset(), 256, params)
-            steps = list(generate(Speculator(decoder, vanilla_family(), None, lengths), request))
+            steps = list(generate(Speculator(TorchDecoder(decoder), vanilla_family(), None, lengths), request))
             return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
 
         plain, _ = tokens(())

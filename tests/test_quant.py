@@ -17,6 +17,7 @@ from ppd_core.lean.quant import INT4_GROUP, int4_from_levels, quantize
 from ppd_core.loading import default_model_file, pick_decoder
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import family_from_spec, vanilla_family
+from ppd_core.backends.torch_backend import TorchDecoder
 
 BF16_EPS = 2.0**-8  # relative rounding of a bf16 value (8 significant bits)
 
@@ -119,12 +120,12 @@ def test_greedy_ppd_equals_plain_in_quant_modes(kind, tree_name):
     prompt = list(range(7, 27))
 
     def tokens(family, prompt_table):
-        steps = generate(Speculator(decoder, family, prompt_table), Request(prompt, 60, frozenset(), 256))
+        steps = generate(Speculator(TorchDecoder(decoder), family, prompt_table), Request(prompt, 60, frozenset(), 256))
         return [t for s in steps for t in s.tokens]
 
     plain = tokens(vanilla_family(), None)
     assert tokens(family_from_spec(tree_name, STATIC_TREES[tree_name], 3, 1), table) == plain
-    fp32_steps = generate(Speculator(pick_decoder(model, "lean"), vanilla_family()), Request(prompt, 60, frozenset(), 256))
+    fp32_steps = generate(Speculator(TorchDecoder(pick_decoder(model, "lean")), vanilla_family()), Request(prompt, 60, frozenset(), 256))
     fp32_plain = [t for s in fp32_steps for t in s.tokens]
     assert plain[:5] == fp32_plain[:5]  # the quantized model still is the model
 

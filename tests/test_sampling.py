@@ -11,6 +11,7 @@ from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.sampling import SamplingParams, adjusted_probs, typical_threshold
 from ppd_core.verify import accept
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
+from ppd_core.backends.torch_backend import TorchDecoder
 
 VOCAB = 12
 PROMPT = [3, 7, 1, 4, 9, 2]
@@ -76,7 +77,7 @@ def test_lossless_ppd_sampling_matches_the_models_distribution(settings):
     runs = 3000
     for seed in range(runs):
         params = SamplingParams(**settings, seed=seed)
-        steps = list(generate(Speculator(model, family, table), Request(PROMPT, 3, frozenset(), 256, params, guess_hook=likely_guesses(model, params))))
+        steps = list(generate(Speculator(TorchDecoder(model), family, table), Request(PROMPT, 3, frozenset(), 256, params, guess_hook=likely_guesses(model, params))))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
         accepted += sum(s.from_guesses for s in steps)
@@ -90,7 +91,7 @@ def test_plain_sampling_matches_the_distribution_too():
     expected = exact_distribution(model, params, 2)
     counts: dict[tuple, int] = {}
     for seed in range(2000):
-        steps = generate(Speculator(model, vanilla_family()), Request(PROMPT, 2, frozenset(), 256, SamplingParams(temperature=1.0, seed=seed)))
+        steps = generate(Speculator(TorchDecoder(model), vanilla_family()), Request(PROMPT, 2, frozenset(), 256, SamplingParams(temperature=1.0, seed=seed)))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
     assert chi_square_p_value(counts, expected, 2000) > 1e-3
@@ -99,7 +100,7 @@ def test_plain_sampling_matches_the_distribution_too():
 def run(model, params, family=None, table=None, new=20):
     family = family or family_from_spec("wide", TREE, 3)
     table = torch.randn(3, 32, generator=torch.Generator().manual_seed(0)) if table is None else table
-    steps = generate(Speculator(model, family, table), Request(PROMPT, new, frozenset(), 256, params, guess_hook=likely_guesses(model, params)))
+    steps = generate(Speculator(TorchDecoder(model), family, table), Request(PROMPT, new, frozenset(), 256, params, guess_hook=likely_guesses(model, params)))
     return [t for s in steps for t in s.tokens]
 
 
@@ -159,7 +160,7 @@ def test_typical_acceptance_accepts_more_and_is_labelled_lossy():
         for seed in range(40):
             p = SamplingParams(temperature=params.temperature, seed=seed, acceptance=params.acceptance)
             request = Request(PROMPT, 24, frozenset(), 256, p, guess_hook=likely_guesses(model, p))
-            steps = [s for s in generate(Speculator(model, family, table), request) if not s.prefill]
+            steps = [s for s in generate(Speculator(TorchDecoder(model), family, table), request) if not s.prefill]
             totals += [len(s.tokens) for s in steps]
         return sum(totals) / len(totals)
 

@@ -7,8 +7,8 @@ from conftest import tiny_llama
 from ppd_core import kv_cache
 from ppd_core.loading import pick_decoder
 from ppd_core.backends.torch_backend import forward_hidden, logits_of
-from ppd_core.decoding import prefill
 from ppd_core.tree import TreeSpec, build_tree
+from ppd_core.backends.torch_backend import TorchDecoder
 
 SPEC = TreeSpec({(): 3, (0,): 1, (1,): 3, (1, 0): 2, (1, 1): 1, (1, 0, 1): 1})
 
@@ -32,7 +32,7 @@ def test_tree_logits_match_sequential_paths(forward):
     node_tokens = torch.randint(0, 128, (tree.num_nodes,), generator=generator)
 
     cache = kv_cache.new_cache(decoder)
-    prefill(decoder, cache, context)
+    TorchDecoder(decoder).prefill(cache, context)
     with torch.inference_mode():
         embeds = torch.cat([embedding(node_tokens), prompt_table[tree.prompt_embedding_index]])
         positions = tree.position_offsets + len(context)
@@ -54,7 +54,7 @@ def test_keep_tree_entries_compacts_the_accepted_path():
     model = tiny_llama(seed=2)
     tree = build_tree(SPEC, num_prompt_tokens=3)
     cache = kv_cache.new_cache(model)
-    prefill(model, cache, list(range(6)))
+    TorchDecoder(model).prefill(cache, list(range(6)))
     with torch.inference_mode():
         embeds = torch.randn(tree.num_tokens, 64)
         forward_hidden(model, cache, embeds, tree.position_offsets + 6, tree.additive_mask(6, torch.float32, torch.device("cpu")))

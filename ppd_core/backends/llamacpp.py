@@ -84,7 +84,7 @@ class LlamaCppDecoder:
     name = "llamacpp"
 
     def __init__(self, gguf_file: Path, threads: int = 0, gpu_layers: int | None = None,
-                 max_context: int | None = None, kv_type: str = "q8_0"):
+                 max_context: int | None = None, kv_type: str = "q8_0", spare_cells: int = SPARE_CELLS):
         llama = self.llama = import_llama_cpp()
         llama.llama_backend_init()
         quiet_logs(llama)
@@ -99,12 +99,12 @@ class LlamaCppDecoder:
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.vocab_size = llama.llama_vocab_n_tokens(self.vocab)
         self.hidden = llama.llama_model_n_embd(self.model)
-        trained = llama.llama_n_ctx_train(self.model)
+        trained = llama.llama_model_n_ctx_train(self.model)
         self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, trained if trained > 0 else DEFAULT_MAX_CONTEXT)
         self.threads = threads or os.cpu_count() or 1
         self.kv_type = kv_type
         params = llama.llama_context_default_params()
-        params.n_ctx = self.max_context + SPARE_CELLS
+        params.n_ctx = self.max_context + spare_cells
         params.n_batch = params.n_ubatch = BATCH_ROWS
         params.n_seq_max = SEQ_MAX
         params.kv_unified = True
@@ -122,6 +122,7 @@ class LlamaCppDecoder:
         self._token_batch = llama.llama_batch_init(BATCH_ROWS, 0, SEQ_MAX)
         self._embedding_batch = None  # made on the first step with prompt-token rows
         self._resident: LlamaCache | None = None
+        self.rebuilds = 0  # re-decodes that dropped parked cells
         self._embeddings = EmbeddingRows(self.gguf_file)
 
     def close(self) -> None:
@@ -245,6 +246,7 @@ class LlamaCppDecoder:
         rest = cache.tokens[cache.clean :]
         if rest:
             log.info("llama.cpp: re-decoding %d cached tokens to drop parked cells", len(rest))
+            self.rebuilds += 1
             self._decode_tokens(cache, rest, cache.clean, logits=False)
         cache.clean = len(cache.tokens)
 

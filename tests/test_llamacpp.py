@@ -1,0 +1,189 @@
+"""The llama.cpp backend on the real default GGUF, through the real llama.cpp library (no mock).
+
+Claims tested: one tree step gives every node the logits single-token decoding gives it along its
+path, bit for bit (flash attention + Q8_0 KV cache, long contexts included); an embedding batch
+equals the token batch; parked rows keep later steps exact, through truncation and through the
+re-decode that drops them; greedy PPD equals plain decoding on every static tree, with lookup
+chains, with prompt-token rows, over a 1024-token answer and in a follow-up turn that reuses the cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppd_core.backends.llamacpp import LlamaCppDecoder
+from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.engine import Engine, EngineConfig
+from ppd_core.loading import default_model_file
+from ppd_core.static_trees import STATIC_TREES
+from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Give me three tips for staying healthy.",
+    "Write a Python function that merges two sorted lists, and explain it.",
+    "Rewrite this sentence in a formal tone: the cat sat on the mat and would not move at all.",
+    "What is the capital of France, and why is it famous?",
+    "Write a short poem about autumn leaves.",
+]
+# a branching tree with a chain deeper than prompt tokens guess, and prompt tokens on several nodes
+BRANCHING = TreeSpec({(): 1, (0,): 2, (1,): 0, (2,): 1, (0, 0): 0, (0, 1): 1, (1, 0): 0, (0, 0, 0): 0})
+
+
+@pytest.fixture(scope="module")
+def llama_engine():
+    return Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium", threads=2))
+
+
+@pytest.fixture(scope="module")
+def decoder(llama_engine):
+    return llama_engine.loaded.backend
+
+
+def context_ids(engine, length: int) -> list[int]:
+    """A real chat prompt padded with the model's own text to ``length`` tokens."""
+    ids = engine.chat_ids([{"role": "user", "content": "Tell me about the history of tea. " * 200}])
+    return ids[:length]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """A second context for single-token decodes, so the tested cache stays resident in its own."""
+    decoder = LlamaCppDecoder(default_model_file(), threads=2)
+    yield decoder
+    decoder.close()
+
+
+def one_by_one(decoder, cache, tokens) -> list[torch.Tensor]:
+    """Logits after each of ``tokens`` fed one per decode after ``cache``, which is then cut back."""
+    length = decoder.cache_length(cache)
+    logits = [decoder.prefill(cache, [token]) for token in tokens]
+    decoder.truncate(cache, length)
+    return logits
+
+
+def node_tokens_of(tree, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(100, 40000, (tree.num_nodes,), generator=generator)
+
+
+@pytest.mark.parametrize("cached", [40, 1200])
+def test_every_tree_node_equals_single_token_decoding_bitwise(llama_engine, decoder, reference, cached):
+    context = context_ids(llama_engine, cached)
+    plain_cache = reference.new_cache()
+    reference.prefill(plain_cache, context)
+    tree = build_tree(BRANCHING, 3, 1, max_depth=3)
+    nodes = node_tokens_of(tree, cached)
+    prompt_rows = llama_engine.prompt_tokens.flat(torch.float32, torch.device("cpu"))[tree.prompt_embedding_index]
+    for rows in (None, prompt_rows):  # a token batch (no prompt rows) and an embedding batch
+        cache = decoder.new_cache()
+        decoder.prefill(cache, context)
+        plain_tree = build_tree(TreeSpec({p: 0 for p in BRANCHING.prompt_counts}), 3, 1, max_depth=3)
+        logits = decoder.tree_logits(cache, tree if rows is not None else plain_tree, nodes, rows)
+        for node, path in enumerate(tree.node_paths):
+            expected = one_by_one(reference, plain_cache, [int(nodes[i]) for i in path])[-1]
+            assert torch.equal(logits[node], expected), f"node {node} at {cached} cached tokens"
+
+
+def test_embedding_batch_equals_token_batch_bitwise(llama_engine, decoder):
+    context = context_ids(llama_engine, 300)
+    chain = torch.tensor(llama_engine.chat_ids([{"role": "user", "content": "one two three four five"}])[:6])
+    tree = build_tree(TreeSpec({(0,) * d: 0 for d in range(6)}), 0, 1, max_depth=5)
+    results = []
+    for embed in (False, True):
+        cache = decoder.new_cache()
+        decoder.prefill(cache, context)
+        if embed:  # the same token rows, given as the file's own embedding rows, plus a prompt row the tree ignores
+            rows = decoder.embedding_rows(chain[:1])
+            with_prompt = build_tree(TreeSpec({**{(0,) * d: 0 for d in range(5)}, (0,) * 5: 1}), 1, 1, max_depth=5)
+            results.append(decoder.tree_logits(cache, with_prompt, chain, rows)[:6])
+        else:
+            results.append(decoder.tree_logits(cache, tree, chain, None))
+    assert torch.equal(results[0], results[1])
+
+
+def test_parked_rows_keep_later_steps_exact_through_truncation_and_rebuild(reference):
+    decoder = LlamaCppDecoder(default_model_file(), threads=2, max_context=256, spare_cells=64)
+    context = list(range(1000, 1040))
+    tree = build_tree(BRANCHING, 3, 1, max_depth=3)
+    plain = build_tree(TreeSpec({p: 0 for p in BRANCHING.prompt_counts}), 3, 1, max_depth=3)
+    cache = decoder.new_cache()
+    decoder.prefill(cache, context)
+    accepted = list(context)
+    for step in range(60):  # rejected rows pile up in parked cells until a rebuild drops them
+        rebuilds = decoder.rebuilds
+        nodes = node_tokens_of(plain, step)
+        path = plain.node_paths[[5, 3, 6, 7][step % 4]]  # accept a different branch each step
+        start = decoder.cache_length(cache)
+        decoder.tree_logits(cache, plain, nodes, None)
+        decoder.keep(cache, start, path)
+        accepted += [int(nodes[i]) for i in path]
+        assert decoder.cache_length(cache) == len(accepted) and cache.tokens == accepted
+        if step == 7:  # a follow-up turn that cut the answer back
+            decoder.truncate(cache, len(accepted) - 3)
+            accepted = accepted[:-3]
+        if step % 6 != 5 and decoder.rebuilds == rebuilds:
+            continue
+        fresh = reference.new_cache()  # the accepted tokens decoded in order, nothing parked
+        reference.prefill(fresh, accepted)
+        expected = one_by_one(reference, fresh, [7, 8, 9])
+        got = one_by_one(decoder, cache, [7, 8, 9])
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), f"step {step}"
+    assert decoder.rebuilds > 0  # the cells past the context filled with parked rows at least once
+    decoder.close()
+
+
+def greedy(engine, prompt, mode, max_new_tokens=128, **kwargs):
+    return engine.generate(engine.chat_ids([{"role": "user", "content": prompt}]), mode, max_new_tokens, **kwargs)
+
+
+def test_greedy_ppd_equals_plain_on_every_static_tree_with_lookup(llama_engine):
+    n = llama_engine.prompt_tokens.num_prompt_tokens
+    plain = [greedy(llama_engine, p, "vanilla").tokens for p in PROMPTS]
+    try:
+        for name, spec in STATIC_TREES.items():
+            llama_engine.set_tree(family_from_spec(name, spec, n))
+            for lookup in (0, 4):  # prompt-token rows alone, then with lookup chains
+                llama_engine.set_lookup(lookup)
+                for prompt, expected in zip(PROMPTS, plain):
+                    result = greedy(llama_engine, prompt, "ppd")
+                    assert result.tokens == expected, (name, lookup, prompt)
+                    if lookup:
+                        assert result.stats.steps <= len(expected)
+        llama_engine.set_tree(vanilla_family())  # lookup chains alone on plain trees
+        for prompt, expected in zip(PROMPTS, plain):
+            assert greedy(llama_engine, prompt, "ppd").tokens == expected
+    finally:
+        llama_engine.set_lookup(None)
+
+
+def test_a_1024_token_answer_through_a_rebuild_equals_plain():
+    decoder = LlamaCppDecoder(default_model_file(), threads=2, max_context=2048, spare_cells=128)
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="small", threads=2, lookup=4))
+    prompt = engine.chat_ids([{"role": "user", "content": "List the numbers from 1 to 400, one per line."}])
+    answers = []
+    for family in (vanilla_family(), engine.family):
+        speculator = Speculator(decoder, family, engine._prompt_table, (4, 4, 4, 4) if family is not vanilla_family() else ())
+        request = Request(prompt, 1024, frozenset(), decoder.max_context)  # no EOS: all 1024 tokens
+        answers.append([t for step in generate(speculator, request) for t in step.tokens])
+    assert len(answers[0]) == 1024 and answers[1] == answers[0]
+    assert decoder.rebuilds > 0
+    decoder.close()
+
+
+def test_follow_up_turn_reusing_the_cache_equals_plain(llama_engine):
+    first = [{"role": "user", "content": "Write a short paragraph about rivers."}]
+    results = {}
+    for mode in ("vanilla", "ppd"):
+        llama_engine.set_lookup(4)
+        turn1 = llama_engine.generate(llama_engine.chat_ids(first), mode, 96, reuse_cache=True)
+        follow = first + [{"role": "assistant", "content": turn1.text},
+                          {"role": "user", "content": "Now repeat that paragraph, word for word."}]
+        turn2 = llama_engine.generate(llama_engine.chat_ids(follow), mode, 128, reuse_cache=True)
+        assert turn2.stats.reused_tokens > 0
+        results[mode] = (turn1.tokens, turn2.tokens, turn2.stats)
+    llama_engine.set_lookup(None)
+    assert results["ppd"][:2] == results["vanilla"][:2]
+    assert results["ppd"][2].steps < len(results["ppd"][1])  # the copy was guessed
