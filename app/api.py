@@ -402,6 +402,8 @@ def model_card(service: ChatService, created: int) -> dict:
             "quant": loaded.quant,
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "device": str(loaded.device),
+            "backend": loaded.backend.name,
+            "backend_choice": engine.backend_choice,
             "forward": loaded.forward,
             "max_context": engine.max_context,
             "prompt_tokens": {"count": tokens.num_prompt_tokens, "ensemble_size": tokens.ensemble_size,

@@ -114,6 +114,7 @@ class BenchConfig:
     turns: int = 1  # 1: first turns only; 2: also the follow-up, after the first answer
     max_new_tokens: int = 128
     compare_generate: bool = False  # also time transformers generate() (greedy only)
+    compare_llama_cpp: bool = False  # also time llama-cpp-python's create_chat_completion (greedy only)
     sampling: SamplingParams = GREEDY
 
 
@@ -124,6 +125,8 @@ class BenchRun:
     modes: dict[str, ModeTotals] = field(default_factory=lambda: {"vanilla": ModeTotals(), "ppd": ModeTotals()})
     groups: dict[str, dict[str, ModeTotals]] = field(default_factory=dict)  # "turn 2", "coding", ...: the same per group
     reference: ModeTotals = field(default_factory=ModeTotals)  # transformers generate()
+    peer: ModeTotals = field(default_factory=ModeTotals)  # llama-cpp-python create_chat_completion
+    peer_same_text: int = 0  # its answers whose text equals plain decoding's
     mismatches: list[int] = field(default_factory=list)  # questions whose greedy answers differ
 
 
@@ -153,7 +156,38 @@ def timed_reference(engine: Engine, ids: list[int], max_new_tokens: int, totals:
     totals.peak_bytes = max(totals.peak_bytes, memory.peak)
 
 
-def bench_question(engine: Engine, number: int, question: Question, config: BenchConfig, run: BenchRun) -> None:
+class LlamaCppPeer:
+    """llama-cpp-python's own chat API on the same GGUF file and threads: what its users run."""
+
+    def __init__(self, engine: Engine):
+        gguf = engine.loaded.gguf_file
+        if gguf is None:
+            raise PpdError("--compare-llama-cpp needs a GGUF model (the default is one)")
+        try:
+            from llama_cpp import Llama
+        except (ImportError, OSError) as error:
+            raise PpdError(f"--compare-llama-cpp needs llama-cpp-python ({str(error).splitlines()[0]})") from None
+        self.threads = engine.threads
+        self.llama = Llama(model_path=str(gguf), n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads,
+                           verbose=False)
+
+    def answer(self, messages: list[dict], max_new_tokens: int, totals: ModeTotals) -> str:
+        with PeakMemory(torch.device("cpu")) as memory:
+            start = time.perf_counter()
+            response = self.llama.create_chat_completion(messages, max_tokens=max_new_tokens, temperature=0.0,
+                                                         top_k=1, repeat_penalty=1.0)
+            totals.seconds += time.perf_counter() - start
+        totals.new_tokens += response["usage"]["completion_tokens"]
+        totals.peak_bytes = max(totals.peak_bytes, memory.peak)
+        return response["choices"][0]["message"]["content"] or ""
+
+    def describe(self) -> dict:
+        return {"api": "llama_cpp.Llama.create_chat_completion", "temperature": 0.0, "threads": self.threads,
+                "n_ctx": 4096, "llama_cpp_python": __import__("llama_cpp").__version__}
+
+
+def bench_question(engine: Engine, number: int, question: Question, config: BenchConfig, run: BenchRun,
+                   peer: LlamaCppPeer | None = None) -> None:
     """Both modes on each turn of one question, in alternating order; later turns follow the plain answer."""
     sampling = config.sampling
     if not sampling.greedy:  # both modes get the same seed per question
@@ -168,6 +202,9 @@ def bench_question(engine: Engine, number: int, question: Question, config: Benc
                    for mode in order}
         if config.compare_generate and sampling.greedy:
             timed_reference(engine, ids, config.max_new_tokens, run.reference)
+        if peer is not None and sampling.greedy:
+            text = peer.answer(history, config.max_new_tokens, run.peer)
+            run.peer_same_text += text.strip() == engine.tokenizer.decode(answers["vanilla"], skip_special_tokens=True).strip()
         if answers["ppd"] != answers["vanilla"] and number not in run.mismatches:
             run.mismatches.append(number)
         history.append({"role": "assistant", "content": engine.tokenizer.decode(answers["vanilla"], skip_special_tokens=True)})
@@ -183,11 +220,22 @@ def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig
     for mode in ("vanilla", "ppd"):
         engine.generate(warmup, mode, 16)
     run = BenchRun()
+    peer = LlamaCppPeer(engine) if config.compare_llama_cpp else None
+    if peer is not None:
+        peer.answer([{"role": "user", "content": "Say hello."}], 16, ModeTotals())  # its warm-up
     for number, question in enumerate(questions):
-        bench_question(engine, number, question, config, run)
+        bench_question(engine, number, question, config, run, peer)
         speeds = {mode: t.new_tokens / max(t.seconds, 1e-9) for mode, t in run.modes.items()}
-        print(f"[{number + 1}/{len(questions)}] ppd {speeds['ppd']:.1f} tok/s, vanilla {speeds['vanilla']:.1f} tok/s", file=log, flush=True)
-    return summary(engine, len(questions), config, run)
+        line = f"[{number + 1}/{len(questions)}] ppd {speeds['ppd']:.1f} tok/s, vanilla {speeds['vanilla']:.1f} tok/s"
+        if peer is not None:
+            line += f", llama.cpp create_chat_completion {run.peer.tok_s:.1f} tok/s"
+        print(line, file=log, flush=True)
+    result = summary(engine, len(questions), config, run)
+    if peer is not None:
+        result["llama_cpp"] = {**run.peer.to_json(False), **peer.describe(), "same_text_as_plain": run.peer_same_text,
+                               "plain_over_llama_cpp": round(result["vanilla"]["tok_s"] / run.peer.tok_s, 4) if run.peer.tok_s else 0.0,
+                               "ppd_over_llama_cpp": round(result["ppd"]["tok_s"] / run.peer.tok_s, 4) if run.peer.tok_s else 0.0}
+    return result
 
 
 def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchRun) -> dict:
@@ -199,6 +247,7 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
         "device": describe(engine.loaded.device).to_json(),
         "quant": engine.loaded.quant,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+        "backend": engine.loaded.backend.name,
         "forward": engine.loaded.forward,
         "kernels": engine.loaded.kernels,
         "questions": num_questions,

@@ -70,8 +70,9 @@ class Comparison:
         )
 
 
-def format_readout(stats: GenerationStats, speedup: str | None, finished: bool) -> str:
-    """The live speed line; ``speedup`` is None with PPD off (there is nothing to compare)."""
+def format_readout(stats: GenerationStats, speedup: str | None, finished: bool, backend: str = "") -> str:
+    """The live speed line; ``speedup`` is None with PPD off (there is nothing to compare); ``backend`` names
+    what decodes."""
     state = "" if finished else " (streaming)"
     steps = max(stats.steps, 1)
     sources = f" (guessed per step: prompt tokens {(stats.from_guesses - stats.from_lookup) / steps:.2f}, lookup {stats.from_lookup / steps:.2f})"
@@ -79,12 +80,13 @@ def format_readout(stats: GenerationStats, speedup: str | None, finished: bool) 
             else "PPD off: plain decoding, 1 token/step")
     reused = f", {stats.reused_tokens} reused from the last turn" if stats.reused_tokens else ""
     return (
-        f"**{stats.tok_s:.1f} tokens/s**{state} ({SPEED_DEFINITION}) · {mode} · "
+        f"**{stats.tok_s:.1f} tokens/s**{state} ({SPEED_DEFINITION}){' on ' + backend if backend else ''} · {mode} · "
         f"{stats.new_tokens} tokens · prompt processing {stats.prefill_seconds * 1000:.0f} ms "
         f"({stats.prompt_tokens - stats.reused_tokens} tokens{reused})"
     )
 
 
+BACKEND_NAMES = {"llamacpp": "llama.cpp", "torch": "torch"}
 LOOKUP_MARK = '<mark style="background-color: #bfe3ff">'  # guesses copied from the conversation: blue
 
 
@@ -178,7 +180,8 @@ class ChatService:
         return AnswerUpdate(
             text=event.text,
             display=highlighter.html if highlighter is not None else event.text,
-            readout=format_readout(event.stats, self.speedup_label() if settings.ppd else None, finished),
+            readout=format_readout(event.stats, self.speedup_label() if settings.ppd else None, finished,
+                                   BACKEND_NAMES.get(self.engine.loaded.backend.name, self.engine.loaded.backend.name)),
             note=" ".join(notes),
             stats=event.stats,
             stop_reason=stop_reason,

@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, default=None, dest="json_path", help="write the result object here")
     bench.add_argument("--plot", type=Path, default=None, help="write a tokens/s chart (PNG) here")
     bench.add_argument("--compare-generate", action="store_true", help="also time transformers generate()")
+    bench.add_argument("--compare-llama-cpp", action="store_true",
+                       help="also time llama-cpp-python's create_chat_completion on the same GGUF file and threads")
     add_sampling_options(bench)
     add_model_options(bench)
 
@@ -438,7 +440,7 @@ def run_bench(args: argparse.Namespace) -> int:
             raise PpdError(f"no question of category {args.category!r}; the file has {', '.join(categories)}")
     questions = questions[: args.limit] if args.limit else questions
     engine = load_engine(args)
-    config = BenchConfig(args.turns, args.max_new_tokens, args.compare_generate, sampling)
+    config = BenchConfig(args.turns, args.max_new_tokens, args.compare_generate, args.compare_llama_cpp, sampling)
     result = run_benchmark(engine, questions, config)
     text = json.dumps(result, indent=2)
     if args.json_path:

@@ -66,6 +66,22 @@ def prompt_tokens_line(tokens) -> str:
             f"embeddings, {trained})")
 
 
+def backend_line(engine) -> str:
+    """What decodes, with its settings, and the plain-step timings that chose it when both backends could."""
+    kernels = engine.loaded.kernels
+    if kernels["backend"] == "llamacpp":
+        offload = f"{kernels['gpu_layers']} layers on the GPU" if kernels["gpu_layers"] else "CPU"
+        line = (f"**Backend:** llama.cpp (llama-cpp-python {kernels['llama_cpp_python']}, {offload}, "
+                f"{kernels['threads']} threads, flash attention, {kernels['kv_cache'].upper()} KV cache)")
+    else:
+        line = f"**Backend:** torch ({kernels.get('forward', 'transformers')} forward)"
+    choice = engine.backend_choice
+    if choice:
+        timings = ", ".join(f"{name} {ms:.1f} ms" for name, ms in choice["step_ms"].items())
+        line += f"; chosen by a plain step after {choice['context']} cached tokens: {timings}"
+    return line
+
+
 def device_panel(engine) -> str:
     """Markdown for the device panel."""
     loaded = engine.loaded
@@ -76,6 +92,7 @@ def device_panel(engine) -> str:
         f"**{memory.label}:** {gib(memory.used_bytes)} used of {gib(memory.total_bytes)}",
         f"**Model:** {loaded.name}, {gib(loaded.num_bytes)} ({weights_label(loaded)}, "
         f"{str(loaded.dtype).removeprefix('torch.')}, {loaded.forward} forward)",
+        backend_line(engine),
         prompt_tokens_line(engine.prompt_tokens),
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**engine.tree_summary()),
         f"**Guesses from:** {guess_sources(engine)}",

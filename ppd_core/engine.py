@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import torch
 
 from ppd_core import decoding
 from ppd_core.atomic_files import atomic_write
+from ppd_core.backend_choice import choice_path, choose, device_key
 from ppd_core.backends import BACKEND_CHOICES
 from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
@@ -32,6 +34,7 @@ from ppd_core.loading import (
     QUANT_CHOICES,
     LoadedModel,
     load_model,
+    release_free_heap,
 )
 from ppd_core.lookup import MAX_LOOKUP, MAX_NGRAM
 from ppd_core.prompt_tokens import PromptTokens, signature_of
@@ -135,6 +138,27 @@ def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens
     return tokens
 
 
+def faster_backend(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, dict]:
+    """``loaded`` (on llama.cpp) or the same model on torch, whichever took a plain step faster here
+    (measured once per device and model file; ``backend_choice``)."""
+    on_torch: list[LoadedModel] = []
+
+    def build_torch():
+        on_torch.append(load_model(config.model, config.quant, config.device, config.dtype, config.forward, "torch"))
+        return on_torch[0].backend
+
+    device = device_key(loaded)
+    record = choose({"llamacpp": lambda: loaded.backend, "torch": build_torch}, choice_path(device, loaded.gguf_file, config.threads), device)
+    if record["chosen"] == "llamacpp":
+        on_torch.clear()
+        gc.collect()
+        release_free_heap()
+        return loaded, record
+    loaded.backend.close()
+    return (on_torch[0] if on_torch else load_model(config.model, config.quant, config.device, config.dtype,
+                                                    config.forward, "torch")), record
+
+
 def check_tree_name(tree: str) -> None:
     if tree != "auto" and tree not in STATIC_TREES and not (tree.isdigit() and int(tree) >= 1):
         raise PpdError(f"unknown tree {tree!r}; use auto, {', '.join(STATIC_TREES)} or a token budget such as 12")
@@ -157,6 +181,7 @@ class Engine:
             loaded.backend.dtype, loaded.backend.device)
         self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match length (empty: none)
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
+        self.backend_choice: dict | None = None  # the plain-step timings that chose the backend, if both could run
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
@@ -170,6 +195,9 @@ class Engine:
             torch.set_num_threads(config.threads)  # before calibration: profiles are per thread count
         loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward,
                             config.backend, config.threads, config.gpu_layers)
+        choice = None
+        if config.backend == "auto" and loaded.backend.name == "llamacpp":  # torch can run it too: the faster one
+            loaded, choice = faster_backend(loaded, config)
         prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
         n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
         if not n and config.tree in STATIC_TREES:
@@ -179,6 +207,7 @@ class Engine:
         family = family_from_spec(static, STATIC_TREES[static], n, V) if n else vanilla_family()
         max_context = min(config.max_context or loaded.max_context, loaded.max_context)
         engine = cls(loaded, prompt_tokens, family, max_context)
+        engine.backend_choice = choice
         engine.set_lookup(config.lookup)
         if config.tree not in STATIC_TREES:
             profile = engine.saved_profile()
@@ -231,6 +260,11 @@ class Engine:
             return
         n, V = self.prompt_tokens.num_prompt_tokens, self.prompt_tokens.ensemble_size
         self.set_tree(family_from_specs(f"budget-{budget}", design_family(profile.acceptance, budget, n, V), n, V))
+
+    @property
+    def threads(self) -> int:
+        """CPU threads a step runs on: llama.cpp's, or torch's (process-wide)."""
+        return self.loaded.kernels.get("threads") or torch.get_num_threads()
 
     @property
     def tokenizer(self):

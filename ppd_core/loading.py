@@ -69,6 +69,7 @@ class LoadedModel:
     generation_config: object
     decoder: object = None  # the torch forward: a ``LeanDecoder``, or the transformers model itself (None on llama.cpp)
     backend: Decoder | None = None  # what decodes: llama.cpp, or ``decoder`` through the torch backend
+    gguf_file: Path | None = None  # the GGUF file the model came from, if it did
     quant_is_default: bool = False  # ``quant`` was chosen by --quant auto
     network: torch.nn.Module | None = None  # the transformers model, once built
     build_network: Callable[[], torch.nn.Module] | None = None  # builds it on first use (None: built at load)
@@ -91,21 +92,23 @@ class LoadedModel:
                 gc.collect()
                 release_free_heap()
 
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = TorchDecoder(self.decoder)
+
     @property
     def forward(self) -> str:
-        """Which forward decodes: "lean" or "transformers"."""
-        return "lean" if isinstance(self.decoder, LeanDecoder) else "transformers"
+        """Which forward decodes: "llamacpp", "lean" or "transformers"."""
+        return self.backend.describe().get("forward", self.backend.name)
 
     @property
     def kernels(self) -> dict:
-        """The step's matmul kernels: the lean forward's, or the transformers model's own."""
-        if isinstance(self.decoder, LeanDecoder):
-            return self.decoder.kernels
-        return {"linear": "transformers modules", "compiled": False}
+        """What runs a step: the backend and its kernels (the lean forward's, transformers modules, llama.cpp)."""
+        return self.backend.describe()
 
     @property
     def max_context(self) -> int:
-        return int(getattr(self.config, "max_position_embeddings", 2048))
+        return self.backend.max_context
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -451,7 +454,7 @@ def load_model(
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load {name}: {str(error).splitlines()[0]}") from None
     loaded = dict(tokenizer=tokenizer, name=name, source=str(folder), device=target, dtype=torch_dtype,
-                  quant_is_default=automatic)
+                  quant_is_default=automatic, gguf_file=gguf_file)
     if model_free:
         plain = plain or plain_config(folder)  # read above unless the folder was converted just now
         decoder = model_free_decoder(gguf_file, folder, plain) if plain is not None else None
@@ -503,5 +506,6 @@ def load_llamacpp(model: str, quant: str, device: str, dtype: str, forward: str,
         tokenizer=PreTrainedTokenizerFast.from_pretrained(converted), name=name, source=str(folder / gguf_name),
         device=target, dtype=torch.float32, quant="gguf", config=config, quant_is_default=quant == "auto",
         generation_config=plain_config(converted, "generation_config.json") or config, backend=decoder,
+        gguf_file=folder / gguf_name,
         build_network=lambda: build_network(converted, kwargs, target, name),
     )
