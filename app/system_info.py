@@ -39,8 +39,9 @@ def gib(count: int) -> str:
 
 def weights_label(loaded) -> str:
     """How the weights are stored, and whether that was the automatic choice."""
-    label = {"none": "not quantized", "int4": "int4 weights, int8 LM head", "int8": "int8 weights"}.get(loaded.quant, loaded.quant)
-    if loaded.quant_is_default and loaded.quant != "none":
+    label = {"none": "not quantized", "int4": "int4 weights, int8 LM head", "int8": "int8 weights",
+             "gguf": "the GGUF file's own quantization, run by llama.cpp"}.get(loaded.quant, loaded.quant)
+    if loaded.quant_is_default and loaded.quant not in ("none", "gguf"):
         label += "; the CPU default, --quant none for full precision"
     return label
 
