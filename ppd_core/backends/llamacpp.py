@@ -45,7 +45,7 @@ KEEP = SEQ_MAX - 2  # marks a step's accepted path while its cells change hands
 MAX_LEAVES = SEQ_MAX - 2  # sequence ids left for a tree's leaves
 BATCH_ROWS = 512  # rows per llama_decode (prefill is split into batches this long)
 SPARE_CELLS = 1024  # cells beyond the context for parked rows and one step's tree
-DEFAULT_MAX_CONTEXT = 4096  # positions held at most (the model's own if smaller): 12 KB of Q8_0 cache each here
+DEFAULT_MAX_CONTEXT = 8192  # positions held at most (the model's own if smaller): 12 KB of Q8_0 cache each here
 EMBEDDING_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")  # token_embd types whose rows this module de-quantizes
 
 
@@ -148,9 +148,10 @@ class LlamaCppDecoder:
 
     def prefill(self, cache: LlamaCache, token_ids: Sequence[int]) -> torch.Tensor:
         self._make_resident(cache, len(token_ids))
+        in_order = cache.clean == len(cache.tokens) == cache.cells  # no parked cell: the new cells extend the prefix
         logits = self._decode_tokens(cache, list(token_ids), len(cache.tokens))  # [vocab]
         cache.tokens.extend(token_ids)
-        if cache.clean == len(cache.tokens) - len(token_ids):
+        if in_order:
             cache.clean = len(cache.tokens)
         return logits
 
@@ -194,7 +195,8 @@ class LlamaCppDecoder:
         else:  # a chain accepted whole: its rows hold sequence 0 only
             for seq in range(1, cache.width):
                 llama.llama_memory_seq_cp(memory, 0, seq, start, -1)
-        if cache.clean == start:  # accepted rows before the step's first rejected one are still in order
+        if cache.clean == start == cache.cells - tree.num_tokens:  # no parked cell before the step's rows:
+            # its accepted rows before the first rejected one sit in the cells after the clean prefix
             cache.clean += next((i for i, row in enumerate(path) if row != i), len(path))
         cache.tokens.extend(nodes[i] for i in path)
 
@@ -202,8 +204,8 @@ class LlamaCppDecoder:
         if length >= len(cache.tokens):
             return
         if self._resident is cache:
-            if cache.clean >= length:  # no parked cell before ``length``: free everything from there
-                self.llama.llama_memory_seq_rm(self.memory, -1, length, -1)
+            if cache.clean >= length:  # cells 0..length-1 hold tokens 0..length-1: free every other cell
+                self._free_after(length)
                 cache.cells, cache.clean = length, length
             else:  # accepted cells after a parked one: park them too
                 for seq in range(cache.width):
@@ -238,10 +240,7 @@ class LlamaCppDecoder:
         elif cache.cells + new_rows <= self.cells:
             return
         # free everything after the clean prefix, then decode the accepted tokens after it in order
-        self.llama.llama_memory_seq_rm(self.memory, -1, cache.clean, -1)
-        cache.width = 1
-        for seq in range(1, SEQ_MAX):
-            self.llama.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self._free_after(cache.clean)
         cache.cells = cache.clean
         rest = cache.tokens[cache.clean :]
         if rest:
@@ -249,6 +248,12 @@ class LlamaCppDecoder:
             self.rebuilds += 1
             self._decode_tokens(cache, rest, cache.clean, logits=False)
         cache.clean = len(cache.tokens)
+
+    def _free_after(self, length: int) -> None:
+        """Free every cell but the first ``length``, which must hold tokens 0..length-1 in order (parked
+        cells always lie after them, though a parked cell's position may be lower than ``length``)."""
+        self.llama.llama_memory_seq_rm(self.memory, -1, length, -1)
+        self.llama.llama_memory_seq_rm(self.memory, PARK, -1, -1)
 
     def _widen(self, cache: LlamaCache, leaves: int) -> None:
         """Give the accepted cells sequences 0..leaves-1 as well."""
