@@ -133,7 +133,7 @@ class BenchRun:
 def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int, totals: list[ModeTotals], sampling: SamplingParams) -> list[int]:
     """One answer, counted into each of ``totals`` (the run's, its turn's, its category's)."""
     with PeakMemory(engine.loaded.device) as memory:
-        result = engine.generate(ids, mode, max_new_tokens, sampling=sampling)
+        result = engine.generate(ids, mode, max_new_tokens, sampling=sampling, reuse_cache=True)
     stats = result.stats
     for total in totals:
         total.new_tokens += stats.new_tokens
@@ -181,33 +181,53 @@ class LlamaCppPeer:
         totals.peak_bytes = max(totals.peak_bytes, memory.peak)
         return response["choices"][0]["message"]["content"] or ""
 
+    def conversation(self, turns: list[str], max_new_tokens: int, totals: ModeTotals) -> list[str]:
+        """Its answers to each turn, following its own: the first from an empty cache, later turns reusing the
+        conversation's (``Llama`` keeps the longest common prefix of its last call), as ppd's modes do."""
+        self.llama.reset()
+        history, answers = [], []
+        for turn in turns:
+            history.append({"role": "user", "content": turn})
+            answers.append(self.answer(history, max_new_tokens, totals))
+            history.append({"role": "assistant", "content": answers[-1]})
+        return answers
+
     def describe(self) -> dict:
         return {"api": "llama_cpp.Llama.create_chat_completion", "temperature": 0.0, "threads": self.threads,
-                "n_ctx": 4096, "llama_cpp_python": __import__("llama_cpp").__version__}
+                "n_ctx": 4096, "flash_attention": False, "kv_cache": "f16",  # the library's defaults
+                "llama_cpp_python": __import__("llama_cpp").__version__}
 
 
 def bench_question(engine: Engine, number: int, question: Question, config: BenchConfig, run: BenchRun,
                    peer: LlamaCppPeer | None = None) -> None:
-    """Both modes on each turn of one question, in alternating order; later turns follow the plain answer."""
+    """Each mode answers the whole conversation as the chat does: the first turn from an empty cache (its
+    prompt processed whole), later turns after the mode's own answers, reusing the conversation's cache.
+    Which mode goes first alternates between questions."""
     sampling = config.sampling
     if not sampling.greedy:  # both modes get the same seed per question
         sampling = dataclasses.replace(sampling, seed=(sampling.seed or 0) + number)
+    turns = question.turns[: config.turns]
     order = ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla")
-    history: list[dict] = []
-    for index, turn in enumerate(question.turns[: config.turns], 1):
-        history.append({"role": "user", "content": turn})
-        ids = engine.chat_ids(history)
-        groups = [run.groups.setdefault(name, {"vanilla": ModeTotals(), "ppd": ModeTotals()}) for name in (f"turn {index}", question.category)]
-        answers = {mode: timed_answer(engine, ids, mode, config.max_new_tokens, [run.modes[mode]] + [g[mode] for g in groups], sampling)
-                   for mode in order}
-        if config.compare_generate and sampling.greedy:
-            timed_reference(engine, ids, config.max_new_tokens, run.reference)
-        if peer is not None and sampling.greedy:
-            text = peer.answer(history, config.max_new_tokens, run.peer)
-            run.peer_same_text += text.strip() == engine.tokenizer.decode(answers["vanilla"], skip_special_tokens=True).strip()
-        if answers["ppd"] != answers["vanilla"] and number not in run.mismatches:
-            run.mismatches.append(number)
-        history.append({"role": "assistant", "content": engine.tokenizer.decode(answers["vanilla"], skip_special_tokens=True)})
+    answers: dict[str, list[list[int]]] = {}
+    for mode in order:
+        engine.forget_conversation()
+        history: list[dict] = []
+        answers[mode] = []
+        for index, turn in enumerate(turns, 1):
+            history.append({"role": "user", "content": turn})
+            groups = [run.groups.setdefault(name, {"vanilla": ModeTotals(), "ppd": ModeTotals()}) for name in (f"turn {index}", question.category)]
+            ids = engine.chat_ids(history)
+            tokens = timed_answer(engine, ids, mode, config.max_new_tokens, [run.modes[mode]] + [g[mode] for g in groups], sampling)
+            if mode == "vanilla" and config.compare_generate and sampling.greedy:  # the same prompt, no cache reuse
+                timed_reference(engine, ids, config.max_new_tokens, run.reference)
+            answers[mode].append(tokens)
+            history.append({"role": "assistant", "content": engine.tokenizer.decode(tokens, skip_special_tokens=True)})
+    engine.forget_conversation()
+    if peer is not None and sampling.greedy:
+        plain = [engine.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens in answers["vanilla"]]
+        run.peer_same_text += sum(a.strip() == b for a, b in zip(peer.conversation(turns, config.max_new_tokens, run.peer), plain))
+    if answers["ppd"] != answers["vanilla"]:
+        run.mismatches.append(number)
 
 
 def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig, log=sys.stderr) -> dict:

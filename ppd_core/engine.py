@@ -360,6 +360,10 @@ class Engine:
         if cache is not None:
             self._keep_cache(cache, list(input_ids) + tokens)
 
+    def forget_conversation(self) -> None:
+        """Drop the cache kept for the next turn: the next answer processes its whole prompt."""
+        self._kept = None
+
     def _take_cache(self, input_ids: Sequence[int]) -> tuple[object, int]:
         """The kept cache cut to its common prefix with ``input_ids`` (at least one token left to prefill)."""
         kept, self._kept = self._kept, None

@@ -1,12 +1,13 @@
 """Peak resident memory of `ppd generate` per quantization mode, and of `ppd chat` serving one answer.
 
-    python benchmarks/scripts/peak_rss.py [--modes int4,none,int8] [--json FILE]
+    python benchmarks/scripts/peak_rss.py [--modes auto,int4,none,int8] [--json FILE]
 
 `ppd generate` runs under ``/usr/bin/time -f %M`` (the kernel's peak RSS of the process), a 64-token
-and a 256-token answer for int4. `ppd chat` is started on a free port (the calibration profile must
-already exist, or the figure includes the first launch's calibration); once it answers ``/health``
-its VmRSS is read, then one 256-token greedy answer is asked through ``/v1/chat/completions`` and
-VmHWM (its peak) is read. Prints one JSON object (and writes it to ``--json``).
+answer per mode (``auto``: the default backend, llama.cpp on the default GGUF; the others ``--quant``
+on torch) and a 256-token answer for auto and int4. `ppd chat` is started on a free port (the
+calibration profile must already exist, or the figure includes the first launch's calibration); once
+it answers ``/health`` its VmRSS is read, then one 256-token greedy answer is asked through
+``/v1/chat/completions`` and VmRSS and VmHWM (its peak) are read. Prints one JSON object (and writes it to ``--json``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def chat_figures() -> dict:
         request = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
         answer = json.load(urllib.request.urlopen(request, timeout=600))
-        return {"rss_after_start_mb": started, "peak_rss_after_answer_mb": status_mb(server.pid, "VmHWM"),
+        return {"rss_after_start_mb": started, "rss_after_answer_mb": status_mb(server.pid, "VmRSS"),
+                "peak_rss_after_answer_mb": status_mb(server.pid, "VmHWM"),
                 "answer_tokens": answer["usage"]["completion_tokens"]}
     finally:
         server.terminate()
@@ -73,7 +75,7 @@ def chat_figures() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--modes", default="int4,none,int8")
+    parser.add_argument("--modes", default="auto,int4,none,int8")  # auto: the default backend (llama.cpp on a GGUF)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if shutil.which("/usr/bin/time") is None:
@@ -81,8 +83,9 @@ def main() -> None:
     result = {
         "command": "python benchmarks/scripts/peak_rss.py --modes " + args.modes,
         "device": f"{cpu_name()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "generate_64_tokens_peak_rss_mb": {mode: peak_mb([*PPD, *SHORT, "--quant", mode]) for mode in args.modes.split(",")},
-        "generate_256_tokens_int4_peak_rss_mb": peak_mb([*PPD, *LONG, "--quant", "int4"]),
+        "generate_64_tokens_peak_rss_mb": {
+            mode: peak_mb([*PPD, *SHORT] + ([] if mode == "auto" else ["--quant", mode])) for mode in args.modes.split(",")},
+        "generate_256_tokens_peak_rss_mb": {"auto": peak_mb([*PPD, *LONG]), "int4": peak_mb([*PPD, *LONG, "--quant", "int4"])},
         "chat": chat_figures(),
     }
     report(result, args.json)

@@ -353,12 +353,18 @@ class EmbeddingRows:
         return dequantize(raw, GGMLQuantizationType[self.tensor.kind]).astype(np.float32, copy=False)
 
 
+# llama.cpp warns that the cells (context + spare cells for parked rows) outnumber the model's trained
+# context; positions never pass ``max_context``, which is at most the trained context
+EXPECTED_WARNINGS = ("possible training context overflow",)
+
+
 def quiet_logs(llama) -> None:
-    """llama.cpp logs every load to stderr; keep its warnings and errors only."""
+    """llama.cpp logs every load to stderr; keep its warnings and errors only (not the one about spare cells)."""
     @llama.llama_log_callback
     def callback(level, text, user_data):
-        if level in (3, 4):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
-            log.warning("llama.cpp: %s", text.decode(errors="replace").rstrip())
+        line = text.decode(errors="replace").rstrip()
+        if level in (3, 4) and not any(expected in line for expected in EXPECTED_WARNINGS):  # WARN, ERROR
+            log.warning("llama.cpp: %s", line)
 
     quiet_logs.callback = callback  # must outlive the call
     llama.llama_log_set(callback, ctypes.c_void_p(0))
