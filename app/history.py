@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import platformdirs
@@ -63,17 +63,22 @@ class ConversationStore:
         return self.folder / f"{conversation_id}.json"
 
     def save(self, conversation: Conversation) -> Path:
-        """Write ``conversation``; if its file holds another revision, give it a new id first (nothing is replaced)."""
+        """Write ``conversation``; if its file holds another revision, give it a new id first (nothing is replaced).
+
+        Its id, revision and time change only once the file is written: after a failed write (an OSError)
+        the next save writes the same file, not a fork.
+        """
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         with FileLock(self.folder / ".store.lock", mode=0o600):  # the revision check and the write, as one step
             path = self.path(conversation.id)
+            record = replace(conversation, revision=conversation.revision + 1, updated=time.time())
             if path.exists() and self._revision_on_disk(path) != conversation.revision:
-                conversation.id = new_conversation_id()
-                path = self.path(conversation.id)
-            conversation.revision += 1
-            conversation.updated = time.time()
-            text = json.dumps(asdict(conversation), indent=1, ensure_ascii=False)
-            return atomic_write(path, text, private=True)  # chats are personal: 0600 in a 0700 folder
+                record.id = new_conversation_id()
+                path = self.path(record.id)
+            text = json.dumps(asdict(record), indent=1, ensure_ascii=False)
+            written = atomic_write(path, text, private=True)  # chats are personal: 0600 in a 0700 folder
+            conversation.id, conversation.revision, conversation.updated = record.id, record.revision, record.updated
+            return written
 
     @staticmethod
     def _revision_on_disk(path: Path) -> int | None:

@@ -25,9 +25,10 @@ CONTEXT = 256  # cached tokens before the timed steps, as in calibration
 ROUNDS = 3  # alternating rounds: a drift of the machine's speed hits both backends
 
 
-def choice_path(device: dict, gguf_file: Path, threads: int) -> Path:
+def choice_path(device: dict, gguf_file: Path) -> Path:
+    """Where the choice for this device (its thread count included) and model file is saved."""
     stat = gguf_file.stat()
-    key = json.dumps([device, str(gguf_file.resolve()), stat.st_size, stat.st_mtime_ns, threads], sort_keys=True)
+    key = json.dumps([device, str(gguf_file.resolve()), stat.st_size, stat.st_mtime_ns], sort_keys=True)
     return profiles_dir() / f"backend-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 

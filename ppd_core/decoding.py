@@ -163,7 +163,8 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
     produced: list[int] = []
     while True:
         room = max_context - prompt_end - len(produced)
-        stats.tokens, stats.stop = clip_tokens(stats.tokens, len(produced), request.eos_token_ids, request.max_new_tokens, room)
+        kept, stats.stop = clip_tokens(stats.tokens, len(produced), request.eos_token_ids, request.max_new_tokens, room)
+        stats.clip(len(kept))  # the stats count only the tokens kept
         produced.extend(stats.tokens)
         yield stats
         if stats.stop:

@@ -148,7 +148,7 @@ def faster_backend(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedMod
         return on_torch[0].backend
 
     device = device_key(loaded)
-    record = choose({"llamacpp": lambda: loaded.backend, "torch": build_torch}, choice_path(device, loaded.gguf_file, config.threads), device)
+    record = choose({"llamacpp": lambda: loaded.backend, "torch": build_torch}, choice_path(device, loaded.gguf_file), device)
     if record["chosen"] == "llamacpp":
         on_torch.clear()
         gc.collect()

@@ -17,6 +17,14 @@ class StepStats:
     stop: str | None = None  # set on the last step: "eos", "length" or "context"
     from_lookup: int = 0  # how many of the accepted guesses came from the n-gram lookup chain
 
+    def clip(self, keep: int) -> None:
+        """Keep the first ``keep`` tokens, and count only the guesses among them (the prompt tokens' come
+        first on a path, then the lookup chain's)."""
+        prompt_guesses = self.from_guesses - self.from_lookup
+        self.tokens = self.tokens[:keep]
+        self.from_guesses = min(self.from_guesses, keep)
+        self.from_lookup = max(0, self.from_guesses - prompt_guesses)
+
 
 @dataclass
 class GenerationStats:

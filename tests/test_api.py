@@ -328,3 +328,22 @@ def test_serve_on_a_non_loopback_host_needs_a_key_or_no_auth(capsys, monkeypatch
     assert api_key_of(build_parser().parse_args(["chat", "--host", "0.0.0.0", "--auth", "me:secret"])) == (False, None)
     assert "API (/v1) is off" in capsys.readouterr().err
     assert main(["serve", "--api-key", " ", "--port", str(free_port())]) == 2
+
+
+@pytest.mark.slow
+def test_openai_client_on_the_llama_cpp_backend():
+    """The same API on the llama.cpp backend: /v1/models says so, and a streamed greedy answer equals the
+    engine's own."""
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="small", threads=2))
+    server, thread, port = start(create_api(ChatService(engine)), "127.0.0.1")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        assert client.models.list().data[0].model_extra["ppd"]["backend"] == "llamacpp"
+        stream = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=32, stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        expected = engine.generate(engine.chat_ids(QUESTION), "vanilla", 32).text
+        assert text == expected and "Paris" in expected
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        engine.loaded.backend.close()

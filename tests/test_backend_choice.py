@@ -32,7 +32,7 @@ def test_both_backends_are_timed_the_faster_is_chosen_and_saved(tmp_path):
 
 def test_auto_follows_the_saved_choice():
     probe = load_model("default", backend="llamacpp", threads=2)
-    path = choice_path(device_key(probe), probe.gguf_file, 2)
+    path = choice_path(device_key(probe), probe.gguf_file)
     probe.backend.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

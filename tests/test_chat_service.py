@@ -105,6 +105,30 @@ def test_history_round_trip_export_and_corrupt_files(tmp_path):
         store.path("../escape")
 
 
+def test_a_failed_save_keeps_the_id_and_revision_and_the_retry_writes_the_same_file(tmp_path, monkeypatch):
+    import app.history
+
+    store = ConversationStore(tmp_path / "c")
+    conversation = Conversation(messages=[user("Keep me")])
+    store.save(conversation)
+    saved_id, revision = conversation.id, conversation.revision
+    conversation.messages.append({"role": "assistant", "content": "An answer"})
+    real_write = app.history.atomic_write
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(app.history, "atomic_write", full_disk)
+    with pytest.raises(OSError):
+        store.save(conversation)
+    assert (conversation.id, conversation.revision) == (saved_id, revision)
+    assert store.load(saved_id).messages == [user("Keep me")]  # the previous file is still there
+    monkeypatch.setattr(app.history, "atomic_write", real_write)
+    store.save(conversation)  # the retry
+    assert conversation.id == saved_id and [c.id for c in store.list()] == [saved_id]  # no fork
+    assert store.load(saved_id).messages == conversation.messages and store.load(saved_id).revision == revision + 1
+
+
 def test_every_page_gets_its_own_conversation(service, tmp_path):
     """Sessions made the way Gradio makes them (one SessionState per page) never share a conversation id."""
     from gradio.state_holder import SessionState

@@ -208,3 +208,26 @@ def test_plain_decoding_equals_llama_cpp_chat_completion(llama_engine):
         theirs = llm.create_chat_completion(messages, max_tokens=64, temperature=0.0, top_k=1, repeat_penalty=1.0)
         ours = llama_engine.generate(llama_engine.chat_ids(messages), "vanilla", 64)
         assert ours.text.strip() == theirs["choices"][0]["message"]["content"].strip(), prompt
+
+
+def test_stats_count_only_the_tokens_kept_when_the_limit_cuts_a_step(llama_engine):
+    family = llama_engine.family
+    llama_engine.set_tree(vanilla_family())
+    llama_engine.set_lookup(4)  # copying a count: steps accept up to 4 guessed tokens
+    try:
+        ids = llama_engine.chat_ids([{"role": "user", "content": "Write the numbers from 1 to 30 separated by commas."}])
+        full = llama_engine.generate(ids, "ppd", 64).steps  # the same steps, uncut (greedy)
+        cut_in_guesses = 0
+        for limit in range(16, 32):
+            result = llama_engine.generate(ids, "ppd", limit)
+            for step in result.steps:
+                assert step.from_lookup <= step.from_guesses <= len(step.tokens), (limit, step)
+            stats, last = result.stats, result.steps[-1]
+            assert stats.from_guesses == sum(s.from_guesses for s in result.steps) <= stats.new_tokens - stats.steps
+            if full[len(result.steps) - 1].from_guesses > len(last.tokens):  # the limit fell inside the step's guesses
+                cut_in_guesses += 1
+                assert last.from_guesses == last.from_lookup == len(last.tokens) and last.stop == "length"
+        assert cut_in_guesses
+    finally:
+        llama_engine.set_lookup(None)
+        llama_engine.set_tree(family)

@@ -34,8 +34,9 @@ def text_of(content) -> str:
 
 @pytest.fixture(scope="module")
 def running_app(tmp_path_factory):
-    """The app on the default model, on localhost; a quick calibration so the button test stays short."""
-    engine = Engine.load(EngineConfig(model="default", device="cpu", tree="medium"))
+    """The app on the default model on the llama.cpp backend, on localhost; a quick calibration so the button
+    test stays short."""
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
     service = ChatService(engine, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1))
     store = ConversationStore(tmp_path_factory.mktemp("conversations"))
     app = build_app(service, store)
@@ -57,7 +58,7 @@ def test_gradio_client_streams_the_answer_of_ppd_generate(running_app, capsys):
     answers = [text_of(c[-1]["content"]) for c in chats if c[-1]["role"] == "assistant"]
     assert len({a for a in answers if a}) >= 2  # the answer grew over several updates: streamed
 
-    code = main(["generate", question, "--max-new-tokens", "48", "--json", "--tree", "medium"])
+    code = main(["generate", question, "--max-new-tokens", "48", "--json", "--tree", "medium", "--backend", "llamacpp"])
     expected = json.loads(capsys.readouterr().out)["text"]
     assert code == 0 and answers[-1] == expected and "Paris" in expected
     saved = store.list()

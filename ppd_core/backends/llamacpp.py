@@ -39,11 +39,15 @@ from ppd_core.tree import Tree
 
 log = logging.getLogger(__name__)
 
-SEQ_MAX = 256  # llama.cpp refuses more sequences per context
+# llama.cpp allows 256 sequences; its output buffer holds one vocabulary row per sequence (24 MB here at 128)
+SEQ_MAX = 128
 PARK = SEQ_MAX - 1  # parked cells: rejected rows and truncated positions, seen by no query
 KEEP = SEQ_MAX - 2  # marks a step's accepted path while its cells change hands
 MAX_LEAVES = SEQ_MAX - 2  # sequence ids left for a tree's leaves
 BATCH_ROWS = 512  # rows per llama_decode (prefill is split into batches this long)
+# rows llama.cpp computes at once (it splits longer batches): a tree's limit; the compute buffer holds this
+# many rows of logits (25 MB here at 128; 99 MB at 512)
+TREE_ROWS = 128
 SPARE_CELLS = 1024  # cells beyond the context for parked rows and one step's tree
 DEFAULT_MAX_CONTEXT = 8192  # positions held at most (the model's own if smaller): 12 KB of Q8_0 cache each here
 EMBEDDING_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")  # token_embd types whose rows this module de-quantizes
@@ -105,7 +109,7 @@ class LlamaCppDecoder:
         self.kv_type = kv_type
         params = llama.llama_context_default_params()
         params.n_ctx = self.max_context + spare_cells
-        params.n_batch = params.n_ubatch = BATCH_ROWS
+        params.n_batch, params.n_ubatch = BATCH_ROWS, TREE_ROWS
         params.n_seq_max = SEQ_MAX
         params.kv_unified = True
         params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -157,8 +161,8 @@ class LlamaCppDecoder:
 
     def tree_logits(self, cache: LlamaCache, tree: Tree, node_tokens: torch.Tensor, prompt_rows: torch.Tensor | None) -> torch.Tensor:
         T, start = tree.num_tokens, len(cache.tokens)
-        if T > BATCH_ROWS or tree.num_leaves > MAX_LEAVES:
-            raise LlamaCppError(f"a tree of {T} rows and {tree.num_leaves} leaves exceeds llama.cpp's {BATCH_ROWS} rows "
+        if T > TREE_ROWS or tree.num_leaves > MAX_LEAVES:
+            raise LlamaCppError(f"a tree of {T} rows and {tree.num_leaves} leaves exceeds llama.cpp's {TREE_ROWS} rows "
                                 f"and {MAX_LEAVES} sequences per step")
         self._make_resident(cache, T)
         self._widen(cache, tree.num_leaves)
