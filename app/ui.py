@@ -11,6 +11,7 @@ rendering competes with the model for the same CPU cores.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import tempfile
@@ -29,8 +30,12 @@ from app.plots import latency_figure
 from app.system_info import device_panel
 from ppd_core.engine import PpdError
 
+log = logging.getLogger(__name__)
+
 MODEL = "model"  # the shared concurrency group of everything that runs the model
 UPDATE_SECONDS = 0.25  # how often a streamed answer is sent to the page
+SAVE_SECONDS = 3.0  # how often the answer so far is saved while it streams
+INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
 EXPORT_PREFIX = "ppd-export-"
 
 
@@ -60,8 +65,18 @@ def export_folder(root: Path | None = None) -> Path:
     return folder
 
 
-def chat_messages(conversation: Conversation) -> list[dict]:
-    return [{"role": m["role"], "content": m["content"]} for m in conversation.messages]
+def chat_messages(conversation: Conversation, streaming: bool = False) -> list[dict]:
+    """The chat's messages for the page; an interrupted answer says so (unless it is the one streaming)."""
+    shown = [{"role": m["role"], "content": m["content"]} for m in conversation.messages]
+    for message, original in zip(shown, conversation.messages):
+        if original.get("interrupted") and not (streaming and original is conversation.messages[-1]):
+            message["content"] += INTERRUPTED
+    return shown
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def conversation_choices(store: ConversationStore) -> list[tuple[str, str]]:
@@ -230,35 +245,72 @@ class Handlers:
                 calibration_summary(engine.profile), latency_figure(engine.profile) if engine.profile else None)
 
     def _respond(self, session: Session, settings: ChatSettings):
-        """Stream the answer to the conversation's last user message; yields (chat, readout, note)."""
+        """Stream the answer to the conversation's last user message; yields (chat, readout, note).
+
+        The user's message is saved before decoding starts and the answer so far every ``SAVE_SECONDS``
+        (marked interrupted until it ends), so a crash loses neither. Any error keeps both, marks the
+        partial answer interrupted, saves, and shows one line.
+        """
         conversation = session.conversation
         conversation.system_prompt = settings.system_prompt
         session.stop_requested = False
-        shown = chat_messages(conversation) + [{"role": "assistant", "content": ""}]
-        update, sent = None, 0.0
+        asked = list(conversation.messages)  # what the answer is to; the answer's own message follows it
+        answer = {"role": "assistant", "content": "", "interrupted": True}
+        self._save(conversation)
+        update, sent, saved = None, 0.0, time.monotonic()
         try:
-            for update in self.service.answer(conversation.messages, settings, stop=lambda: session.stop_requested):
+            for update in self.service.answer(asked, settings, stop=lambda: session.stop_requested):
+                answer["content"] = update.text
+                if update.text and conversation.messages[-1] is not answer:
+                    conversation.messages.append(answer)
+                if update.stop_reason is None and time.monotonic() - saved >= SAVE_SECONDS:
+                    saved = self._save(conversation)
                 if update.stop_reason is None and time.monotonic() - sent < UPDATE_SECONDS:
                     continue  # coalesced: the page gets a few updates a second
                 sent = time.monotonic()
-                shown[-1]["content"] = update.display
+                shown = chat_messages(conversation, streaming=True)
+                if conversation.messages[-1] is not answer:
+                    shown.append({"role": "assistant", "content": ""})
                 yield shown, update.readout, update.note
-        except PpdError as error:  # bad input: one line, the conversation kept as it was
-            gr.Warning(str(error))
-            conversation.messages.pop()  # the refused message is not kept
-            yield chat_messages(conversation), gr.update(), str(error)
+        except Exception as error:  # noqa: BLE001 - whatever failed, the conversation is kept and saved
+            line = str(error) if isinstance(error, PpdError) else f"The answer was interrupted: {one_line(error)}"
+            if not isinstance(error, PpdError):
+                log.exception("answering failed")
+            gr.Warning(line)
+            self._save(conversation)
+            yield chat_messages(conversation), gr.update(), line
             return
-        if update is not None:
-            conversation.messages.append({"role": "assistant", "content": update.text})
+        if update is not None:  # finished or stopped by the user: a whole answer
+            del answer["interrupted"]
+            if conversation.messages[-1] is not answer:
+                conversation.messages.append(answer)
+        self._save(conversation)
+
+    def _save(self, conversation: Conversation) -> float:
+        """Save; a failed write is one line on the page and in the log (the next save retries the same file)."""
+        try:
             self.store.save(conversation)
+        except OSError as error:
+            line = f"Could not save the conversation ({one_line(error)}); it is kept on this page and saved again later."
+            log.warning(line)
+            gr.Warning(line)
+        return time.monotonic()
 
     def send(self, message: str, session: Session, *settings):
         if not message or not message.strip():
             gr.Warning("Please type a message first.")
             yield gr.update(), gr.update(), gr.update(), "Please type a message first.", session, gr.update()
             return
-        session.conversation.messages.append({"role": "user", "content": message})
-        for shown, readout, note in self._respond(session, ChatSettings(*settings)):
+        settings = ChatSettings(*settings)
+        conversation = session.conversation
+        try:  # a refused message (too long, say) stays in the textbox and out of the conversation
+            self.service.prepare(conversation.messages + [{"role": "user", "content": message}], settings)
+        except PpdError as error:
+            gr.Warning(str(error))
+            yield gr.update(), gr.update(), gr.update(), str(error), session, gr.update()
+            return
+        conversation.messages.append({"role": "user", "content": message})
+        for shown, readout, note in self._respond(session, settings):
             yield shown, "", readout, note, session, gr.update()
         yield gr.update(), "", gr.update(), gr.update(), session, gr.update(choices=conversation_choices(self.store))
 

@@ -193,3 +193,66 @@ def test_device_panel_names_the_guess_sources(service):
         assert "**Guesses from:** prompt tokens (" in device_panel(engine)
     finally:
         engine.set_lookup(None)  # no profile with a static tree: no lookup
+
+
+class FailingDecoder:
+    """The engine's decoder, raising at its ``fail_at``-th tree step (after some of the answer streamed)."""
+
+    def __init__(self, decoder, fail_at: int):
+        self._decoder, self._left = decoder, fail_at
+
+    def __getattr__(self, name):
+        return getattr(self._decoder, name)
+
+    def tree_logits(self, *args):
+        self._left -= 1
+        if self._left == 0:
+            raise RuntimeError("CUDA out of memory (injected)")
+        return self._decoder.tree_logits(*args)
+
+
+SETTINGS = ("", 0.0, 1.0, 40, True, "lossless", False)  # the page's inputs: system, temperature, top-p, max new, ...
+
+
+def test_a_failure_mid_answer_keeps_the_message_and_the_partial_answer_saved(service, tmp_path, monkeypatch):
+    import app.ui
+    from app.ui import INTERRUPTED, Handlers, new_session
+
+    monkeypatch.setattr(app.ui, "SAVE_SECONDS", 0.0)
+    store = ConversationStore(tmp_path / "c")
+    handlers, session = Handlers(service, store), new_session()
+    real = service.engine.loaded.backend
+    monkeypatch.setattr(service.engine.loaded, "backend", FailingDecoder(real, fail_at=6))
+    updates = handlers.send("Tell me a story.", session, *SETTINGS)
+    first = next(updates)
+    assert store.load(session.conversation.id).messages[0] == user("Tell me a story.")  # on disk before the answer
+    *_, answered, listed = [first, *updates]  # the last update refreshes the saved-conversation list
+    chat, textbox, _, note, _, _ = answered
+    saved = store.load(session.conversation.id).messages
+    assert saved[0] == user("Tell me a story.") and saved[1]["role"] == "assistant" and saved[1]["interrupted"]
+    assert saved[1]["content"] and saved == session.conversation.messages  # the partial answer, kept and saved
+    assert note == "The answer was interrupted: RuntimeError: CUDA out of memory (injected)"
+    assert chat[-1]["content"] == saved[1]["content"] + INTERRUPTED and textbox == ""
+
+    monkeypatch.setattr(service.engine.loaded, "backend", real)  # Regenerate replaces it with a whole answer
+    *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)
+    saved = store.load(session.conversation.id).messages
+    assert len(saved) == 2 and "interrupted" not in saved[1] and chat[-1]["content"] == saved[1]["content"]
+    assert [c.id for c in store.list()] == [session.conversation.id]
+
+
+def test_a_refused_message_stays_in_the_textbox_and_out_of_the_conversation(service, tmp_path):
+    from app.ui import Handlers, new_session
+
+    store = ConversationStore(tmp_path / "c")
+    handlers, session = Handlers(service, store), new_session()
+    *_, (chat, _, _, _, _, _) = handlers.send("Hello there.", session, *SETTINGS)
+    before = list(session.conversation.messages)
+    updates = list(handlers.send("word " * 400, session, *SETTINGS))  # beyond the tiny model's 160-token context
+    assert len(updates) == 1
+    chat, textbox, _, note, _, _ = updates[0]
+    assert textbox == {"__type__": "update"} and "too long" in note  # the textbox keeps the text
+    assert session.conversation.messages == before == store.load(session.conversation.id).messages
+    session.conversation.messages[:] = [user("word " * 400)]  # Regenerate of a message the model refuses
+    *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)
+    assert "too long" in note and session.conversation.messages == [user("word " * 400)]  # kept, not popped
