@@ -97,6 +97,7 @@ def device_panel(engine) -> str:
         prompt_tokens_line(engine.prompt_tokens),
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**engine.tree_summary()),
         f"**Guesses from:** {guess_sources(engine)}",
+        f"**Exactness:** {engine.exactness()}",
     ]
     if loaded.device.type == "cpu" and not torch.cuda.is_available():
         lines.append("*Running on the CPU: no CUDA GPU was found.*")

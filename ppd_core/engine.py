@@ -261,6 +261,13 @@ class Engine:
         n, V = self.prompt_tokens.num_prompt_tokens, self.prompt_tokens.ensemble_size
         self.set_tree(family_from_specs(f"budget-{budget}", design_family(profile.acceptance, budget, n, V), n, V))
 
+    def exactness(self) -> str:
+        """How greedy PPD output relates to plain decoding's on this path, in one sentence."""
+        if self.loaded.backend.bitwise:
+            return "bitwise: every tree row gets the logits plain decoding gives it, so greedy output is identical"
+        return ("equal up to floating-point near-ties: tree steps round differently from single steps here, which "
+                "can flip a near-tie between two tokens (rare; then the answers part there)")
+
     @property
     def threads(self) -> int:
         """CPU threads a step runs on: llama.cpp's, or torch's (process-wide)."""

@@ -256,3 +256,17 @@ def test_a_refused_message_stays_in_the_textbox_and_out_of_the_conversation(serv
     session.conversation.messages[:] = [user("word " * 400)]  # Regenerate of a message the model refuses
     *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)
     assert "too long" in note and session.conversation.messages == [user("word " * 400)]  # kept, not popped
+
+
+def test_exactness_is_stated_per_path(service, tiny_model_dir):
+    from app.chat_service import Comparison
+    from ppd_core.stats import GenerationStats
+
+    stats = GenerationStats(new_tokens=8, prefill_seconds=0.1, decode_seconds=0.1)
+    verdicts = {bitwise: Comparison("a", "b", stats, stats, False, "plain", bitwise).verdict() for bitwise in (True, False)}
+    assert "please report this" in verdicts[True] and "near-tie" in verdicts[False] and "report" not in verdicts[False]
+    assert "Greedy outputs: identical." in Comparison("a", "a", stats, stats, True, "plain", False).verdict()
+    # the tiny model in int4 on the CPU (row-invariant kernels), and in fp32, whose tree matmuls round differently
+    assert service.engine.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(service.engine)
+    fp32 = Engine.load(EngineConfig(model=str(tiny_model_dir), quant="none", device="cpu", tree="medium"))
+    assert not fp32.loaded.backend.bitwise and "**Exactness:** equal up to floating-point near-ties" in device_panel(fp32)

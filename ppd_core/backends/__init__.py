@@ -26,6 +26,7 @@ class Decoder(Protocol):
     dtype: torch.dtype  # prompt-token rows are kept in it
     vocab_size: int
     max_context: int  # positions a cache may hold (prompt and answer)
+    bitwise: bool  # tree rows equal plain steps bit for bit on this path (tested); else up to float rounding
 
     def new_cache(self) -> Any:
         """An empty cache."""

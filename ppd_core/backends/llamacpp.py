@@ -97,6 +97,7 @@ class LlamaCppDecoder:
         offload = llama.llama_supports_gpu_offload()
         model_params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
         self.gpu_layers = model_params.n_gpu_layers if offload else 0
+        self.bitwise = not self.gpu_layers  # tested on the CPU (Q8_0 cache, flash attention); GPU kernels not here
         self.model = llama.llama_model_load_from_file(str(self.gguf_file).encode(), model_params)
         if not self.model:
             raise LlamaCppError(f"llama.cpp could not load {self.gguf_file.name}")

@@ -58,6 +58,9 @@ class TorchDecoder:
         self.dtype = weight.dtype
         self.vocab_size = weight.shape[0]
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+        # the lean forward's packed int4/int8 CPU kernels with row-by-row tree attention; fp32 and GPU matmuls
+        # are not row-invariant
+        self.bitwise = bool(getattr(model, "row_exact", False)) and self.device.type == "cpu"
 
     @property
     def has_kernel_choice(self) -> bool:
