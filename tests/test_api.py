@@ -16,7 +16,7 @@ from app.cli import build_parser, main
 from ppd_core.engine import Engine, EngineConfig, SamplingParams
 
 KEY = "test-key-3141"
-QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "Name the capital city of France."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
 
 

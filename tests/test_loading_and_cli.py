@@ -118,9 +118,9 @@ def test_cli_errors_are_one_line(capsys, tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 def test_cli_generate_json_matches_plain_mode(capsys):
-    code, out, _ = run_cli(capsys, "generate", "Which city is the capital of France?", "--max-new-tokens", "24", "--json")
+    code, out, _ = run_cli(capsys, "generate", "Name the capital city of France.", "--max-new-tokens", "24", "--json")
     ppd = json.loads(out)
-    code2, out2, _ = run_cli(capsys, "generate", "Which city is the capital of France?", "--max-new-tokens", "24", "--json", "--mode", "vanilla")
+    code2, out2, _ = run_cli(capsys, "generate", "Name the capital city of France.", "--max-new-tokens", "24", "--json", "--mode", "vanilla")
     plain = json.loads(out2)
     assert code == code2 == 0
     assert set(ppd) == {"text", "new_tokens", "steps", "mean_accepted", "tok_s", "mode", "sampling"}

@@ -50,7 +50,7 @@ def test_gradio_client_streams_the_answer_of_ppd_generate(running_app, capsys):
     from gradio_client import Client
 
     url, service, store = running_app
-    question = "Which city is the capital of France?"
+    question = "Name the capital city of France."
     client = Client(url, verbose=False)
     job = client.submit(question, "", 0.0, 1.0, 48, True, "lossless", False, api_name="/send")
     updates = list(job)
