@@ -42,6 +42,8 @@ MAX_STOP_STRINGS = 4  # as OpenAI
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 LOCK_POLL_SECONDS = 0.05  # how often a request waiting for the model checks that its client is still there
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streamed request checks its client
+MAX_BODY_BYTES = 1 << 20  # request bodies beyond 1 MB are refused with 413
+DRAIN_BYTES = 16 << 20  # an oversized body is read (and dropped) up to this much before the 413, so the client sees it
 
 
 class ApiError(Exception):
@@ -216,7 +218,7 @@ def sampling_of(request: ChatCompletionRequest) -> SamplingParams:
     try:
         return SamplingParams(temperature, top_p, request.top_k or 0, request.acceptance or "lossless", request.seed)
     except PpdError as error:
-        raise ApiError(str(error)) from None
+        raise ApiError(str(error), "seed" if str(error).startswith("seed") else None) from None
 
 
 def stop_strings(request: ChatCompletionRequest) -> list[str]:
@@ -441,6 +443,42 @@ def add_error_handlers(app: FastAPI) -> None:
         return error_response(500, f"ppd failed while answering: {type(error).__name__}", kind="server_error")
 
 
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is answered 413 in OpenAI's shape before any route
+    parses it (declared by Content-Length or counted as it arrives); smaller bodies are passed on whole."""
+
+    def __init__(self, app, limit: int = MAX_BODY_BYTES):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        chunks, size, more = [], 0, True
+        while more and size <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            size += len(message.get("body", b""))
+            if size <= self.limit:
+                chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        if size > self.limit or (declared.isdigit() and int(declared) > self.limit):
+            refusal = error_response(413, f"the request body is {size:,} bytes; the limit is {self.limit:,}",
+                                     code="request_too_large")
+            return await refusal(scope, receive, send)
+        body, replayed = b"".join(chunks), False
+
+        async def replay():  # the body once, then the client's own messages (a disconnect)
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
 class OpenAIApi:
     """The routes: ``/health`` and ``/v1`` (an app of its own, with its own error handlers).
 
@@ -459,7 +497,7 @@ class OpenAIApi:
         return self.service.engine.loaded.name
 
     def routes(self) -> list:
-        return [Route("/health", self.health, methods=["GET"]), Mount("/v1", app=self.v1)]
+        return [Route("/health", self.health, methods=["GET"]), Mount("/v1", app=BodyLimit(self.v1))]
 
     async def health(self, _: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "model": self.model_name, "busy": self.service.model_lock.locked(),

@@ -35,6 +35,8 @@ class SamplingParams:
             raise PpdError(f"top-k must be 0 (off) or positive, got {self.top_k}")
         if self.acceptance not in ACCEPTANCE_RULES:
             raise PpdError(f"unknown acceptance {self.acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # what torch.Generator.manual_seed takes
+            raise PpdError(f"seed must be a 64-bit integer, got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -347,3 +347,79 @@ def test_openai_client_on_the_llama_cpp_backend():
         server.should_exit = True
         thread.join(15)
         engine.loaded.backend.close()
+
+
+def malformed_requests() -> list[tuple[str, bytes]]:
+    """Over 200 bodies no client should send: broken JSON, wrong types, missing fields, values out of range."""
+    good = {"messages": QUESTION, "max_tokens": 1, "temperature": 1.0}  # sampled: a seed is used
+    bodies: list[tuple[str, bytes]] = []
+
+    def with_field(name, value):
+        bodies.append((f"{name}={value!r}"[:80], json.dumps({**good, name: value}).encode()))
+
+    for text in (b"", b"{", b"}", b"[", b"null", b"[]", b'"hi"', b"123", b"true", b"{'messages': []}", b'{"messages": [}',
+                 b'{"messages": ' + b"[" * 5000, b"\xff\xfe\xfd", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',
+                 json.dumps(good).encode()[:-1], b"{}" * 3, b"\x00" * 10):
+        bodies.append((f"raw {text[:20]!r}", text))
+    for value in (None, "hi", 3, 2.5, True, {}, {"role": "user"}, [], [None], [1, 2], ["hi"], [{}], [{"role": "user"}],
+                  [{"content": "hi"}], [{"role": 5, "content": "hi"}], [{"role": "robot", "content": "hi"}],
+                  [{"role": "user", "content": 5}], [{"role": "user", "content": [{"type": "image_url"}]}],
+                  [{"role": "user", "content": [5]}], [{"role": "user", "content": None}], [{"role": "user", "content": ""}],
+                  [{"role": "user", "content": "   "}], [{"role": "assistant", "content": "only me"}],
+                  [{"role": "system", "content": "only a system prompt"}], [{"role": "user", "content": "word " * 9000}]):
+        with_field("messages", value)
+    wrong_types = ("x", "", [], [1], {}, {"a": 1}, float("nan"), 1e309, -1e309)
+    out_of_range = {"temperature": (-1, 2.5, 10**30), "top_p": (-1, 0, 1.5), "max_tokens": (-1, 0, 10**30, 3.5),
+                    "max_completion_tokens": (-1, 0, 10**30, 3.5), "top_k": (-1, 3.5), "seed": (3.5, 2**64),
+                    "n": (0, 2, -1, 3.5), "presence_penalty": (1, -1), "frequency_penalty": (1, -1)}
+    for name, values in out_of_range.items():
+        for value in (*wrong_types, *values):
+            with_field(name, value)
+    for name, value in (("stream", "maybe"), ("stream", 2), ("stream", [1]), ("stream_options", "x"),
+                        ("stream_options", {"include_usage": "x"}), ("stream_options", [1]),
+                        ("stop", 5), ("stop", [1]), ("stop", [""]), ("stop", ["a"] * 10), ("stop", {"a": 1}),
+                        ("logprobs", 5), ("logprobs", True), ("tools", [{"type": "function"}]), ("tools", "x"),
+                        ("functions", [{}]), ("response_format", {"type": "json_object"}), ("response_format", "x"),
+                        ("acceptance", "fast"), ("acceptance", 1), ("model", 5), ("model", ["m"]), ("model", {"a": 1})):
+        with_field(name, value)
+    for value in wrong_types:
+        if value != "x":  # a message may say "x"
+            with_field("messages", [{"role": "user", "content": value}])
+        with_field("messages", [{"role": value, "content": "hi"}])
+    for text in (b'{"messages": "', b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": }', b"NaN", b"-",
+                 b'{"messages": [{"role": "user", "content": "hi"}]]', b"{" * 100, b'{"a": 1', b"1e999", b'{"messages": null}',
+                 b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 0,}', b'{"messages": [1, 2, 3]'):
+        bodies.append((f"raw {text[:20]!r}", text))
+    without = {k: v for k, v in good.items() if k != "messages"}
+    bodies.append(("no messages", json.dumps(without).encode()))
+    bodies.append(("2 MB body", json.dumps({**good, "padding": "x" * (2 << 20)}).encode()))
+    return bodies
+
+
+@pytest.mark.slow
+def test_malformed_requests_are_all_4xx_and_the_server_answers_after(served):
+    client, service, app, url = served
+    bodies = malformed_requests()
+    assert len(bodies) >= 200
+    statuses: dict[int, int] = {}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for name, body in bodies:
+            response = http.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            assert 400 <= response.status_code < 500, (name, response.status_code, response.text[:200])
+            assert response.json()["error"]["message"], name
+
+        def chunked():  # 2 MB with no Content-Length: counted as it arrives
+            for _ in range(32):
+                yield b"x" * (64 << 10)
+
+        response = http.post("/v1/chat/completions", content=chunked(), headers={"Content-Type": "application/json"})
+        assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    for _ in range(3):  # slow clients: half a request, then gone
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as raw:
+            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 1000\r\n\r\n{\"messages\": [")
+    assert statuses == {400: len(bodies) - 1, 413: 1}  # the 2 MB body: 413; every other one: 400
+    answer = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=8)
+    assert answer.choices[0].message.content == expected_text(service, QUESTION, 8)
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
