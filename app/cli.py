@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ppd_core.engine import (
     BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, MAX_LOOKUP, QUANT_CHOICES, STATIC_TREES, PpdError,
+    chains_text,
 )
 
 # MT-Bench questions shipped inside the package (app/data/README.md says where they come from).
@@ -228,7 +229,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"calibrated in {profile.calibration_seconds:.0f} s"
     )
     print(
-        f"lookup: chains of {'/'.join(map(str, profile.lookup_lengths))} tokens after a match of 1/2/3/4 tokens; with them "
+        f"lookup: {chains_text(profile.lookup_lengths)}; with them "
         f"expected {profile.expected_tokens_per_step_with_lookup:.2f} tokens/step, expected speedup "
         f"{profile.expected_speedup_with_lookup:.2f}x"
     )

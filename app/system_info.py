@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from ppd_core.engine import describe, nvml_probe
+from ppd_core.engine import chains_text, describe, nvml_probe
 
 
 @dataclass
@@ -54,8 +54,7 @@ def guess_sources(engine) -> str:
         sources.append(f"prompt tokens ({summary['candidates']} candidates, {summary['prompt_tokens']} prompt tokens per step)")
     chains = summary["lookup_chain_by_match_length"]
     if any(chains):
-        lengths = "/".join(map(str, chains))
-        sources.append(f"n-gram lookup in the conversation (chains of {lengths} tokens after a match of 1/2/3/4 tokens)")
+        sources.append(f"n-gram lookup in the conversation ({chains_text(chains)})")
     return " + ".join(sources) if sources else "nothing: calibration chose plain decoding"
 
 

@@ -28,7 +28,7 @@ from app.chat_service import SPEED_DEFINITION, ChatService, ChatSettings
 from app.history import Conversation, ConversationStore
 from app.plots import latency_figure
 from app.system_info import device_panel
-from ppd_core.engine import PpdError
+from ppd_core.engine import PpdError, chains_text
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,8 @@ def lookup_summary(profile) -> str:
     if not any(profile.lookup_lengths):
         return ""
     parts = ", ".join(f"{name} {part['speedup']:.2f}x" for name, part in profile.expected_with_lookup_by_turn.items())
-    return (f"; with chains copied from the conversation ({'/'.join(map(str, profile.lookup_lengths))} tokens after a "
-            f"1/2/3/4-token match): **{profile.expected_speedup_with_lookup:.2f}x**, "
+    return (f"; with chains copied from the conversation ({chains_text(profile.lookup_lengths)}): "
+            f"**{profile.expected_speedup_with_lookup:.2f}x**, "
             f"{profile.expected_tokens_per_step_with_lookup:.2f} tokens per step" + (f" ({parts})" if parts else ""))
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
-from ppd_core.lookup import ChainedTrees, NgramIndex
+from ppd_core.lookup import ChainedTrees, NgramIndex, match_class
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
@@ -39,7 +39,7 @@ class Speculator:
     decoder: Decoder
     family: TreeFamily  # one tree per number of guessed depths; a root-only family is plain decoding
     prompt_table: torch.Tensor | None = None  # [n * V, hidden]
-    lookup_lengths: tuple[int, ...] = ()  # lookup chain length by match length 1, 2, ... (empty or 0: none)
+    lookup_lengths: tuple[int, ...] = ()  # lookup chain length by match class (``lookup.MATCH_CLASSES``; empty or 0: none)
 
     @property
     def top_k(self) -> int:
@@ -176,7 +176,7 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
             lookup.extend(stats.tokens)
             lengths = speculator.lookup_lengths
             chain, match = lookup.propose(max(lengths))
-            chain = chain[: lengths[min(match, len(lengths)) - 1]] if chain else []  # the length for this match
+            chain = chain[: lengths[match_class(match)]] if chain else []  # the length for this match
             if chain:
                 tree, state.guesses = chained.step(tree, state.guesses, chain)
         if prompt_end + len(produced) - 1 + tree.max_offset >= max_context:

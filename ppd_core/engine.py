@@ -36,7 +36,7 @@ from ppd_core.loading import (
     load_model,
     release_free_heap,
 )
-from ppd_core.lookup import MAX_LOOKUP, MAX_NGRAM
+from ppd_core.lookup import MATCH_CLASSES, MAX_LOOKUP, chains_text, class_label
 from ppd_core.prompt_tokens import PromptTokens, signature_of
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
@@ -52,7 +52,7 @@ __all__ = [
     "BACKEND_CHOICES", "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "MAX_LOOKUP", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
     "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
-    "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path",
+    "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "chains_text",
     "atomic_write", "describe", "nvml_probe",
 ]
 
@@ -179,7 +179,7 @@ class Engine:
         self._vanilla = vanilla_family().to(loaded.device)
         self._prompt_table = None if not prompt_tokens.num_prompt_tokens else prompt_tokens.flat(
             loaded.backend.dtype, loaded.backend.device)
-        self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match length (empty: none)
+        self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match class (empty: none)
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
         self.backend_choice: dict | None = None  # the plain-step timings that chose the backend, if both could run
 
@@ -247,7 +247,7 @@ class Engine:
         if length is None:
             self.lookup_lengths = tuple(self.profile.lookup_lengths) if self.profile is not None else ()
         else:
-            self.lookup_lengths = (length,) * MAX_NGRAM if length else ()
+            self.lookup_lengths = (length,) * len(MATCH_CLASSES) if length else ()
 
     def use_profile(self, profile: DeviceProfile, budget: int | None = None) -> None:
         """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
@@ -286,7 +286,8 @@ class Engine:
             "candidates": deepest.num_nodes - 1,
             "prompt_tokens": deepest.num_tokens - deepest.num_nodes,
             "tokens_by_guess_depth": [tree.num_tokens for tree in self.family.trees],
-            "lookup_chain_by_match_length": list(self.lookup_lengths),  # empty: no lookup guesses
+            "lookup_chain_by_match_length": list(self.lookup_lengths),  # by match class; empty: no lookup guesses
+            "lookup_match_classes": [class_label(i) for i in range(len(MATCH_CLASSES))],
         }
 
     def expected_speedup(self) -> float | None:

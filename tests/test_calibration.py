@@ -6,7 +6,9 @@ import logging
 import pytest
 import torch
 
-from ppd_core.calibration.acceptance import AcceptanceStats, calibration_prompts, conversation_answers, guess_ranks
+from ppd_core.calibration.acceptance import (
+    AcceptanceStats, batched_answers, calibration_prompts, conversation_answers, decoder_answers, guess_ranks,
+)
 from conftest import tiny_llama
 from ppd_core.calibration import latency
 from ppd_core.calibration.latency import mean_curve, measure_latency, probe_tree
@@ -55,7 +57,7 @@ def test_a_follow_up_is_answered_after_the_earlier_answer(tiny_model_dir):
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", auto_calibrate=False))
     model, tokenizer, eos = engine.loaded.model, engine.tokenizer, sorted(engine.loaded.eos_token_ids)
     conversations = [["Hello there", "Say it again"], ["Name a colour"]]
-    answers = conversation_answers(model, tokenizer, conversations, 12, eos[0], eos)
+    answers = conversation_answers(tokenizer, conversations, batched_answers(model, 12, eos[0], eos))
     assert [(turn, prompt) for turn, prompt, _ in answers[:2]] == [(1, engine.chat_ids([{"role": "user", "content": t[0]}])) for t in conversations]
     turn, prompt, answer = answers[2]
     first = tokenizer.decode(answers[0][2], skip_special_tokens=True)
@@ -123,7 +125,7 @@ def tiny_engine(tiny_model_dir):
 def test_calibration_measures_and_chooses(tiny_engine):
     profile = tiny_engine.profile
     n = tiny_engine.prompt_tokens.num_prompt_tokens
-    assert {phase for phase, _, _ in tiny_engine.phases} == {"latency", "acceptance", "tree search"}
+    assert {phase for phase, _, _ in tiny_engine.phases} == {"latency", "lookup", "acceptance", "tree search"}
     assert all(done <= total for _, done, total in tiny_engine.phases)
     curve = profile.latency_ms[64]
     assert set(curve) >= {1, 2, 4, 8, 16, 32, 64} and all(ms > 0 for ms in curve.values())
@@ -201,3 +203,12 @@ def test_engine_uses_the_saved_profile_and_recalibrates_a_corrupt_one(tiny_engin
 def test_unknown_tree_name_is_refused():
     with pytest.raises(ValueError, match="unknown tree 'huge'"):
         Engine.load(EngineConfig(tree="huge"))
+
+
+def test_lookup_is_replayed_on_the_decoding_backends_own_answers(tiny_model_dir):
+    """Calibration's lookup answers are plain decoding on the backend that decodes, not the transformers model's."""
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", auto_calibrate=False))
+    eos = sorted(engine.loaded.eos_token_ids)
+    prompts = [engine.chat_ids([{"role": "user", "content": text}]) for text in ("Hello there", "Name a colour")]
+    answers = decoder_answers(engine.loaded.backend, 12, eos)(prompts)
+    assert answers == [engine.generate(prompt, "vanilla", 12).tokens for prompt in prompts]

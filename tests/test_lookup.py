@@ -11,7 +11,10 @@ from app.system_info import device_panel, guess_sources
 from conftest import tiny_llama
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.engine import Engine, EngineConfig, PpdError, PromptTokens, user_prompt_tokens_path
-from ppd_core.lookup import MAX_NGRAM, ChainedTrees, LookupStats, NgramIndex, best_with_chains, chain_lengths, replay_steps, with_lookup
+from ppd_core.lookup import (
+    MATCH_CLASSES, MAX_MATCH, ChainedTrees, LookupStats, NgramIndex, best_with_chains, chain_lengths, class_label, match_class,
+    replay_steps, with_lookup,
+)
 from ppd_core.loading import pick_decoder
 from ppd_core.sampling import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
@@ -19,14 +22,25 @@ from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
 from ppd_core.backends.torch_backend import TorchDecoder
 
 
+CLASSES = len(MATCH_CLASSES)
+
+
 def brute_propose(tokens, count, max_n=4):
-    """The longest suffix (max_n..1) with an earlier occurrence followed by a token; the last such occurrence."""
+    """The longest suffix (max_n..1) with an earlier occurrence followed by a token; the last such occurrence, and
+    how many tokens before its continuation equal the text's last ones (up to MAX_MATCH)."""
     for n in range(min(max_n, len(tokens)), 0, -1):
         suffix = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):  # occurrences that end before the last token
             if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + count], n
+                end = start + n
+                match = max(m for m in range(1, min(MAX_MATCH, end) + 1) if tokens[end - m : end] == tokens[-m:])
+                return tokens[end : end + count], match
     return [], 0
+
+
+def test_match_classes():
+    assert [match_class(m) for m in (1, 2, 3, 4, 7, 8, 15, 16, 40)] == [0, 1, 2, 3, 3, 4, 4, 5, 5]
+    assert [class_label(i) for i in range(CLASSES)] == ["1", "2", "3", "4-7", "8-15", "16+"]
 
 
 def test_index_matches_brute_force_on_random_streams():
@@ -53,33 +67,37 @@ def test_no_match_and_zero_count():
 def test_replayed_acceptance_counts_match_brute_force():
     rng = random.Random(1)
     stats = LookupStats.empty(max_chain=5)
-    hits, trials = [[0] * 5 for _ in range(4)], [0] * 4
+    hits, trials = [[0] * 5 for _ in range(CLASSES)], [0] * CLASSES
     for _ in range(30):
-        prompt = [rng.randrange(6) for _ in range(rng.randint(1, 20))]
-        answer = [rng.randrange(6) for _ in range(rng.randint(1, 40))]
+        vocab = rng.choice([2, 6])
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 30))]
+        answer = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+        if rng.random() < 0.5:  # an answer that copies its prompt: long matches (8-15 and 16+)
+            answer = prompt + answer
         stats.add_answer(prompt, answer)
         for i in range(len(answer)):
-            chain, n = brute_propose(prompt + answer[:i], 5)
+            chain, match = brute_propose(prompt + answer[:i], 5)
             if chain:
-                trials[n - 1] += 1
+                trials[match_class(match)] += 1
                 for j, guess in enumerate(chain):
                     if i + j >= len(answer) or answer[i + j] != guess:
                         break
-                    hits[n - 1][j] += 1
+                    hits[match_class(match)][j] += 1
     assert (stats.hits, stats.trials) == (hits, trials)
+    assert all(stats.trials)  # every class was seen
     assert all(row == sorted(row, reverse=True) for row in stats.probs)  # P(first j right) falls with j
     assert len(stats.matches) == 30 and sum(map(len, stats.matches)) == stats.positions
 
 
 def brute_decode(conversations, lengths, size, costs):
-    """Decode each answer as the engine would with lookup chains of ``lengths`` (by match length): a fresh suffix
+    """Decode each answer as the engine would with lookup chains of ``lengths`` (by match class): a fresh suffix
     search at every step, the step's accepted tokens skipped. Returns (tokens, steps, seconds)."""
     tokens = steps = seconds = 0
     for prompt, answer in conversations:
         i = 0
         while i < len(answer):
-            chain, n = brute_propose(prompt + answer[:i], 8)
-            chain = chain[: lengths[n - 1]] if n else []
+            chain, match = brute_propose(prompt + answer[:i], 8)
+            chain = chain[: lengths[match_class(match)]] if chain else []
             accepted = 0
             while accepted < len(chain) and i + accepted < len(answer) and answer[i + accepted] == chain[accepted]:
                 accepted += 1
@@ -99,13 +117,17 @@ def test_expected_tokens_and_chain_choice_replay_decoding_against_brute_force():
             conversations.append((prompt, answer))
         size = rng.randint(1, 4)
         costs = {s: 0.01 * (1 + rng.random() * 0.3 * (s - 1)) for s in range(1, 12)}
-        rates = {}
-        for lengths in itertools.product(range(5), repeat=4):
+        arbitrary = [tuple(rng.randrange(5) for _ in range(CLASSES)) for _ in range(40)]
+        for lengths in arbitrary:  # any lengths: the replay equals decoding
             tokens, steps, seconds = brute_decode(conversations, lengths, size, costs)
             expected_tokens, expected_seconds = with_lookup(stats, lengths, 1.0, size, costs.__getitem__)
             assert abs(expected_tokens - tokens / steps) < 1e-12 and abs(expected_seconds - seconds / steps) < 1e-12
+        rates = {}
+        for lengths in itertools.combinations_with_replacement(range(5), CLASSES):  # chosen among lengths that grow with the match
+            tokens, steps, seconds = brute_decode(conversations, lengths, size, costs)
             rates[lengths] = tokens / seconds
         chosen = tuple(chain_lengths(stats, 1.0, size, costs.__getitem__))
+        assert chosen == tuple(sorted(chosen))
         assert abs(rates[chosen] - max(rates.values())) < 1e-9 * max(rates.values())
 
 
@@ -125,12 +147,12 @@ def test_tree_and_chains_are_chosen_together_against_brute_force():
         trees = [(1.0, 1), (1.0 + rng.random() * 0.5, 2), (1.2 + rng.random() * 0.6, 4)]
         rates = {}
         for index, (tokens_per_step, size) in enumerate(trees):
-            for lengths in itertools.product(range(4), repeat=4):
+            for lengths in itertools.combinations_with_replacement(range(4), CLASSES):
                 tokens, steps, seconds = brute_decode(conversations, lengths, size, costs)
                 rates[index, lengths] = (tokens_per_step - 1 + tokens / steps) / (seconds / steps)
         index, lengths = best_with_chains(stats, trees, costs.__getitem__)
         assert abs(rates[index, tuple(lengths)] - max(rates.values())) < 1e-9 * max(rates.values())
-        alone = max(range(3), key=lambda i: rates[i, (0, 0, 0, 0)])
+        alone = max(range(3), key=lambda i: rates[i, (0,) * CLASSES])
         smaller_won += index < alone
     assert smaller_won  # the joint choice differs from choosing the tree first in some trials
 
@@ -151,8 +173,8 @@ def test_first_turns_and_follow_ups_replay_apart():
     for turn, keep in ((1, lambda t: t == 1), (2, lambda t: t > 1)):
         part = whole.select(keep)
         assert (part.hits, part.trials, part.matches, part.turns) == (parts[turn].hits, parts[turn].trials, parts[turn].matches, parts[turn].turns)
-        tokens, steps, seconds = brute_decode(conversations[turn], (0, 2, 3, 4), 1, costs)
-        expected_tokens, expected_seconds = with_lookup(part, (0, 2, 3, 4), 1.0, 1, costs.__getitem__)
+        tokens, steps, seconds = brute_decode(conversations[turn], (0, 2, 3, 4, 4, 4), 1, costs)
+        expected_tokens, expected_seconds = with_lookup(part, (0, 2, 3, 4, 4, 4), 1.0, 1, costs.__getitem__)
         assert abs(expected_tokens - tokens / steps) < 1e-12 and abs(expected_seconds - seconds / steps) < 1e-12
     assert whole.select(lambda t: True).matches == whole.matches
 
@@ -195,7 +217,7 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
 
         plain, _ = tokens(vanilla_family(), None, ())
         for family, prompt_table in ((vanilla_family(), None), (family_from_spec("medium", STATIC_TREES["medium"], 3), table)):
-            for lengths in ((1, 1, 1, 1), (0, 2, 3, 4), (6, 6, 6, 6)):
+            for lengths in ((1,) * CLASSES, (0, 2, 3, 4, 4, 4), (6,) * CLASSES):
                 found, from_lookup = tokens(family, prompt_table, lengths)
                 assert found == plain, (quant, family.name, lengths)
                 assert from_lookup > 0
@@ -207,11 +229,12 @@ def test_a_step_that_copies_skips_the_positions_it_covered():
     for n, right, proposed in [(2, 3, 3), (3, 3, 3), (4, 2, 3), (0, 0, 0), (1, 1, 1), (0, 0, 0)]:
         stats.add_position(n, right, proposed)
     latency = {1: 0.010, 2: 0.013, 3: 0.015}.__getitem__
-    assert replay_steps(stats, [0, 2, 0, 0]) == (4, 2, {2: 1, 0: 3})  # positions 1 and 2 were copied, not visited
-    tokens, seconds = with_lookup(stats, [0, 2, 0, 0], 1.0, 1, latency)
+    lengths = [0, 2, 0, 0, 0, 0]
+    assert replay_steps(stats, lengths) == (4, 2, {2: 1, 0: 3})  # positions 1 and 2 were copied, not visited
+    tokens, seconds = with_lookup(stats, lengths, 1.0, 1, latency)
     assert abs(tokens - (1.0 + 2 / 4)) < 1e-12
     assert abs(seconds - (0.015 + 3 * 0.010) / 4) < 1e-12
-    assert stats.trials == [1, 1, 1, 1] and stats.hits[1] == [1, 1, 1]  # the per-position counts stay as they were
+    assert stats.trials == [1, 1, 1, 1, 0, 0] and stats.hits[1] == [1, 1, 1]  # the per-position counts stay as they were
 
 
 def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
@@ -227,7 +250,7 @@ def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
             return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
 
         plain, _ = tokens(())
-        copied, from_lookup = tokens((3, 3, 3, 3))
+        copied, from_lookup = tokens((3,) * CLASSES)
         assert copied == plain and from_lookup > 0, seed
 
 
@@ -239,7 +262,7 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
     assert "none for this model" in device_panel(engine)
     profile = engine.calibrate(prompts=3, max_new_tokens=48, contexts=(64,), repeats=1)
     assert profile.acceptance == [] and profile.trees == [TreeSpec({(): 0})]
-    assert sum(profile.lookup_trials) > 0 and len(profile.lookup_lengths) == MAX_NGRAM
+    assert sum(profile.lookup_trials) > 0 and len(profile.lookup_lengths) == CLASSES
     by_turn = profile.expected_with_lookup_by_turn  # the first 3 conversations: two ask a follow-up
     assert {name: part["answers"] for name, part in by_turn.items()} == {"first turns": 3, "follow-ups": 2}
     assert engine.profile is profile and engine.lookup_lengths == tuple(profile.lookup_lengths)
@@ -257,16 +280,16 @@ def test_the_expected_speedup_shown_counts_the_chains_while_they_are_on(lookup_o
 
     engine = Engine.load(EngineConfig(model=str(lookup_only_dir), device="cpu", tree="auto", auto_calibrate=False))
     profile = engine.calibrate(prompts=1, max_new_tokens=16, contexts=(64,), repeats=1)
-    with_chains = dataclasses.replace(profile, lookup_lengths=[0, 3, 3, 3], expected_speedup=1.0, expected_speedup_with_lookup=1.3,
+    with_chains = dataclasses.replace(profile, lookup_lengths=[0, 3, 3, 3, 5, 8], expected_speedup=1.0, expected_speedup_with_lookup=1.3,
                                       expected_with_lookup_by_turn={"first turns": {"answers": 3, "tokens_per_step": 1.2, "speedup": 1.1},
                                                                     "follow-ups": {"answers": 2, "tokens_per_step": 1.9, "speedup": 1.6}})
     engine.use_profile(with_chains)
-    assert engine.lookup_lengths == (0, 3, 3, 3) and engine.expected_speedup() == 1.3
+    assert engine.lookup_lengths == (0, 3, 3, 3, 5, 8) and engine.expected_speedup() == 1.3
     summary = calibration_summary(with_chains)
-    assert "0/3/3/3 tokens" in summary and "**1.30x**" in summary and "first turns 1.10x, follow-ups 1.60x" in summary
+    assert "0/3/3/3/5/8 tokens after a match of 1/2/3/4-7/8-15/16+ tokens" in summary and "**1.30x**" in summary and "first turns 1.10x, follow-ups 1.60x" in summary
     engine.set_lookup(0)  # chains off: the tree's own expectation
     assert engine.expected_speedup() == 1.0
-    assert "chains" not in calibration_summary(dataclasses.replace(with_chains, lookup_lengths=[0, 0, 0, 0]))
+    assert "chains" not in calibration_summary(dataclasses.replace(with_chains, lookup_lengths=[0] * CLASSES))
 
 
 def test_static_trees_need_prompt_tokens(lookup_only_dir):

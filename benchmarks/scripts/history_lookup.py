@@ -19,11 +19,10 @@ import argparse
 
 from app.bench import read_questions
 from app.cli import DEFAULT_QUESTIONS
-from ppd_core.calibration.profiles import read_profile
 from ppd_core.calibration.latency import step_seconds
 from ppd_core.engine import Engine, EngineConfig
-from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, right_guesses, with_lookup
-from measurement import INT4_PROFILE, report
+from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, match_class, right_guesses, with_lookup
+from measurement import INT4_PROFILE, profile_latency, report
 
 
 def expectation(stats: LookupStats, seconds) -> dict:
@@ -31,7 +30,7 @@ def expectation(stats: LookupStats, seconds) -> dict:
     tokens, step_seconds = with_lookup(stats, lengths, 1.0, 1, seconds)
     return {"chain_lengths": lengths, "matched_positions": sum(stats.trials), "positions": stats.positions,
             "expected_tokens_per_step": round(tokens, 4), "expected_speedup": round(tokens / step_seconds * seconds(1), 4),
-            "acceptance_by_match_length": [[round(p, 4) for p in row[:4]] for row in stats.probs]}
+            "acceptance_by_match_class": [[round(p, 4) for p in row[:4]] for row in stats.probs]}
 
 
 def add_with_fallback(stats: LookupStats, history: list[int], prompt: list[int], answer: list[int]) -> None:
@@ -40,10 +39,10 @@ def add_with_fallback(stats: LookupStats, history: list[int], prompt: list[int],
     own, everything = NgramIndex(prompt), NgramIndex(history + prompt)
     stats.start_answer()
     for i, token in enumerate(answer):
-        chain, n = own.propose(len(stats.hits[0]))
+        chain, match = own.propose(len(stats.hits[0]))
         if not chain:
-            chain, n = everything.propose(len(stats.hits[0]))
-        stats.add_position(n, right_guesses(chain, answer, i), len(chain))
+            chain, match = everything.propose(len(stats.hits[0]))
+        stats.add_position(match_class(match) + 1 if chain else 0, right_guesses(chain, answer, i), len(chain))
         own.extend([token])
         everything.extend([token])
 
@@ -66,7 +65,7 @@ def main() -> None:
         with_history.add_answer(history + prompt, answer)
         add_with_fallback(fallback, history, prompt, answer)
         history += prompt + answer
-    seconds = step_seconds(read_profile(INT4_PROFILE).latency_ms)
+    seconds = step_seconds(profile_latency(INT4_PROFILE))
     result = {
         "command": f"python benchmarks/scripts/history_lookup.py --limit {args.limit} --max-new-tokens {args.max_new_tokens}",
         "model": "default, int4, greedy plain decoding", "questions": len(conversations),

@@ -3,22 +3,27 @@
 The model answers the calibration prompts greedily; then, as in training, prompt tokens are
 attached at every position of each answer in one batched forward, and the rank of the
 model's own token among each prompt token's guesses is recorded. p_d(r) counts rank r at
-depth d among the positions where depths 1..d-1 were guessed within the top k.
+depth d among the positions where depths 1..d-1 were guessed within the top k. n-gram lookup
+is replayed on the decoding backend's own greedy answers to the same conversations.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 
 import torch
 
+from ppd_core.backends import Decoder
+from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.distillation import student_logits, teacher_pass, teacher_targets, valid_cuts
 from ppd_core.greedy_answers import greedy_batch
 from ppd_core.lookup import LookupStats
 from ppd_core.text import chat_ids
+from ppd_core.tree import vanilla_family
 
 TOP_K = 10
 
@@ -30,11 +35,13 @@ def calibration_prompts() -> list[list[str]]:
     return [[entry] if isinstance(entry, str) else entry for entry in entries]
 
 
-def conversation_answers(
-    model, tokenizer, conversations: Sequence[Sequence[str]], max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]
-) -> list[tuple[int, list[int], list[int]]]:
-    """The model's greedy answer to every turn of each conversation, batched turn by turn; a later turn
-    follows the earlier answers (as text, as a chat holds them). (turn, prompt ids, answer ids) each."""
+Answerer = Callable[[list[list[int]]], list[list[int]]]  # prompts -> the model's greedy answers (token ids)
+
+
+def conversation_answers(tokenizer, conversations: Sequence[Sequence[str]], answer: Answerer) -> list[tuple[int, list[int], list[int]]]:
+    """The model's greedy answer to every turn of each conversation, asked turn by turn (``answer`` takes one
+    turn's prompts at once); a later turn follows the earlier answers (as text, as a chat holds them).
+    (turn, prompt ids, answer ids) each."""
     histories: list[list[dict]] = [[] for _ in conversations]
     out = []
     for turn in range(max((len(c) for c in conversations), default=0)):
@@ -42,10 +49,43 @@ def conversation_answers(
         for i in live:
             histories[i].append({"role": "user", "content": conversations[i][turn]})
         prompts = [chat_ids(tokenizer, histories[i]) for i in live]
-        for i, prompt, answer in zip(live, prompts, greedy_batch(model, prompts, max_new_tokens, pad_id, eos_ids)):
-            histories[i].append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
-            out.append((turn + 1, prompt, answer))
+        for i, prompt, reply in zip(live, prompts, answer(prompts)):
+            histories[i].append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
+            out.append((turn + 1, prompt, reply))
     return out
+
+
+def batched_answers(model, max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]) -> Answerer:
+    """Greedy answers from the transformers model, a batch per turn."""
+    return lambda prompts: greedy_batch(model, prompts, max_new_tokens, pad_id, eos_ids)
+
+
+def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int],
+                    progress: Callable[[int], None] | None = None) -> Answerer:
+    """Greedy answers from the decoding backend itself, plain decoding, one prompt at a time (``progress`` gets
+    the number answered so far): lookup is replayed on exactly the text decoding will see (llama.cpp's or
+    int4's answers differ from fp32's)."""
+    speculator = Speculator(decoder, vanilla_family())
+    answered = itertools.count(1)
+
+    def answer(prompts: list[list[int]]) -> list[list[int]]:
+        replies = []
+        for prompt in prompts:
+            request = Request(prompt, max_new_tokens, frozenset(eos_ids), decoder.max_context)
+            replies.append([token for step in generate(speculator, request) for token in step.tokens])
+            if progress:
+                progress(next(answered))
+        return replies
+
+    return answer
+
+
+def lookup_stats(answers: Sequence[tuple[int, list[int], list[int]]]) -> LookupStats:
+    """n-gram lookup replayed on ``conversation_answers``."""
+    stats = LookupStats.empty()
+    for turn, prompt, reply in answers:
+        stats.add_answer(prompt, reply, turn)
+    return stats
 
 
 @dataclass
@@ -54,7 +94,6 @@ class AcceptanceStats:
 
     hits: list[list[int]]  # [n][k]
     trials: list[int]  # [n]
-    lookup: LookupStats = field(default_factory=LookupStats.empty)  # n-gram lookup replayed on the same answers
 
     @property
     def probs(self) -> list[list[float]]:
@@ -98,16 +137,13 @@ def measure_acceptance(
     chunk: int = 64,
     progress: Callable[[int, int], None] | None = None,
 ) -> AcceptanceStats:
-    """p_d(r) over the model's greedy answers to every turn of ``conversations``."""
+    """p_d(r) over the transformers model's greedy answers to every turn of ``conversations``."""
     n = num_prompt_tokens
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    answers = conversation_answers(model, tokenizer, conversations, max_new_tokens, pad, eos_ids)
+    answers = conversation_answers(tokenizer, conversations, batched_answers(model, max_new_tokens, pad, eos_ids))
     stats = AcceptanceStats(hits=[[0] * top_k for _ in range(n)], trials=[0] * n)
     for done, (turn, prompt, answer) in enumerate(answers, 1):
         sequence = prompt + answer
-        stats.lookup.add_answer(prompt, answer, turn)
-        if not n:  # no prompt tokens: the answers serve the lookup replay alone
-            continue
         cache, teacher = teacher_pass(model, sequence)
         cuts = valid_cuts(len(prompt), len(sequence), n)
         for start in range(0, len(cuts), chunk):

@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from ppd_core.calibration.acceptance import calibration_prompts, measure_acceptance
+from ppd_core.calibration.acceptance import (
+    AcceptanceStats, calibration_prompts, conversation_answers, decoder_answers, lookup_stats, measure_acceptance,
+)
 from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency, step_seconds
 from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.calibration.tree_search import choose_family
@@ -58,15 +60,19 @@ def calibrate(
     latency = measure_latency(  # on the forward that decodes (lean or transformers)
         loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
     )
-    stats = measure_acceptance(  # on the transformers model (built here if decoding did not need it)
-        loaded.model, loaded.tokenizer, table, n, V, calibration_prompts()[:prompts], sorted(loaded.eos_token_ids),
-        max_new_tokens, progress=lambda d, t: report("acceptance", d, t),
-    )
+    conversations = calibration_prompts()[:prompts]
+    eos = sorted(loaded.eos_token_ids)
+    turns = sum(map(len, conversations))
+    answer = decoder_answers(loaded.backend, max_new_tokens, eos, lambda done: report("lookup", done, turns))
+    lookup = lookup_stats(conversation_answers(loaded.tokenizer, conversations, answer))  # on decoding's own answers
+    stats = AcceptanceStats([], [])
+    if n:  # the prompt tokens' guesses, on the transformers model (built here if decoding did not need it)
+        stats = measure_acceptance(loaded.model, loaded.tokenizer, table, n, V, conversations, eos, max_new_tokens,
+                                   progress=lambda d, t: report("acceptance", d, t))
     report("tree search", 0, 1)
     curve = mean_curve(latency)
     budgets = sorted(set(range(1, 33)) | set(curve))  # every small tree; measured sizes beyond
     choice = choose_family(stats.probs, curve, n, V, budgets)
-    lookup = stats.lookup
     seconds = step_seconds(latency)
     # chains join each budget's full tree: a smaller tree may pay more with them than the best tree alone
     # (budgets ascend: on a tie the smaller tree wins)

@@ -18,7 +18,8 @@ from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 from ppd_core.tree import TreeFamily, TreeSpec, family_from_specs
 
-FORMAT_VERSION = 4  # 2: lookup chains; 3: their expectation replays decoding step by step; 4: follow-up turns
+FORMAT_VERSION = 5  # 2: lookup chains; 3: their expectation replays decoding step by step; 4: follow-up turns;
+# 5: chains by match class, replayed on the decoding backend's own answers
 
 
 class ProfileError(PpdError):
@@ -47,9 +48,9 @@ class DeviceProfile:
     ensemble_size: int
     budgets: list[dict] = field(default_factory=list)  # every budget tried: tokens/step, ms/step, tokens/s
     skinny_sizes: list[int] = field(default_factory=list)  # step sizes where ``weight @ x.T`` measured faster (lean fp32)
-    lookup_acceptance: list[list[float]] = field(default_factory=list)  # P(first j chain tokens right | match n): [n][j]
-    lookup_trials: list[int] = field(default_factory=list)  # answer positions with a match of length n
-    lookup_lengths: list[int] = field(default_factory=list)  # chosen chain length by match length (0: none)
+    lookup_acceptance: list[list[float]] = field(default_factory=list)  # P(first j chain tokens right | match class c): [c][j]
+    lookup_trials: list[int] = field(default_factory=list)  # answer positions with a match of class c
+    lookup_lengths: list[int] = field(default_factory=list)  # chosen chain length by match class (0: none)
     expected_tokens_per_step_with_lookup: float = 0.0  # the chosen tree plus those chains
     expected_speedup_with_lookup: float = 0.0
     expected_with_lookup_by_turn: dict[str, dict] = field(default_factory=dict)  # "first turns" / "follow-ups": the same apart
