@@ -18,7 +18,7 @@ import torch
 
 from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
-from ppd_core.lookup import ChainedTrees, NgramIndex, match_class
+from ppd_core.lookup import MATCH_CLASSES, ChainedTrees, NgramIndex, match_class
 from ppd_core.sampling import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
@@ -40,6 +40,10 @@ class Speculator:
     family: TreeFamily  # one tree per number of guessed depths; a root-only family is plain decoding
     prompt_table: torch.Tensor | None = None  # [n * V, hidden]
     lookup_lengths: tuple[int, ...] = ()  # lookup chain length by match class (``lookup.MATCH_CLASSES``; empty or 0: none)
+
+    def __post_init__(self) -> None:
+        if self.lookup_lengths and len(self.lookup_lengths) != len(MATCH_CLASSES):
+            raise ValueError(f"lookup_lengths needs one length per match class ({len(MATCH_CLASSES)}), got {self.lookup_lengths}")
 
     @property
     def top_k(self) -> int:

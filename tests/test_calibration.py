@@ -160,7 +160,8 @@ def test_profile_round_trip_and_key_mismatch(tiny_engine, tmp_path):
     assert load_profile(profile.key, tmp_path) == profile
     # another device or model: its key names another file, so this profile is never used for it
     for field, value in (("device", {**profile.key["device"], "name": "Other CPU"}), ("model", {"name": "x", "fingerprint": "0"}),
-                         ("quant", "4bit"), ("prompt_tokens", "feedfacefeedface")):
+                         ("quant", "4bit"), ("prompt_tokens", "feedfacefeedface"),
+                         ("build", "CPU : AVX2 = 1 | CUDA : ARCHS = 890"), ("gpu_layers", -1)):
         assert load_profile({**profile.key, field: value}, tmp_path) is None
 
 

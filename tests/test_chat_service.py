@@ -186,7 +186,7 @@ def test_device_panel_names_the_guess_sources(service):
     engine = service.engine
     try:
         engine.set_lookup(3)
-        assert "n-gram lookup in the conversation (chains of 3/3/3/3 tokens" in guess_sources(engine)
+        assert "n-gram lookup in the conversation (chains of 3/3/3/3/3/3 tokens after a match of 1/2/3/4-7/8-15/16+ tokens)" in guess_sources(engine)
         assert guess_sources(engine).startswith("prompt tokens (")  # the medium tree guesses too
         engine.set_lookup(0)
         assert "lookup" not in guess_sources(engine)

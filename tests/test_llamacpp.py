@@ -19,6 +19,7 @@ from ppd_core.backends.llamacpp import LlamaCppDecoder
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.loading import default_model_file
+from ppd_core.lookup import MATCH_CLASSES
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
 
@@ -171,7 +172,7 @@ def test_a_1024_token_answer_with_rebuilds_equals_plain(llama_engine):
     tokens = llama_engine.prompt_tokens
     small = family_from_spec("small", STATIC_TREES["small"], tokens.num_prompt_tokens, tokens.ensemble_size)
     answers = []
-    for family, chains in ((vanilla_family(), ()), (small, (4, 4, 4, 4))):
+    for family, chains in ((vanilla_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
         speculator = Speculator(decoder, family, llama_engine._prompt_table, chains)
         request = Request(prompt, 1024, frozenset(), decoder.max_context)  # no EOS: all 1024 tokens
         answers.append([t for step in generate(speculator, request) for t in step.tokens])
@@ -237,3 +238,10 @@ def test_stats_count_only_the_tokens_kept_when_the_limit_cuts_a_step(llama_engin
     finally:
         llama_engine.set_lookup(None)
         llama_engine.set_tree(family)
+
+
+def test_the_profile_key_names_the_llama_cpp_build_and_offload(llama_engine):
+    """A rebuilt llama.cpp (other CPU features, CUDA, Metal) or another offload calibrates anew."""
+    key = llama_engine.profile_key()
+    assert key["backend"] == "llamacpp" and key["build"] == llama_engine.loaded.kernels["system"]
+    assert "CPU" in key["build"] and key["gpu_layers"] == llama_engine.loaded.backend.gpu_layers

@@ -1,7 +1,7 @@
 """llama.cpp's own C++ `llama-server` on the questions `ppd bench` asks: the figure ppd is compared with.
 
     python benchmarks/scripts/llama_server_bench.py --server PATH/llama-server [--limit 20]
-        [--max-new-tokens 128] [--turns 1] [--threads 2] [--json FILE]
+        [--max-new-tokens 128] [--turns 1] [--threads 2] [--kv-cache f16|q8_0] [--json FILE]
 
 Build the server from the llama.cpp that llama-cpp-python vendors (the same source as ppd's backend):
 `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-server`.
@@ -54,12 +54,14 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--turns", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kv-cache", default="f16", choices=("f16", "q8_0"),
+                        help="the KV cache type (f16: llama-server's default; q8_0: ppd's, for its bitwise trees)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
     gguf, port = default_model_file(), free_port()
     command = [str(args.server), "-m", str(gguf), "-t", str(args.threads), "-tb", str(args.threads), "-fa", "on",
-               "-c", "4096", "--port", str(port), "--no-webui", "-np", "1"]
+               "-c", "4096", "-ctk", args.kv_cache, "-ctv", args.kv_cache, "--port", str(port), "--no-webui", "-np", "1"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     by_turn = {}

@@ -27,14 +27,18 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
-    """Device + model fingerprint + quantization + dtype + forward + prompt tokens."""
+    """Device + model fingerprint + quantization + dtype + backend (with llama.cpp's build and offload) + forward +
+    prompt tokens. A rebuilt llama.cpp (another CPU feature set, CUDA, Metal) or another offload is another curve."""
     signature = signature_of(loaded.backend.embedding_rows, loaded.backend.vocab_size)
+    kernels = loaded.kernels
     return {
         "device": describe(loaded.device).to_json(),
         "model": {"name": loaded.name, "fingerprint": hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]},
         "quant": loaded.quant,
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "backend": loaded.backend.name,
+        "build": kernels.get("system", ""),  # llama.cpp's CPU features and GPU backends ("" on torch)
+        "gpu_layers": kernels.get("gpu_layers", 0),
         "forward": loaded.forward,  # the lean and transformers forwards differ in step latency
         "prompt_tokens": prompt_tokens.fingerprint,
     }
