@@ -245,3 +245,23 @@ def test_the_profile_key_names_the_llama_cpp_build_and_offload(llama_engine):
     key = llama_engine.profile_key()
     assert key["backend"] == "llamacpp" and key["build"] == llama_engine.loaded.kernels["system"]
     assert "CPU" in key["build"] and key["gpu_layers"] == llama_engine.loaded.backend.gpu_layers
+
+
+def test_a_context_that_grows_mid_answer_keeps_it_equal_to_plain(llama_engine):
+    """The context starts small and is made anew, twice as large, as the answer outgrows it (the cache re-decoded
+    in order each time): PPD with trees and chains still equals plain decoding in a context made large at once."""
+    prompt = llama_engine.chat_ids([{"role": "user", "content": "List the numbers from 1 to 300, one per line."}])
+    tokens = llama_engine.prompt_tokens
+    small = family_from_spec("small", STATIC_TREES["small"], tokens.num_prompt_tokens, tokens.ensemble_size)
+    large = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=1024)
+    request = Request(prompt, 600, frozenset(), 1024)  # no EOS: all 600 tokens
+    plain = [t for step in generate(Speculator(large, vanilla_family()), request) for t in step.tokens]
+    large.close()
+    for family, chains in ((vanilla_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
+        growing = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=64)
+        first_cells = growing.cells
+        speculator = Speculator(growing, family, llama_engine._prompt_table, chains)
+        assert [t for step in generate(speculator, request) for t in step.tokens] == plain, family.name
+        assert growing.grows >= 2 and growing.cells > 2 * first_cells
+        growing.close()
+    assert len(plain) == 600

@@ -19,7 +19,9 @@ llama.cpp owns the kernels, threads and devices (CPU, CUDA, Metal); this module 
   the file's own ``token_embd`` rows, de-quantized as llama.cpp does (bitwise the same logits).
 
 One llama.cpp context serves every cache; a cache that is not the one resident in the context is
-re-decoded into it first.
+re-decoded into it first. The context starts with room for ``INITIAL_CONTEXT`` positions (llama.cpp
+fills its whole KV cache when it makes a context) and is made anew, twice as large up to
+``max_context``, when a conversation outgrows it; the resident cache is then re-decoded in order.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ BATCH_ROWS = 512  # rows per llama_decode (prefill is split into batches this lo
 TREE_ROWS = 128
 SPARE_CELLS = 1024  # cells beyond the context for parked rows and one step's tree
 DEFAULT_MAX_CONTEXT = 8192  # positions held at most (the model's own if smaller): 12 KB of Q8_0 cache each here
+# positions the context is made for at first; it doubles (up to max_context) when a conversation needs more.
+# llama.cpp fills its whole KV cache at creation, so this is the memory a typical chat costs (37 MB here, 113 MB
+# for all 8192 positions)
+INITIAL_CONTEXT = 2048
 EMBEDDING_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")  # token_embd types whose rows this module de-quantizes
 
 
@@ -88,7 +94,8 @@ class LlamaCppDecoder:
     name = "llamacpp"
 
     def __init__(self, gguf_file: Path, threads: int = 0, gpu_layers: int | None = None,
-                 max_context: int | None = None, kv_type: str = "q8_0", spare_cells: int = SPARE_CELLS):
+                 max_context: int | None = None, kv_type: str = "q8_0", spare_cells: int = SPARE_CELLS,
+                 initial_context: int = INITIAL_CONTEXT):
         llama = self.llama = import_llama_cpp()
         llama.llama_backend_init()
         quiet_logs(llama)
@@ -108,8 +115,7 @@ class LlamaCppDecoder:
         self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, trained if trained > 0 else DEFAULT_MAX_CONTEXT)
         self.threads = threads or os.cpu_count() or 1
         self.kv_type = kv_type
-        params = llama.llama_context_default_params()
-        params.n_ctx = self.max_context + spare_cells
+        params = self._params = llama.llama_context_default_params()
         params.n_batch, params.n_ubatch = BATCH_ROWS, TREE_ROWS
         params.n_seq_max = SEQ_MAX
         params.kv_unified = True
@@ -117,17 +123,16 @@ class LlamaCppDecoder:
         params.type_k = params.type_v = {"q8_0": llama.GGML_TYPE_Q8_0, "f16": llama.GGML_TYPE_F16}[kv_type]
         params.n_threads = params.n_threads_batch = self.threads
         params.no_perf = True
-        self.context = llama.llama_init_from_model(self.model, params)
-        if not self.context:
-            raise LlamaCppError(f"llama.cpp could not create a context for {self.gguf_file.name}")
-        self.cells = llama.llama_n_ctx(self.context)
-        self.memory = llama.llama_get_memory(self.context)
+        self.spare_cells = spare_cells
+        self.context = None
+        self._resident: LlamaCache | None = None  # the cache whose cells the context holds
+        self._open(min(initial_context, self.max_context))
         self.device = torch.device("cpu")  # logits come back to the host; llama.cpp runs where it offloaded
         self.dtype = torch.float32
         self._token_batch = llama.llama_batch_init(BATCH_ROWS, 0, SEQ_MAX)
         self._embedding_batch = None  # made on the first step with prompt-token rows
-        self._resident: LlamaCache | None = None
         self.rebuilds = 0  # re-decodes that dropped parked cells
+        self.grows = 0  # contexts made larger for a longer conversation
         self._embeddings = EmbeddingRows(self.gguf_file)
 
     def close(self) -> None:
@@ -231,10 +236,31 @@ class LlamaCppDecoder:
 
     # --- the context ----------------------------------------------------------------------------
 
+    def _open(self, positions: int) -> None:
+        """(Re)create the context with room for ``positions`` positions plus the spare cells; it holds no cache."""
+        if self.context:
+            self.llama.llama_free(self.context)
+        self._params.n_ctx = positions + self.spare_cells
+        self.context = self.llama.llama_init_from_model(self.model, self._params)
+        if not self.context:
+            raise LlamaCppError(f"llama.cpp could not create a context of {self._params.n_ctx} cells for {self.gguf_file.name}")
+        self.cells = self.llama.llama_n_ctx(self.context)  # llama.cpp rounds it up
+        self.positions = min(self.max_context, self.cells - self.spare_cells)
+        self.memory = self.llama.llama_get_memory(self.context)
+        if self._resident is not None:
+            self._resident.clean = 0  # its cells are gone: all of it is re-decoded when it returns
+        self._resident = None
+
     def _make_resident(self, cache: LlamaCache, new_rows: int) -> None:
-        """Put ``cache`` in the context with room for ``new_rows`` more cells (re-decoding it if needed)."""
-        if len(cache.tokens) + new_rows > self.cells:
-            raise LlamaCppError(f"{len(cache.tokens) + new_rows} positions exceed llama.cpp's context of {self.cells}")
+        """Put ``cache`` in the context with room for ``new_rows`` more cells (re-decoding it if needed), in a
+        larger context if its positions outgrow this one."""
+        needed = len(cache.tokens) + new_rows
+        if needed > self.cells:
+            if needed > self.max_context + self.spare_cells:
+                raise LlamaCppError(f"{needed} positions exceed llama.cpp's context of {self.max_context + self.spare_cells}")
+            self._open(min(self.max_context, max(2 * self.positions, needed)))
+            self.grows += 1
+            log.info("llama.cpp: context grown to %d positions", self.positions)
         if self._resident is not cache:
             self.llama.llama_memory_clear(self.memory, True)
             if self._resident is not None:
