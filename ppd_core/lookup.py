@@ -108,14 +108,17 @@ class LookupStats:
         index = NgramIndex(prompt)
         self.start_answer(turn)
         for i, token in enumerate(answer):
-            chain, match = index.propose(len(self.hits[0]))
-            self.add_position(match_class(match) + 1 if chain else 0, right_guesses(chain, answer, i), len(chain))
+            self.add_proposal(*index.propose(len(self.hits[0])), answer, i)
             index.extend([token])
 
     def start_answer(self, turn: int = 1) -> None:
         """A new answer (turn ``turn`` of its conversation): ``add_position`` fills it."""
         self.matches.append([])
         self.turns.append(turn)
+
+    def add_proposal(self, chain: Sequence[int], match: int, answer: Sequence[int], i: int) -> None:
+        """``NgramIndex.propose``'s (chain, match length) at position i of the latest answer."""
+        self.add_position(match_class(match) + 1 if chain else 0, right_guesses(chain, answer, i), len(chain))
 
     def add_position(self, n: int, right: int, proposed: int) -> None:
         """One position of the latest answer: a match of class n - 1 (n = 0: none) proposing ``proposed`` tokens,

@@ -21,7 +21,7 @@ from app.bench import read_questions
 from app.cli import DEFAULT_QUESTIONS
 from ppd_core.calibration.latency import step_seconds
 from ppd_core.engine import Engine, EngineConfig
-from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, match_class, right_guesses, with_lookup
+from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, with_lookup
 from measurement import INT4_PROFILE, profile_latency, report
 
 
@@ -42,7 +42,7 @@ def add_with_fallback(stats: LookupStats, history: list[int], prompt: list[int],
         chain, match = own.propose(len(stats.hits[0]))
         if not chain:
             chain, match = everything.propose(len(stats.hits[0]))
-        stats.add_position(match_class(match) + 1 if chain else 0, right_guesses(chain, answer, i), len(chain))
+        stats.add_proposal(chain, match, answer, i)
         own.extend([token])
         everything.extend([token])
 

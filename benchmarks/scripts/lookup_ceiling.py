@@ -26,13 +26,14 @@ from ppd_core.lookup import LookupStats, chain_lengths, with_lookup
 from measurement import INT4_PROFILE, profile_latency, report
 
 FORESIGHT_CHAIN = 16  # the longest chain foresight may carry
+TURNS = (("first turns", lambda turn: turn == 1), ("second turns", lambda turn: turn == 2))
 
 
 def expectation(stats: LookupStats, seconds) -> dict:
     """Chain lengths fitted on every answer; tokens per step and speedup on first and second turns apart."""
     lengths = chain_lengths(stats, 1.0, 1, seconds)
     out = {"chain_lengths": lengths}
-    for name, keep in (("first turns", lambda turn: turn == 1), ("second turns", lambda turn: turn == 2)):
+    for name, keep in TURNS:
         tokens, step_seconds = with_lookup(stats.select(keep), lengths, 1.0, 1, seconds)
         out[name] = {"tokens_per_step": round(tokens, 4), "speedup": round(tokens / step_seconds * seconds(1), 4)}
     return out
@@ -41,7 +42,7 @@ def expectation(stats: LookupStats, seconds) -> dict:
 def foresight(stats: LookupStats, seconds) -> dict:
     """Each step copies exactly the right tokens of its chain when that beats a plain step on the curve."""
     out = {}
-    for name, keep in (("first turns", lambda turn: turn == 1), ("second turns", lambda turn: turn == 2)):
+    for name, keep in TURNS:
         tokens = steps = spent = 0.0
         for answer in stats.select(keep).matches:
             i = 0

@@ -247,8 +247,12 @@ class LlamaCppDecoder:
         self.cells = self.llama.llama_n_ctx(self.context)  # llama.cpp rounds it up
         self.positions = min(self.max_context, self.cells - self.spare_cells)
         self.memory = self.llama.llama_get_memory(self.context)
+        self._evict()
+
+    def _evict(self) -> None:
+        """The resident cache's cells are gone: all of it is re-decoded when it returns."""
         if self._resident is not None:
-            self._resident.clean = 0  # its cells are gone: all of it is re-decoded when it returns
+            self._resident.clean = 0
         self._resident = None
 
     def _make_resident(self, cache: LlamaCache, new_rows: int) -> None:
@@ -263,8 +267,7 @@ class LlamaCppDecoder:
             log.info("llama.cpp: context grown to %d positions", self.positions)
         if self._resident is not cache:
             self.llama.llama_memory_clear(self.memory, True)
-            if self._resident is not None:
-                self._resident.clean = 0  # its cells are gone: all of it is re-decoded when it returns
+            self._evict()
             self._resident = cache
             cache.cells = cache.clean = 0
             cache.width = 1
