@@ -3,15 +3,16 @@
 One job: turn OpenAI chat-completion requests into ``Engine.stream`` calls and the answers
 back into OpenAI's JSON and server-sent events. ``ppd serve`` runs it alone (``create_api``);
 ``ppd chat`` puts its routes (``api_routes``) in front of the Gradio app's, on one server, so the
-page and the API share one model and one ``ChatService.model_lock``: an API answer waits for a
+page and the API share one model and one ``ChatService.queue``: an API answer waits for a
 page's answer and the other way round.
 
 API answers never reuse the KV cache (``reuse_cache=False``): each request prefills its whole
 conversation into a cache of its own, so the UI's kept cache for its next turn stays valid.
 
-Every request decodes on a thread of its own, which takes the model lock (giving up its place
-in line if its client goes away first), checks a cancel flag after every step and releases the
-lock when it ends: a client that disconnects mid-stream stops the decoding within one step.
+A request is validated and tokenized off the event loop, then takes a place in ``ChatService``'s
+line for the model (a full line: 503 with ``Retry-After``) and decodes on a worker of a fixed pool
+(one worker per place in line), through ``ChatService.decode``: a client that goes away gives up
+its place, or stops the decoding within one step.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,33 +36,36 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Mount, Route
 
-from app.chat_service import ChatService
+from app.chat_service import Busy, ChatService, Queued
 from ppd_core.engine import PpdError, SamplingParams
+
+log = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-LOCK_POLL_SECONDS = 0.05  # how often a request waiting for the model checks that its client is still there
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streamed request checks its client
 MAX_BODY_BYTES = 1 << 20  # request bodies beyond 1 MB are refused with 413
 DRAIN_BYTES = 16 << 20  # an oversized body is read (and dropped) up to this much before the 413, so the client sees it
 
 
 class ApiError(Exception):
-    """A request the client must fix (400), or a missing key (401): answered in OpenAI's error shape."""
+    """A request the client must fix (400), a missing key (401), or a full line (503): OpenAI's error shape."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: dict | None = None):
         super().__init__(message)
         self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+        self.headers = headers
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   kind: str = "invalid_request_error") -> JSONResponse:
+                   kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer", **(headers or {})} if status == 401 else headers
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -256,14 +263,16 @@ def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
     )
 
 
-# ---- decoding: on a thread of its own, under the service's model lock ----
+# ---- decoding: on a worker of the pool, in ChatService's line for the model ----
 
 
 class ApiState:
-    """What the API keeps between requests: finished jobs (newest last) and running ones, for /health and tests."""
+    """What the API keeps between requests: finished jobs (newest last), running ones (for /health and tests)
+    and the worker pool, one worker per place in the model's line (so a request never waits for a worker)."""
 
-    def __init__(self):
+    def __init__(self, workers: int):
         self.created = int(time.time())
+        self.workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ppd-api")
         self.finished: deque[tuple[Job, Outcome]] = deque(maxlen=64)
         self.running = 0  # requests whose decoding thread has not ended (answering or waiting for the model)
         self._lock = threading.Lock()
@@ -277,52 +286,50 @@ class ApiState:
             self.running -= 1
 
 
-def decode(service: ChatService, job: Job, cancelled: threading.Event, emit: Callable[[str], None]) -> Outcome:
-    """Answer ``job``, handing text to ``emit`` as it grows; stops within one step of ``cancelled`` being set."""
+def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Event, emit: Callable[[str], None]) -> Outcome:
+    """Answer ``job`` in its place in line (``ticket``), handing text to ``emit`` as it grows; gives up its place, or
+    stops within one step, once ``cancelled`` is set."""
     queued = time.monotonic()
-    while not service.model_lock.acquire(timeout=LOCK_POLL_SECONDS):
-        if cancelled.is_set():  # the client left while waiting: give up the place in line
-            return Outcome("cancelled", queued_seconds=time.monotonic() - queued)
-    try:
-        outcome = Outcome("length", queued_seconds=time.monotonic() - queued, started_at=time.time())
-        cutter = StopCutter(job.stop)
-        stream = service.engine.stream(job.ids, "ppd", job.max_new_tokens, sampling=job.sampling, reuse_cache=False)
-        event = None
-        try:
-            for event in stream:
-                if cancelled.is_set():
-                    outcome.steps_after_cancel += 1  # this step ran before the flag was seen
-                    outcome.finish_reason = "cancelled"
-                    break
-                piece, hit = cutter.feed(event.text, event.stop_reason is not None)
-                if piece:
-                    emit(piece)
-                if hit or event.stop_reason is not None:
-                    outcome.finish_reason = "stop" if hit or event.stop_reason == "eos" else "length"
-                    break
-        finally:
-            stream.close()  # between steps: the engine is left ready for the next request
-        if event is not None:
-            outcome.text = event.text[: cutter.sent]
-            outcome.completion_tokens = len(event.tokens)
-            outcome.stats = event.stats
+    outcome = Outcome("cancelled")
+    cutter = StopCutter(job.stop)
+    event = None
+    events = service.decode(job.ids, "ppd", job.max_new_tokens, job.sampling, reuse_cache=False, stop=cancelled.is_set,
+                            ticket=ticket)
+    with closing(events):
+        for event in events:
+            if isinstance(event, Queued):
+                continue
+            if outcome.started_at == 0.0:
+                outcome.queued_seconds, outcome.started_at = time.monotonic() - queued, time.time()
+            if cancelled.is_set():
+                outcome.steps_after_cancel += 1  # this step ran before the flag was seen
+                break
+            piece, hit = cutter.feed(event.text, event.stop_reason is not None)
+            if piece:
+                emit(piece)
+            if hit or event.stop_reason is not None:
+                outcome.finish_reason = "stop" if hit or event.stop_reason == "eos" else "length"
+                break
+    if outcome.started_at == 0.0:  # never reached the model
+        outcome.queued_seconds = time.monotonic() - queued
+    elif event is not None and not isinstance(event, Queued):
+        outcome.text = event.text[: cutter.sent]
+        outcome.completion_tokens = len(event.tokens)
+        outcome.stats = event.stats
         outcome.finished_at = time.time()
-        return outcome
-    finally:
-        service.model_lock.release()
+    return outcome
 
 
 class Decoding:
-    """One request's decoding thread and the asyncio queue its text arrives on."""
+    """One request's decoding, on a worker of the pool, and the asyncio queue its text arrives on."""
 
-    def __init__(self, service: ChatService, job: Job, state: ApiState):
+    def __init__(self, service: ChatService, job: Job, ticket: int, state: ApiState):
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.state = state
         state.started()
-        self.thread = threading.Thread(target=self._run, args=(service, job), name=f"ppd-api-{job.id[-8:]}", daemon=True)
-        self.thread.start()
+        state.workers.submit(self._run, service, job, ticket)
 
     def _put(self, kind: str, value) -> None:
         try:
@@ -330,13 +337,14 @@ class Decoding:
         except RuntimeError:  # the event loop is gone (server shut down)
             self.cancelled.set()
 
-    def _run(self, service: ChatService, job: Job) -> None:
+    def _run(self, service: ChatService, job: Job, ticket: int) -> None:
         try:
-            outcome = decode(service, job, self.cancelled, lambda piece: self._put("text", piece))
-        except BaseException as error:  # a bug: the response reports it, the lock is already released
+            outcome = decode(service, job, ticket, self.cancelled, lambda piece: self._put("text", piece))
+        except BaseException as error:  # noqa: BLE001 - the response reports it; the model is already free
+            log.exception("answering an API request failed")
             self.state.ended()
             self._put("error", error)
-            raise
+            return
         self.state.finished.append((job, outcome))
         self.state.ended()
         self._put("done", outcome)
@@ -421,7 +429,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError):
-        return error_response(error.status, error.message, error.param, error.code, error.kind)
+        return error_response(error.status, error.message, error.param, error.code, error.kind, error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, error: RequestValidationError):
@@ -489,7 +497,7 @@ class OpenAIApi:
     def __init__(self, service: ChatService, api_key: str | None = None):
         self.service = service
         self.api_key = api_key
-        self.state = ApiState()
+        self.state = ApiState(workers=service.queue.max_waiting + 1)
         self.v1 = self._v1()
 
     @property
@@ -500,8 +508,9 @@ class OpenAIApi:
         return [Route("/health", self.health, methods=["GET"]), Mount("/v1", app=BodyLimit(self.v1))]
 
     async def health(self, _: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "model": self.model_name, "busy": self.service.model_lock.locked(),
-                             "running": self.state.running})
+        queue = self.service.queue
+        return JSONResponse({"status": "ok", "model": self.model_name, "busy": queue.busy, "waiting": queue.waiting,
+                             "max_waiting": queue.max_waiting, "running": self.state.running})
 
     async def authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -530,8 +539,14 @@ class OpenAIApi:
 
         @v1.post("/chat/completions")
         async def chat_completions(body: ChatCompletionRequest, request: Request):
-            job = make_job(service, body)  # every client mistake is a 400 here, before the model is asked
-            decoding = Decoding(service, job, state)
+            # every client mistake is a 400 here, before the model is asked; tokenizing is off the event loop
+            job = await run_in_threadpool(make_job, service, body)
+            try:
+                ticket = service.queue.join()
+            except Busy as busy:
+                raise ApiError(str(busy), code="server_busy", status=503, kind="server_error",
+                               headers={"Retry-After": str(busy.retry_after)}) from None
+            decoding = Decoding(service, job, ticket, state)
             if body.stream:
                 # the background task runs when the response ends, also after a disconnect (even one before
                 # the first event, when the generator's own ``finally`` never runs)

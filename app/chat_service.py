@@ -7,11 +7,14 @@ without a browser.
 from __future__ import annotations
 
 import html
-import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
+from app.model_queue import Busy, ModelQueue, Queued
 from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, TextStream
+
+__all__ = ["AnswerUpdate", "Busy", "ChatService", "ChatSettings", "Comparison", "Queued"]
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 
@@ -41,8 +44,9 @@ class AnswerUpdate:
     display: str  # the same, with accepted guesses marked when asked
     readout: str  # Markdown speed line
     note: str  # e.g. that early turns were trimmed
-    stats: GenerationStats
+    stats: GenerationStats | None  # None while waiting for the model
     stop_reason: str | None = None
+    queued: int = 0  # calls ahead of this one while it waits for the model
 
 
 @dataclass
@@ -116,20 +120,51 @@ class Highlighter:
 
 
 class ChatService:
-    """One engine shared by every browser tab and the HTTP API (``app/api.py``).
+    """The one door to the engine for every browser tab, Compare, Calibrate and the HTTP API (``app/api.py``).
 
-    ``model_lock`` is held for the whole of every model call (an answer, a comparison, a
-    calibration, an API request): the UI's queue and the API wait on the same lock, so two
-    answers never decode at once. It is a plain ``threading.Lock`` because Gradio may run each
-    step of a streamed answer on a different worker thread.
+    Every model call waits its turn in ``queue`` (first come, first served; beyond its bound a call is
+    refused with ``Busy``), gives up its place when its ``stop()`` turns true while waiting, ends within
+    one decoding step of ``stop()`` while answering, and always closes the engine's stream and frees the
+    model, whatever was raised.
     """
 
-    def __init__(self, engine: Engine, calibration_options: dict | None = None):
+    def __init__(self, engine: Engine, calibration_options: dict | None = None, max_waiting: int = 8):
         self.engine = engine
         self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
         self.last_comparison: Comparison | None = None
         self._comparisons = 0  # alternates which mode a comparison runs first
-        self.model_lock = threading.Lock()  # one model call at a time, UI and API alike
+        self.queue = ModelQueue(max_waiting)
+
+    def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
+               stop: Callable[[], bool] | None = None, ticket: int | None = None) -> Iterator[Queued | GenerationEvent]:
+        """``Queued`` while waiting, then the engine's events; ends right after the event during which ``stop()``
+        turned true. Close it (``contextlib.closing``) when leaving it early.
+
+        ``ticket``: a place in line taken beforehand (``queue.join``); else one is taken here (``Busy`` if full).
+        """
+        ticket = self.queue.join() if ticket is None else ticket
+        try:
+            if not (yield from self.queue.wait(ticket, stop)):
+                return  # stopped while waiting
+            stream = self.engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling)
+            try:
+                for event in stream:
+                    yield event
+                    if stop is not None and stop():
+                        return
+            finally:
+                stream.close()  # between steps: the engine is left ready for the next call
+        finally:
+            self.queue.leave(ticket)
+
+    @contextmanager
+    def turn(self):
+        """Hold the model for a call that does not stream (Compare, Calibrate); ``Busy`` if the line is full."""
+        ticket = self.queue.hold()
+        try:
+            yield
+        finally:
+            self.queue.leave(ticket)
 
     def speedup_label(self) -> str:
         if self.last_comparison is not None:
@@ -156,23 +191,30 @@ class ChatService:
         return ids, note
 
     def answer(self, messages: list[dict], settings: ChatSettings, stop: Callable[[], bool] | None = None) -> Iterator[AnswerUpdate]:
-        """Stream the answer to the last user message; ends within one decoding step of ``stop()`` turning true."""
+        """Stream the answer to the last user message; ends within one decoding step of ``stop()`` turning true.
+
+        Refused (``PpdError``) before anything runs when the conversation does not fit or the line is full.
+        """
         ids, note = self.prepare(messages, settings)
+        self.queue.check_room()
+        return self._answer(ids, settings, note, stop)
+
+    def _answer(self, ids: list[int], settings: ChatSettings, note: str, stop: Callable[[], bool] | None) -> Iterator[AnswerUpdate]:
         highlighter = Highlighter(self.engine.tokenizer) if settings.highlight else None
         mode = "ppd" if settings.ppd else "vanilla"
         event: GenerationEvent | None = None
-        with self.model_lock:  # released when the answer ends, stops or its generator is closed
-            stream = self.engine.stream(ids, mode, int(settings.max_new_tokens), reuse_cache=True, sampling=settings.sampling())
-            try:
-                for event in stream:
-                    if stop is not None and stop():
-                        break
-                    if highlighter is not None:
-                        highlighter.add(event.step.tokens, event.step.from_guesses, event.step.from_lookup)
-                    yield self._update(event, settings, note, highlighter, event.stop_reason)
-            finally:
-                stream.close()
-        if event is not None and event.stop_reason is None:  # stopped by the user
+        with closing(self.decode(ids, mode, int(settings.max_new_tokens), settings.sampling(), reuse_cache=True, stop=stop)) as events:
+            for event in events:
+                if isinstance(event, Queued):
+                    yield AnswerUpdate("", "", "", f"Waiting for the model: {_answers(event.ahead)} ahead.", None,
+                                       queued=event.ahead)
+                    continue
+                if highlighter is not None:
+                    highlighter.add(event.step.tokens, event.step.from_guesses, event.step.from_lookup)
+                yield self._update(event, settings, note, highlighter, event.stop_reason)
+        if event is None or isinstance(event, Queued):
+            yield AnswerUpdate("", "", "", "Stopped before the answer began.", None, "stopped")
+        elif event.stop_reason is None:  # stopped by the user
             yield self._update(event, settings, note, highlighter, "stopped")
 
     def _update(self, event: GenerationEvent, settings: ChatSettings, note: str, highlighter: Highlighter | None, stop_reason) -> AnswerUpdate:
@@ -202,7 +244,7 @@ class ChatService:
         ids, _ = self.prepare(messages, settings)
         order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
         self._comparisons += 1
-        with self.model_lock:
+        with self.turn():
             results = {mode: self.engine.generate(ids, mode, int(settings.max_new_tokens)) for mode in order}
         plain, ppd = results["vanilla"], results["ppd"]
         first = "plain" if order[0] == "vanilla" else "PPD"
@@ -211,7 +253,11 @@ class ChatService:
         return self.last_comparison
 
     def calibrate(self, progress: Callable[[str, int, int], None] | None = None):
-        with self.model_lock:
+        with self.turn():
             profile = self.engine.calibrate(progress, **self.calibration_options)
         self.last_comparison = None  # measured with the previous tree
         return profile
+
+
+def _answers(count: int) -> str:
+    return f"{count} answer{'s' if count != 1 else ''}"

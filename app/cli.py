@@ -134,11 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"key for the OpenAI-compatible API at /v1 (default: ${API_KEY_ENV} if set); on a non-loopback --host "
         "the API is served only with a key or --no-auth",
     )
+    add_queue_option(chat)
     add_model_options(chat)
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible API (/v1/chat/completions) for editors and chat front-ends")
     serve.add_argument("--host", default="127.0.0.1", help="address to serve on; any but a loopback one needs --api-key or --no-auth")
     serve.add_argument("--port", type=int, default=8000)
+    add_queue_option(serve)
     keys = serve.add_mutually_exclusive_group()
     keys.add_argument("--api-key", default=None, metavar="KEY", help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set)")
     keys.add_argument("--no-auth", action="store_true", help="serve a non-loopback --host without a key (anyone who reaches it can use it)")
@@ -200,6 +202,17 @@ def model_threads(args: argparse.Namespace) -> int:
     import torch
 
     return max(1, torch.get_num_threads() - 1)
+
+
+def add_queue_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-queue", type=int, default=8, metavar="N",
+                        help="answers that may wait for the model behind the one running (default 8); beyond them an "
+                        "API request gets 503 and a page a busy notice")
+
+
+def check_max_queue(args: argparse.Namespace) -> None:
+    if args.max_queue < 0:
+        raise PpdError(f"--max-queue must be 0 or more, got {args.max_queue}")
 
 
 def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
@@ -346,14 +359,15 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    auth = chat_auth(args)  # bad host, login, key or port: fail before loading the model
+    auth = chat_auth(args)  # bad host, login, key, queue or port: fail before loading the model
     serve_api, api_key = api_key_of(args)
+    check_max_queue(args)
     check_port_free(args.host, args.port)
     from app.chat_service import ChatService
     from app.ui import build_app
 
     engine = load_engine(args)  # the first launch on a device calibrates it (about a minute on a CPU)
-    service = ChatService(engine)  # one model and one model lock for the page and the API
+    service = ChatService(engine, max_waiting=args.max_queue)  # one model and one line for it, for the page and the API
     app = build_app(service)
     print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit)", file=sys.stderr)
     launch = dict(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth)
@@ -369,13 +383,14 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    _, api_key = api_key_of(args)  # bad host, key or port: fail before loading the model
+    _, api_key = api_key_of(args)  # bad host, key, queue or port: fail before loading the model
+    check_max_queue(args)
     check_port_free(args.host, args.port)
     from app.api import create_api, make_server
     from app.chat_service import ChatService
 
     engine = load_engine(args)  # the first launch on a device calibrates it (about a minute on a CPU)
-    server_app = create_api(ChatService(engine), api_key)
+    server_app = create_api(ChatService(engine, max_waiting=args.max_queue), api_key)
     print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else "")
           + " (Ctrl+C to quit)", file=sys.stderr)
     make_server(server_app, args.host, args.port).run()

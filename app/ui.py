@@ -1,10 +1,11 @@
 """The Gradio chat app: one builder per panel, wired to ``Handlers``; the work is in ``ChatService``.
 
-Every event that runs the model shares one queue slot (``concurrency_id="model"``): two
-browser tabs chatting at once are served one answer at a time, each with its own
-conversation (``gr.State(new_session)`` makes a new session, with a new conversation id, for every
-page). Stop only sets a flag, so it runs at once; the answer ends after the decoding step in
-flight. A streamed answer reaches the page a few times a second, not once per step: the page's
+Events that run the model start at once (Gradio's queue does not hold them back) and wait in
+``ChatService``'s line for the model, which the API shares: two browser tabs chatting at once are
+served one answer at a time, each with its own conversation (``gr.State(new_session)`` makes a new
+session, with a new conversation id, for every page); a waiting page says how many answers are
+ahead, and a full line is a one-line "busy" notice. Stop only sets a flag, so it runs at once; an
+answer waiting its turn gives up its place, a running one ends after the decoding step in flight. A streamed answer reaches the page a few times a second, not once per step: the page's
 rendering competes with the model for the same CPU cores.
 """
 
@@ -17,6 +18,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,7 +26,7 @@ from pathlib import Path
 import gradio as gr
 import psutil
 
-from app.chat_service import SPEED_DEFINITION, ChatService, ChatSettings
+from app.chat_service import SPEED_DEFINITION, AnswerUpdate, ChatService, ChatSettings
 from app.history import Conversation, ConversationStore
 from app.plots import latency_figure
 from app.system_info import device_panel
@@ -32,7 +34,7 @@ from ppd_core.engine import PpdError, chains_text
 
 log = logging.getLogger(__name__)
 
-MODEL = "model"  # the shared concurrency group of everything that runs the model
+MODEL = dict(concurrency_limit=None)  # events that run the model: they queue in ChatService, not in Gradio
 UPDATE_SECONDS = 0.25  # how often a streamed answer is sent to the page
 SAVE_SECONDS = 3.0  # how often the answer so far is saved while it streams
 INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
@@ -244,22 +246,25 @@ class Handlers:
                 gr.update(choices=conversation_choices(self.store), value=None), device_panel(engine),
                 calibration_summary(engine.profile), latency_figure(engine.profile) if engine.profile else None)
 
-    def _respond(self, session: Session, settings: ChatSettings):
-        """Stream the answer to the conversation's last user message; yields (chat, readout, note).
+    def _respond(self, session: Session, updates: Iterator[AnswerUpdate]):
+        """Stream ``updates`` (``ChatService.answer`` for the conversation's last user message); yields
+        (chat, readout, note).
 
         The user's message is saved before decoding starts and the answer so far every ``SAVE_SECONDS``
         (marked interrupted until it ends), so a crash loses neither. Any error keeps both, marks the
         partial answer interrupted, saves, and shows one line.
         """
         conversation = session.conversation
-        conversation.system_prompt = settings.system_prompt
-        session.stop_requested = False
-        asked = list(conversation.messages)  # what the answer is to; the answer's own message follows it
         answer = {"role": "assistant", "content": "", "interrupted": True}
         self._save(conversation)
-        update, sent, saved = None, 0.0, time.monotonic()
+        update, sent, saved, ahead = None, 0.0, time.monotonic(), 0
         try:
-            for update in self.service.answer(asked, settings, stop=lambda: session.stop_requested):
+            for update in updates:
+                if update.queued:  # waiting for the model: say so when the number of answers ahead changes
+                    if update.queued != ahead:
+                        ahead = update.queued
+                        yield chat_messages(conversation) + [{"role": "assistant", "content": ""}], gr.update(), update.note
+                    continue
                 answer["content"] = update.text
                 if update.text and conversation.messages[-1] is not answer:
                     conversation.messages.append(answer)
@@ -269,9 +274,9 @@ class Handlers:
                     continue  # coalesced: the page gets a few updates a second
                 sent = time.monotonic()
                 shown = chat_messages(conversation, streaming=True)
-                if conversation.messages[-1] is not answer:
+                if conversation.messages[-1] is not answer and update.stop_reason is None:
                     shown.append({"role": "assistant", "content": ""})
-                yield shown, update.readout, update.note
+                yield shown, update.readout or gr.update(), update.note
         except Exception as error:  # noqa: BLE001 - whatever failed, the conversation is kept and saved
             line = str(error) if isinstance(error, PpdError) else f"The answer was interrupted: {one_line(error)}"
             if not isinstance(error, PpdError):
@@ -280,11 +285,17 @@ class Handlers:
             self._save(conversation)
             yield chat_messages(conversation), gr.update(), line
             return
-        if update is not None:  # finished or stopped by the user: a whole answer
+        if update is not None and update.stats is not None:  # finished or stopped by the user: a whole answer
             del answer["interrupted"]
             if conversation.messages[-1] is not answer:
                 conversation.messages.append(answer)
         self._save(conversation)
+
+    def _start(self, session: Session, messages: list[dict], settings: ChatSettings) -> Iterator[AnswerUpdate]:
+        """The answer's updates; a refusal (too long, the line full) raises PpdError before anything changes."""
+        session.stop_requested = False  # a Stop pressed from here on counts, also while the answer waits its turn
+        session.conversation.system_prompt = settings.system_prompt
+        return self.service.answer(messages, settings, stop=lambda: session.stop_requested)
 
     def _save(self, conversation: Conversation) -> float:
         """Save; a failed write is one line on the page and in the log (the next save retries the same file)."""
@@ -301,28 +312,35 @@ class Handlers:
             gr.Warning("Please type a message first.")
             yield gr.update(), gr.update(), gr.update(), "Please type a message first.", session, gr.update()
             return
-        settings = ChatSettings(*settings)
         conversation = session.conversation
-        try:  # a refused message (too long, say) stays in the textbox and out of the conversation
-            self.service.prepare(conversation.messages + [{"role": "user", "content": message}], settings)
+        asked = conversation.messages + [{"role": "user", "content": message}]
+        try:  # a refused message (too long, ppd busy) stays in the textbox and out of the conversation
+            updates = self._start(session, asked, ChatSettings(*settings))
         except PpdError as error:
             gr.Warning(str(error))
             yield gr.update(), gr.update(), gr.update(), str(error), session, gr.update()
             return
-        conversation.messages.append({"role": "user", "content": message})
-        for shown, readout, note in self._respond(session, settings):
+        conversation.messages.append(asked[-1])
+        for shown, readout, note in self._respond(session, updates):
             yield shown, "", readout, note, session, gr.update()
         yield gr.update(), "", gr.update(), gr.update(), session, gr.update(choices=conversation_choices(self.store))
 
     def regenerate(self, session: Session, *settings):
-        messages = session.conversation.messages
+        messages = list(session.conversation.messages)
         if messages and messages[-1]["role"] == "assistant":
             messages.pop()
         if not messages:
             gr.Warning("Nothing to regenerate yet.")
             yield gr.update(), gr.update(), "Nothing to regenerate yet.", session
             return
-        for shown, readout, note in self._respond(session, ChatSettings(*settings)):
+        try:  # a refused prompt keeps the last answer
+            updates = self._start(session, messages, ChatSettings(*settings))
+        except PpdError as error:
+            gr.Warning(str(error))
+            yield gr.update(), gr.update(), str(error), session
+            return
+        session.conversation.messages[:] = messages
+        for shown, readout, note in self._respond(session, updates):
             yield shown, readout, note, session
 
     def stop(self, session: Session):
@@ -354,14 +372,22 @@ class Handlers:
         if not messages:
             gr.Warning("Send a message first, then compare.")
             return gr.update(), gr.update(), "Send a message first, then compare."
-        result = self.service.compare(messages, ChatSettings(system_prompt=system, max_new_tokens=int(max_new)))
+        try:
+            result = self.service.compare(messages, ChatSettings(system_prompt=system, max_new_tokens=int(max_new)))
+        except PpdError as error:  # too long, or ppd busy
+            gr.Warning(str(error))
+            return gr.update(), gr.update(), str(error)
         plain, ppd = result.vanilla_stats, result.ppd_stats
         return (f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.vanilla_text}",
                 f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
                 result.verdict())
 
     def calibrate(self, progress=gr.Progress()):
-        profile = self.service.calibrate(lambda phase, done, total: progress((done, total), desc=f"Calibrating: {phase}"))
+        try:
+            profile = self.service.calibrate(lambda phase, done, total: progress((done, total), desc=f"Calibrating: {phase}"))
+        except PpdError as error:  # ppd busy
+            gr.Warning(str(error))
+            return gr.update(), str(error), gr.update()
         return latency_figure(profile), calibration_summary(profile), device_panel(self.service.engine)
 
 
@@ -371,10 +397,10 @@ class Handlers:
 def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel, device: gr.Markdown) -> None:
     outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved]
     for trigger, api_name in ((chat.message.submit, False), (chat.send.click, "send")):
-        trigger(handlers.send, [chat.message, session, *settings.inputs], outputs, concurrency_id=MODEL, api_name=api_name).then(
+        trigger(handlers.send, [chat.message, session, *settings.inputs], outputs, **MODEL, api_name=api_name).then(
             lambda: device_panel(handlers.service.engine), None, device, api_name=False)
     chat.regenerate.click(handlers.regenerate, [session, *settings.inputs], [chat.chatbot, chat.readout, chat.note, session],
-                          concurrency_id=MODEL, api_name=False)
+                          **MODEL, api_name=False)
     chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
     chat.clear.click(handlers.clear, [session], [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
 
@@ -405,8 +431,8 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
         compare.button.click(handlers.compare, [session, settings.system, settings.max_new], [compare.plain, compare.ppd, compare.verdict],
-                             concurrency_id=MODEL, api_name="compare")
+                             **MODEL, api_name="compare")
         calibration.button.click(handlers.calibrate, None, [calibration.curve, calibration.summary, device],
-                                 concurrency_id=MODEL, api_name="calibrate")
+                                 **MODEL, api_name="calibrate")
     app.queue(default_concurrency_limit=1)
     return app

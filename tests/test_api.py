@@ -67,7 +67,7 @@ def expected_result(service: ChatService, messages, max_tokens: int, sampling: S
     if key not in EXPECTED:
         engine = service.engine
         extra = {"sampling": sampling} if sampling is not None else {}
-        with service.model_lock:  # never beside an answer the server is still finishing
+        with service.turn():  # never beside an answer the server is still finishing
             EXPECTED[key] = engine.generate(engine.chat_ids(messages), "ppd", max_tokens, **extra)
     return EXPECTED[key]
 
@@ -83,7 +83,7 @@ def streamed_text(stream) -> tuple[str, list]:
 
 def wait_idle(service: ChatService, app, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
-    while app.state.ppd.running or service.model_lock.locked():
+    while app.state.ppd.running or service.queue.busy:
         assert time.monotonic() < deadline, "the decoding did not end"
         time.sleep(0.02)
 
@@ -212,7 +212,7 @@ def test_disconnect_mid_stream_stops_decoding_and_the_next_request_works(served)
         raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         deadline = time.monotonic() + 30
-        while not service.model_lock.locked():  # until its decoding has started
+        while not service.queue.busy:  # until its decoding has started
             assert time.monotonic() < deadline, "the request did not reach the model"
             time.sleep(0.01)
         time.sleep(0.5)  # a few steps in
@@ -262,7 +262,7 @@ def test_bad_requests_get_400_in_openai_shape(served):
     with pytest.raises(openai.BadRequestError) as raised:  # the official client sees an OpenAI error
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": ""}], max_tokens=8)
     assert raised.value.status_code == 400 and raised.value.body["param"] == "messages[0].content"
-    assert not service.model_lock.locked() and app.state.ppd.running == 0  # nothing reached the model
+    assert not service.queue.busy and app.state.ppd.running == 0  # nothing reached the model
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 

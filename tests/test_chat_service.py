@@ -270,3 +270,55 @@ def test_exactness_is_stated_per_path(service, tiny_model_dir):
     assert service.engine.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(service.engine)
     fp32 = Engine.load(EngineConfig(model=str(tiny_model_dir), quant="none", device="cpu", tree="medium"))
     assert not fp32.loaded.backend.bitwise and "**Exactness:** equal up to floating-point near-ties" in device_panel(fp32)
+
+
+def test_a_page_waits_its_turn_and_stop_while_waiting_gives_up_the_place(service, tmp_path):
+    from app.ui import Handlers, new_session
+
+    store = ConversationStore(tmp_path / "c")
+    handlers, session = Handlers(service, store), new_session()
+    with service.turn():  # another answer holds the model
+        updates = handlers.send("Hello there.", session, *SETTINGS)
+        chat, textbox, _, note, _, _ = next(updates)
+        assert note == "Waiting for the model: 1 answer ahead." and textbox == ""
+        assert store.load(session.conversation.id).messages == [user("Hello there.")]  # saved while it waits
+        assert service.queue.waiting == 1
+        handlers.stop(session)
+        *_, (chat, _, _, note, _, _), _ = updates
+    assert note == "Stopped before the answer began." and service.queue.waiting == 0 and not service.queue.busy
+    assert session.conversation.messages == store.load(session.conversation.id).messages == [user("Hello there.")]
+    *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)  # the stop flag does not outlive its answer
+    assert session.conversation.messages[-1]["role"] == "assistant" and "interrupted" not in session.conversation.messages[-1]
+
+
+def test_a_full_line_is_a_busy_notice_that_keeps_the_text(tiny_model_dir, tmp_path):
+    from app.ui import Handlers, new_session
+
+    service = ChatService(Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", max_context=160)),
+                          max_waiting=0)
+    store = ConversationStore(tmp_path / "c")
+    handlers, session = Handlers(service, store), new_session()
+    with service.turn():
+        updates = list(handlers.send("Hello there.", session, *SETTINGS))
+        assert len(updates) == 1
+        chat, textbox, _, note, _, _ = updates[0]
+        assert textbox == {"__type__": "update"} and note.startswith("ppd is busy") and session.conversation.messages == []
+        _, _, verdict = handlers.compare(session, "", 16)
+        assert verdict == "Send a message first, then compare."
+        session.conversation.messages.append(user("Hello there."))
+        _, _, verdict = handlers.compare(session, "", 16)
+        assert verdict.startswith("ppd is busy")
+    *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)  # free again: answered
+    assert session.conversation.messages[-1]["role"] == "assistant"
+
+
+def test_a_failure_frees_the_model_for_the_next_answer(service, monkeypatch):
+    real = service.engine.loaded.backend
+    monkeypatch.setattr(service.engine.loaded, "backend", FailingDecoder(real, fail_at=3))
+    with pytest.raises(RuntimeError, match="injected"):
+        list(service.answer([user("Tell me a story.")], ChatSettings(max_new_tokens=40)))
+    assert not service.queue.busy and service.queue.waiting == 0
+    monkeypatch.setattr(service.engine.loaded, "backend", real)
+    messages = [user("Hello there")]
+    updates = list(service.answer(messages, ChatSettings(max_new_tokens=24)))
+    assert updates[-1].text == service.engine.generate(service.engine.chat_ids(messages), "vanilla", 24).text

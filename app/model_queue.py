@@ -1,0 +1,123 @@
+"""The model's one line: a lock taken in arrival order, a bounded number of waiters, and giving up while waiting.
+
+Every model call (a page's answer, Compare, Calibrate, an API request) takes a ticket, waits its
+turn and leaves; beyond ``max_waiting`` waiters a new ticket is refused with ``Busy``. A waiter whose
+``stop()`` turns true gives up its place (Stop pressed while queued, a client that went away).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ppd_core.engine import PpdError
+
+POLL_SECONDS = 0.05  # how often a waiter checks its stop flag
+
+
+class Busy(PpdError):
+    """The line is full; ``retry_after`` (seconds) is a guess from the recent hold times."""
+
+    def __init__(self, waiting: int, retry_after: int):
+        behind = f"and {waiting} more wait{'s' if waiting == 1 else ''} behind it, " if waiting else ""
+        super().__init__(f"ppd is busy: the model is answering {behind}as many as it queues; try again in about "
+                         f"{retry_after} s")
+        self.waiting, self.retry_after = waiting, retry_after
+
+
+@dataclass
+class Queued:
+    """Waiting for the model: ``ahead`` calls before this one (the one holding it included)."""
+
+    ahead: int
+
+
+class ModelQueue:
+    """A first-come first-served lock with at most ``max_waiting`` waiters behind the holder."""
+
+    def __init__(self, max_waiting: int = 8):
+        if max_waiting < 0:
+            raise PpdError(f"the queue length must be 0 or more, got {max_waiting}")
+        self.max_waiting = max_waiting
+        self._changed = threading.Condition()
+        self._tickets = itertools.count()
+        self._line: deque[int] = deque()  # waiting tickets, first in line first
+        self._holder: int | None = None
+        self._held_since = 0.0
+        self._hold_seconds: deque[float] = deque(maxlen=16)  # recent holds, for Retry-After
+
+    @property
+    def busy(self) -> bool:
+        return self._holder is not None
+
+    @property
+    def waiting(self) -> int:
+        return len(self._line)
+
+    def retry_after(self) -> int:
+        """Seconds until a place is likely free: the mean recent hold times the line ahead, at least 1."""
+        mean = sum(self._hold_seconds) / len(self._hold_seconds) if self._hold_seconds else 1.0
+        return max(1, math.ceil(mean * (len(self._line) + 1)))
+
+    def check_room(self) -> None:
+        """Raise ``Busy`` if a new ticket would be refused now."""
+        with self._changed:
+            self._refuse_if_full()
+
+    def join(self) -> int:
+        """A place in line (``Busy`` when the line is full); pass it to ``wait``, and ``leave`` it in every case."""
+        with self._changed:
+            self._refuse_if_full()
+            ticket = next(self._tickets)
+            self._line.append(ticket)
+            return ticket
+
+    def wait(self, ticket: int, stop: Callable[[], bool] | None = None) -> Iterator[Queued]:
+        """Yield ``Queued`` while waiting; return True once ``ticket`` holds the model, False when ``stop()`` turned
+        true first (the place is given up). Closing it also gives the place up."""
+        held = False
+        try:
+            while True:
+                with self._changed:
+                    if self._holder is None and self._line[0] == ticket:
+                        self._line.popleft()
+                        self._holder, self._held_since, held = ticket, time.monotonic(), True
+                        return True
+                    ahead = self._line.index(ticket) + 1
+                if stop is not None and stop():
+                    return False
+                yield Queued(ahead)
+                with self._changed:
+                    self._changed.wait(POLL_SECONDS)
+        finally:
+            if not held:
+                self.leave(ticket)
+
+    def leave(self, ticket: int) -> None:
+        """Give up the model (or the place in line) of ``ticket``; a ticket no longer here is a no-op."""
+        with self._changed:
+            if self._holder == ticket:
+                self._holder = None
+                self._hold_seconds.append(time.monotonic() - self._held_since)
+            elif ticket in self._line:
+                self._line.remove(ticket)
+            self._changed.notify_all()
+
+    def hold(self, stop: Callable[[], bool] | None = None) -> int | None:
+        """Join and wait without progress: the ticket holding the model, or None when ``stop()`` turned true."""
+        ticket = self.join()
+        waiting = self.wait(ticket, stop)
+        while True:
+            try:
+                next(waiting)
+            except StopIteration as done:  # the generator's return value: whether it holds the model
+                return ticket if done.value else None
+
+    def _refuse_if_full(self) -> None:
+        if self._holder is not None and len(self._line) >= self.max_waiting:
+            raise Busy(len(self._line), self.retry_after())
