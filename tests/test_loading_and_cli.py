@@ -94,6 +94,26 @@ def test_unsupported_architecture(tmp_path):
         load_model(str(tmp_path))
 
 
+def test_sliding_window_models_are_refused_in_one_line_before_loading(tmp_path, capsys):
+    """A tiny random Mistral attending to a 16-token window: the torch backend's cache compaction keeps every
+    position, so the model is refused before any weight or tokenizer is read (there are none in the folder)."""
+    from transformers import MistralConfig
+
+    tmp_path = tmp_path / "mistral"
+    MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, sliding_window=16).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="sliding window of 16 tokens") as refused:
+        load_model(str(tmp_path), backend="torch")
+    assert "\n" not in str(refused.value) and "llama.cpp" in str(refused.value)
+    assert main(["generate", "hi", "--model", str(tmp_path), "--backend", "torch"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1  # one line
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "sliding_window": None}))  # no window: not refused
+    with pytest.raises(ModelLoadError) as other:
+        load_model(str(tmp_path), backend="torch")
+    assert str(other.value).startswith("could not load mistral: ")  # past the check: the folder has no tokenizer
+
+
 def test_model_too_large_for_memory(tmp_path, tiny_model_dir):
     config = json.loads((tiny_model_dir / "config.json").read_text())
     config.update(hidden_size=16384, intermediate_size=65536, num_hidden_layers=80, num_attention_heads=128, num_key_value_heads=8)

@@ -119,6 +119,9 @@ class LlamaCppDecoder:
         params.n_batch, params.n_ubatch = BATCH_ROWS, TREE_ROWS
         params.n_seq_max = SEQ_MAX
         params.kv_unified = True
+        # sliding-window models (Gemma, Mistral with a window) keep every position's cells, as other models do: the
+        # tree's rejected rows and the cache copies between sequences then work the same (the window is in the mask)
+        params.swa_full = True
         params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
         params.type_k = params.type_v = {"q8_0": llama.GGML_TYPE_Q8_0, "f16": llama.GGML_TYPE_F16}[kv_type]
         params.n_threads = params.n_threads_batch = self.threads

@@ -26,6 +26,14 @@ from ppd_core.lean.quant import QuantLinear, quantize
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
+def sliding_window(config) -> int | None:
+    """The attention window of a model that attends to fewer tokens than its context, else None."""
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        return int(window)
+    return None
+
+
 def config_reason(config) -> str | None:
     """Why a model with this config cannot run on the lean forward (None when it can)."""
     kind = getattr(config, "model_type", "?")
@@ -33,8 +41,7 @@ def config_reason(config) -> str | None:
         return f"architecture {kind!r} (lean forward: {', '.join(ARCHITECTURES)})"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r}"
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+    if sliding_window(config) is not None:
         return "sliding-window attention"
     return None
 

@@ -1,0 +1,88 @@
+"""Faults that must lose nothing: `ppd chat` killed with SIGKILL in the middle of a streamed answer."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.chat_service import ChatService
+from app.history import ConversationStore
+from app.ui import INTERRUPTED, Handlers, new_session
+from ppd_core.engine import Engine, EngineConfig
+
+pytestmark = pytest.mark.slow
+
+STORY = "Write a long story about a dragon who learns to bake bread."
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch_chat(data_home: Path, port: int) -> subprocess.Popen:
+    """`ppd chat` on the default model (llama.cpp, a built-in tree: no calibration), its data in ``data_home``."""
+    env = {**os.environ, "XDG_DATA_HOME": str(data_home)}
+    command = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "chat", "--port", str(port),
+               "--backend", "llamacpp", "--tree", "medium"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while True:
+        assert process.poll() is None, process.stderr.read()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "ppd chat did not start"
+        time.sleep(0.2)
+
+
+def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_far(tmp_path):
+    from gradio_client import Client
+
+    port = free_port()
+    process = launch_chat(tmp_path, port)
+    try:
+        job = Client(f"http://127.0.0.1:{port}/", verbose=False).submit(
+            STORY, "", 0.0, 1.0, 1024, True, "lossless", False, api_name="/send")
+        deadline = time.monotonic() + 120
+        while not job.outputs():  # the first streamed update: the answer has begun
+            assert time.monotonic() < deadline and not job.done(), "the answer did not start"
+            time.sleep(0.05)
+        time.sleep(6.0)
+        assert not job.done(), "the answer ended before the kill: the test needs a longer one"
+        streamed = [u[0] for u in job.outputs() if isinstance(u[0], list) and u[0] and u[0][-1]["role"] == "assistant"]
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+    assert process.returncode == -signal.SIGKILL
+
+    store = ConversationStore(tmp_path / "ppd" / "conversations")
+    [saved] = store.list()
+    user, answer = saved.messages
+    assert user == {"role": "user", "content": STORY}
+    assert answer["role"] == "assistant" and answer["interrupted"] and len(answer["content"]) > 40
+    shown = streamed[-1][-1]["content"]
+    shown = shown if isinstance(shown, str) else shown[0]["text"]
+    assert shown.startswith(answer["content"][:40])  # the answer the page showed, saved a few seconds behind at most
+
+    # the next launch opens it again, marked interrupted, and Regenerate answers it whole
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
+    try:
+        handlers = Handlers(ChatService(engine), store)
+        session, chat, *_ = handlers.load(new_session())
+        assert session.conversation.id == saved.id and chat[0]["content"] == STORY
+        assert chat[1]["content"] == answer["content"] + INTERRUPTED
+        *_, (chat, _, note, _) = handlers.regenerate(session, "", 0.0, 1.0, 32, True, "lossless", False)
+        expected = engine.generate(engine.chat_ids([user]), "vanilla", 32).text
+        assert store.load(saved.id).messages == [user, {"role": "assistant", "content": expected}]
+    finally:
+        engine.loaded.backend.close()
