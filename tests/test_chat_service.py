@@ -322,3 +322,28 @@ def test_a_failure_frees_the_model_for_the_next_answer(service, monkeypatch):
     messages = [user("Hello there")]
     updates = list(service.answer(messages, ChatSettings(max_new_tokens=24)))
     assert updates[-1].text == service.engine.generate(service.engine.chat_ids(messages), "vanilla", 24).text
+
+
+def test_a_full_disk_during_an_answer_is_one_line_and_the_next_save_catches_up(service, tmp_path, monkeypatch):
+    import app.history
+    from app.ui import Handlers, new_session
+
+    store = ConversationStore(tmp_path / "c")
+    handlers, session = Handlers(service, store), new_session()
+    list(handlers.send("Hello there.", session, *SETTINGS))
+    first = list(session.conversation.messages)
+    real_write = app.history.atomic_write
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(app.history, "atomic_write", full_disk)
+    with pytest.warns(UserWarning, match=r"^Could not save the conversation \(OSError: \[Errno 28\] No space left on device\); "
+                                         r"it is kept on this page and saved again later\.$"):
+        *_, (chat, textbox, _, note, _, _), _ = handlers.send("Tell me more.", session, *SETTINGS)
+    assert len(session.conversation.messages) == 4 and chat[-1]["content"] == session.conversation.messages[-1]["content"]
+    assert store.load(session.conversation.id).messages == first  # the previous file, untouched
+    monkeypatch.setattr(app.history, "atomic_write", real_write)  # room again: the next save writes everything
+    list(handlers.send("Thanks.", session, *SETTINGS))
+    assert [c.id for c in store.list()] == [session.conversation.id]  # the same file, no fork
+    assert store.load(session.conversation.id).messages == session.conversation.messages and len(session.conversation.messages) == 6

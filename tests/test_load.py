@@ -104,12 +104,14 @@ def test_sixteen_streaming_clients_and_a_page_answer_at_once(chat_server):
         content = chats[-1][-1]["content"]
         assert (content if isinstance(content, str) else content[0]["text"]) == page_expected
     assert len(answers) + (not page_busy) >= 1 + service.queue.max_waiting  # none refused while the line had room
-    print(f"16 API clients + 1 page: {len(answers)} API answers, {len(refused)} 503s, page "
-          f"{'busy' if page_busy else 'answered'}, {time.monotonic() - began:.1f} s")
+    took = time.monotonic() - began
 
     health = httpx.get(f"{url}/health").json()
     assert health["status"] == "ok" and health["running"] == 0 and not health["busy"] and health["waiting"] == 0
     assert streamed(client, QUESTIONS[0]) == sequential[0]  # served as before
     gc.collect()
     rss_after = psutil.Process().memory_info().rss
+    print(f"16 streaming API clients + 1 page answer: {len(answers)} API answers, {len(refused)} 503s, page "
+          f"{'busy' if page_busy else 'answered'}, {took:.1f} s; RSS {rss_before / 2**20:.0f} MB before, "
+          f"{rss_after / 2**20:.0f} MB after")
     assert rss_after <= 1.10 * rss_before, (rss_before, rss_after)
