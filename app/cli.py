@@ -12,10 +12,12 @@ import socket
 import sys
 from pathlib import Path
 
-from ppd_core.engine import (
-    BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_CHOICES, FORWARD_CHOICES, MAX_LOOKUP, QUANT_CHOICES, STATIC_TREES, PpdError,
-    chains_text,
+# only plain data here: `ppd --help` and argument errors answer without importing torch or model code
+from ppd_core.errors import PpdError
+from ppd_core.options import (
+    BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, MAX_LOOKUP, QUANT_CHOICES, STATIC_TREE_NAMES,
 )
+from ppd_core.sampling_params import SamplingParams
 
 # MT-Bench questions shipped inside the package (app/data/README.md says where they come from).
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "data" / "mt_bench.jsonl"
@@ -49,14 +51,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None,
         help="CPU threads for the model (default: one per core; `ppd chat` leaves one core for the browser and server)",
     )
-    parser.add_argument("--dtype", default="auto", choices=list(DTYPE_CHOICES))
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_NAMES)
     parser.add_argument(
         "--forward", default="lean", choices=list(FORWARD_CHOICES),
         help="lean: the fast Llama-family forward where the model allows it (default); transformers: the generic one",
     )
     parser.add_argument(
         "--tree", default="auto",
-        help=f"guess tree: auto (calibrated for this device), {', '.join(STATIC_TREES)}, or a token budget such as 12",
+        help=f"guess tree: auto (calibrated for this device), {', '.join(STATIC_TREE_NAMES)}, or a token budget such as 12",
     )
     parser.add_argument(
         "--lookup", type=lookup_length, default=None, metavar="auto|N",
@@ -90,9 +92,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="reproducible sampling")
 
 
-def sampling_of(args: argparse.Namespace):
-    from ppd_core.engine import SamplingParams
-
+def sampling_of(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(args.temperature, args.top_p, args.top_k, args.acceptance, args.seed)
 
 
@@ -216,6 +216,7 @@ def check_max_queue(args: argparse.Namespace) -> None:
 
 
 def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
+    quiet_transformers()
     from ppd_core.engine import Engine, EngineConfig
 
     config = EngineConfig(
@@ -227,6 +228,8 @@ def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from ppd_core.engine import chains_text
+
     args.tree = "medium"  # calibration replaces it; never calibrate twice
     engine = load_engine(args, auto_calibrate=False)
     profile = engine.calibrate(ProgressBars())
@@ -441,13 +444,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from app.bench import BenchConfig, read_questions, run_benchmark
-
     sampling = sampling_of(args)
     if args.max_new_tokens < 1:
         raise PpdError("--max-new-tokens must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise PpdError("--limit must be at least 1")
+    model_threads(args)  # a bad --threads fails before the heavy imports
+    from app.bench import BenchConfig, read_questions, run_benchmark
+
     questions = read_questions(args.questions, None)  # a missing or malformed file fails before the model loads
     if args.category is not None:
         categories = sorted({q.category for q in questions})
@@ -495,6 +499,7 @@ def run_train(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(model_threads(args))
+    quiet_transformers()
     # training differentiates through the transformers model: auto means its own weights here
     loaded = load_model(args.model, "none" if args.quant == "auto" else args.quant, args.device, args.dtype)
     config = TrainConfig(
@@ -521,17 +526,17 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def quiet_libraries() -> None:
+def quiet_transformers() -> None:
+    """Before the model loads (not before: importing transformers takes seconds on a small machine)."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    logging.basicConfig(level=logging.WARNING, format="ppd: %(message)s")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    quiet_libraries()
+    logging.basicConfig(level=logging.WARNING, format="ppd: %(message)s")
     handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate, "chat": run_chat, "serve": run_serve}
     try:
         return handlers[args.command](args)

@@ -19,7 +19,7 @@ import torch
 from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
 from ppd_core.lookup import MATCH_CLASSES, ChainedTrees, NgramIndex, match_class
-from ppd_core.sampling import GREEDY, SamplingParams
+from ppd_core.sampling_params import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
 from ppd_core.verify import accept

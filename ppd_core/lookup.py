@@ -26,7 +26,6 @@ MAX_NGRAM = 4  # longest suffix looked up
 MAX_MATCH = 16  # a match is followed back this far at most
 MATCH_CLASSES = (1, 2, 3, 4, 8, 16)  # the shortest match length of each class: 1, 2, 3, 4-7, 8-15, 16+
 MAX_CHAIN = 8  # longest chain calibration considers
-MAX_LOOKUP = 64  # longest chain a user may ask for
 
 
 def match_class(length: int) -> int:

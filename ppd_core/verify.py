@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ppd_core.sampling import SamplingParams, adjusted_probs, sample, typical_threshold
+from ppd_core.sampling import adjusted_probs, sample, typical_threshold
+from ppd_core.sampling_params import SamplingParams
 
 
 def greedy_accept(parents: Sequence[int], node_tokens: Sequence[int], targets: Sequence[int]) -> int:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -289,3 +290,25 @@ def test_bad_lookup_length(capsys, no_model_load, value):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"ppd generate: error: argument --lookup: expected auto, 0 (off) or a number of tokens up to 64, got '{value}'")
+
+
+def test_help_and_argument_errors_import_neither_torch_nor_model_code():
+    """`ppd --help` and bad arguments answer before any heavy import (a fresh interpreter, so nothing is loaded yet)."""
+    code = """
+import sys
+from app.cli import main
+for argv in (["--help"], ["chat", "--help"], ["generate", "hi", "--temperature", "-1"], ["chat", "--port", "70000"],
+             ["generate", "hi", "--quant", "nope"], ["serve", "--max-queue", "-1"], ["bench", "--threads", "0"]):
+    try:
+        code = main(argv)
+    except SystemExit as exit:
+        code = exit.code
+    assert code != 1, argv
+heavy = sorted(name for name in ("torch", "transformers", "gradio", "llama_cpp", "numpy") if name in sys.modules)
+print("heavy:", heavy)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("heavy: []"), done.stdout[-500:]
+    assert "temperature must be between 0 and 100, got -1.0" in done.stderr and "--max-queue must be 0 or more" in done.stderr

@@ -16,7 +16,7 @@ from ppd_core.lookup import (
     replay_steps, with_lookup,
 )
 from ppd_core.loading import pick_decoder
-from ppd_core.sampling import SamplingParams
+from ppd_core.sampling_params import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
 from ppd_core.backends.torch_backend import TorchDecoder

@@ -8,7 +8,8 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.sampling import SamplingParams, adjusted_probs, typical_threshold
+from ppd_core.sampling import adjusted_probs, typical_threshold
+from ppd_core.sampling_params import SamplingParams
 from ppd_core.verify import accept
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
 from ppd_core.backends.torch_backend import TorchDecoder

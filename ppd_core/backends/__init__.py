@@ -15,7 +15,6 @@ import torch
 
 from ppd_core.tree import Tree
 
-BACKEND_CHOICES = ("auto", "llamacpp", "torch")
 
 
 class Decoder(Protocol):

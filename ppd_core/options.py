@@ -1,0 +1,15 @@
+"""The names a user may choose from (backends, quantizations, devices, trees...): plain data, no torch.
+
+``ppd --help`` and argument errors read these without importing torch or any model code; the modules
+that act on a choice import the same names from here.
+"""
+
+from __future__ import annotations
+
+BACKEND_CHOICES = ("auto", "llamacpp", "torch")
+QUANT_CHOICES = ("auto", "none", "int4", "int8", "4bit", "8bit")  # int4/int8: lean CPU kernels; 4bit/8bit: bitsandbytes
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+FORWARD_CHOICES = ("lean", "transformers")
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+STATIC_TREE_NAMES = ("small", "medium", "large")  # ppd_core/static_trees.py
+MAX_LOOKUP = 64  # longest chain a user may ask for
