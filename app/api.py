@@ -509,9 +509,19 @@ class OpenAIApi:
         return [Route("/health", self.health, methods=["GET"]), Mount("/v1", app=BodyLimit(self.v1))]
 
     async def health(self, _: Request) -> JSONResponse:
+        if not self.service.ready:  # as llama-server: 503 while the model loads
+            startup = self.service.startup
+            return JSONResponse({"status": "error" if startup.error else "loading", "detail": startup.line()},
+                                status_code=503, headers=retry_header(self.service))
         queue = self.service.queue
         return JSONResponse({"status": "ok", "model": self.model_name, "busy": queue.busy, "waiting": queue.waiting,
                              "max_waiting": queue.max_waiting, "running": self.state.running})
+
+    async def check_ready(self) -> None:
+        if not self.service.ready:
+            startup = self.service.startup
+            raise ApiError(startup.line(), code="model_not_ready", status=503, kind="server_error",
+                           headers=retry_header(self.service))
 
     async def authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -523,7 +533,7 @@ class OpenAIApi:
 
     def _v1(self) -> FastAPI:
         service, state = self.service, self.state
-        v1 = FastAPI(title="ppd", docs_url=None, redoc_url=None, openapi_url=None, dependencies=[Depends(self.authorize)])
+        v1 = FastAPI(title="ppd", docs_url=None, redoc_url=None, openapi_url=None, dependencies=[Depends(self.authorize), Depends(self.check_ready)])
         v1.state.ppd = state
         add_error_handlers(v1)
 
@@ -604,6 +614,12 @@ class OpenAIApi:
             yield sse("[DONE]")
         finally:
             decoding.cancel()
+
+
+def retry_header(service: ChatService) -> dict:
+    """Retry-After while the model loads; none after a failed load (retrying will not help)."""
+    refusal = service.startup.refusal()
+    return {"Retry-After": str(refusal.retry_after)} if refusal.retry_after else {}
 
 
 def api_routes(service: ChatService, api_key: str | None = None) -> list:

@@ -12,6 +12,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from app.model_queue import ModelQueue, Queued
+from app.startup import Startup
 from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, TextStream
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
@@ -126,12 +127,29 @@ class ChatService:
     model, whatever was raised.
     """
 
-    def __init__(self, engine: Engine, calibration_options: dict | None = None, max_waiting: int = 8):
-        self.engine = engine
+    def __init__(self, engine: Engine | None, calibration_options: dict | None = None, max_waiting: int = 8):
+        self.startup = Startup(ready=engine is not None)  # ``ppd chat`` serves the page while the model loads
+        self._engine = engine
         self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
         self.last_comparison: Comparison | None = None
         self._comparisons = 0  # alternates which mode a comparison runs first
         self.queue = ModelQueue(max_waiting)
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def engine(self) -> Engine:
+        """The engine; ``NotReady`` (a PpdError: one line on the page, 503 on the API) while it loads."""
+        if self._engine is None:
+            raise self.startup.refusal()
+        return self._engine
+
+    def attach(self, engine: Engine) -> None:
+        """The model is loaded: answers may start."""
+        self._engine = engine
+        self.startup.ready = True
 
     def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
                stop: Callable[[], bool] | None = None, ticket: int | None = None) -> Iterator[Queued | GenerationEvent]:

@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = commands.add_parser("calibrate", help="measure this device and choose the guess tree")
     calibrate.add_argument("--json", type=Path, default=None, dest="json_path", help="also write the profile here")
+    calibrate.add_argument("--acceptance-file", type=Path, default=None, metavar="FILE",
+                           help="also write the guesses' acceptance record here (ship it beside the prompt-token file as "
+                           "NAME.acceptance.json: calibrations elsewhere then measure only the latency curve)")
     add_model_options(calibrate)
 
     train = commands.add_parser("train", help="learn prompt tokens by self-distillation")
@@ -172,14 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class ProgressBars:
-    """tqdm bars for a calibration's phases."""
+    """tqdm bars for a calibration's phases; ``also`` hears every report too (the chat page's startup line)."""
 
-    def __init__(self):
+    def __init__(self, also=None):
         self.bars = {}
+        self.also = also
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         from tqdm import tqdm
 
+        if self.also is not None:
+            self.also(phase, done, total)
         bar = self.bars.get(phase) or self.bars.setdefault(phase, tqdm(total=total, desc=f"calibrating: {phase}", leave=False))
         bar.n = done
         bar.refresh()
@@ -187,17 +193,22 @@ class ProgressBars:
             bar.close()
 
 
+def check_threads(args: argparse.Namespace) -> None:
+    if args.threads is not None and args.threads < 1:
+        raise PpdError(f"--threads must be at least 1, got {args.threads}")
+
+
 def model_threads(args: argparse.Namespace) -> int:
-    """--threads, else 0 (one per core) except for `ppd chat`, which leaves a core to the browser and server.
+    """--threads, else 0 (one per core) except for `ppd chat`, which leaves a core to the browser and server, and
+    `ppd calibrate`, which calibrates for the chat (profiles are per thread count on a CPU).
 
     Measured on the 2-core AMD EPYC with Chromium showing the app (int4, plain decoding; README,
     "The chat app"): the app streamed 20.1 tokens/s with 1 thread against 14.4 with 2.
     """
+    check_threads(args)
     if args.threads is not None:
-        if args.threads < 1:
-            raise PpdError(f"--threads must be at least 1, got {args.threads}")
         return args.threads
-    if args.command != "chat":
+    if args.command not in ("chat", "calibrate"):
         return 0
     import torch
 
@@ -215,7 +226,8 @@ def check_max_queue(args: argparse.Namespace) -> None:
         raise PpdError(f"--max-queue must be 0 or more, got {args.max_queue}")
 
 
-def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
+def load_engine(args: argparse.Namespace, auto_calibrate: bool = True, progress=None):
+    """The engine of the model options; ``progress(phase, done, total)`` hears the calibration's phases too."""
     quiet_transformers()
     from ppd_core.engine import Engine, EngineConfig
 
@@ -224,7 +236,7 @@ def load_engine(args: argparse.Namespace, auto_calibrate: bool = True):
         dtype=args.dtype, forward=args.forward, tree=args.tree, auto_calibrate=auto_calibrate,
         threads=model_threads(args), lookup=args.lookup, backend=args.backend, gpu_layers=args.gpu_layers,
     )
-    return Engine.load(config, ProgressBars())
+    return Engine.load(config, ProgressBars(also=progress))
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -251,9 +263,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     )
     for name, part in profile.expected_with_lookup_by_turn.items():
         print(f"  {name} ({part['answers']} answers): {part['tokens_per_step']:.2f} tokens/step, {part['speedup']:.2f}x")
-    print(f"profile saved to {engine.profile_path}")
+    print(f"profile saved to {engine.profile_path}; guess acceptance from {profile.acceptance_from}")
     if args.json_path:
         write_output(args.json_path, json.dumps(profile.to_json(), indent=1) + "\n")
+    if args.acceptance_file:
+        print(f"acceptance record written to {engine.export_acceptance(args.acceptance_file)}")
     return 0
 
 
@@ -365,23 +379,34 @@ def run_chat(args: argparse.Namespace) -> int:
     auth = chat_auth(args)  # bad host, login, key, queue or port: fail before loading the model
     serve_api, api_key = api_key_of(args)
     check_max_queue(args)
+    check_threads(args)
     check_port_free(args.host, args.port)
     from app.chat_service import ChatService
     from app.ui import build_app
 
-    engine = load_engine(args)  # the first launch on a device calibrates it (about a minute on a CPU)
-    service = ChatService(engine, max_waiting=args.max_queue)  # one model and one line for it, for the page and the API
+    # the page first: it shows the model's loading and the first launch's calibration, and sends once it is ready
+    service = ChatService(None, max_waiting=args.max_queue)  # one model and one line for it, for the page and the API
     app = build_app(service)
-    print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit)", file=sys.stderr)
-    launch = dict(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth)
+    launch = dict(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth,
+                  prevent_thread_lock=True)
     if serve_api:
         from app.api import api_routes
 
         # /health and /v1 in front of the page's routes, on Gradio's own server (its login guards only the page)
         launch["app_kwargs"] = {"routes": api_routes(service, api_key)}
+    app.launch(**launch)
+    print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit); the page shows the model loading",
+          file=sys.stderr)
+    try:  # the first launch on a device calibrates it
+        service.attach(service.startup.run(lambda progress: load_engine(args, progress=progress)))
+    except BaseException:
+        app.close()  # a model that cannot load: one line here (and on the page until now), then exit
+        raise
+    if serve_api:
         print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else ""),
               file=sys.stderr)
-    app.launch(**launch)
+    print("ppd: the model is ready", file=sys.stderr)
+    app.block_thread()
     return 0
 
 

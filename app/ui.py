@@ -240,11 +240,24 @@ class Handlers:
             saved = self.store.list()
             if saved:
                 session.conversation = saved[0]
-        engine = self.service.engine
         conversation = session.conversation
         return (session, chat_messages(conversation), conversation.system_prompt,
-                gr.update(choices=conversation_choices(self.store), value=None), device_panel(engine),
-                calibration_summary(engine.profile), latency_figure(engine.profile) if engine.profile else None)
+                gr.update(choices=conversation_choices(self.store), value=None), *self.model_panels())
+
+    def model_panels(self) -> tuple:
+        """(startup line, Send, device panel, calibration summary, latency plot, timer): what depends on the model.
+
+        While the model loads: its progress, Send off, and the timer on so the page keeps asking."""
+        service = self.service
+        if not service.ready:
+            return (f"**{service.startup.line()}**", gr.update(interactive=False), "The model is loading.", gr.update(),
+                    gr.update(), gr.Timer(active=service.startup.error is None))
+        engine = service.engine
+        return ("", gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
+                latency_figure(engine.profile) if engine.profile else None, gr.Timer(active=False))
+
+    def device(self) -> str:
+        return device_panel(self.service.engine) if self.service.ready else gr.update()
 
     def _respond(self, session: Session, updates: Iterator[AnswerUpdate]):
         """Stream ``updates`` (``ChatService.answer`` for the conversation's last user message); yields
@@ -398,7 +411,7 @@ def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: 
     outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved]
     for trigger, api_name in ((chat.message.submit, False), (chat.send.click, "send")):
         trigger(handlers.send, [chat.message, session, *settings.inputs], outputs, **MODEL, api_name=api_name).then(
-            lambda: device_panel(handlers.service.engine), None, device, api_name=False)
+            handlers.device, None, device, api_name=False)
     chat.regenerate.click(handlers.regenerate, [session, *settings.inputs], [chat.chatbot, chat.readout, chat.note, session],
                           **MODEL, api_name=False)
     chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
@@ -416,6 +429,8 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
     with gr.Blocks(title="ppd chat") as app:
         session = gr.State(new_session)  # called for every new page: its own conversation and id
         gr.Markdown(f"## ppd · local chat with Parallel Prompt Decoding\nSpeeds are {SPEED_DEFINITION}.")
+        startup = gr.Markdown("", elem_id="startup")  # the model's loading progress, until it is ready
+        timer = gr.Timer(1.0, active=False)
         with gr.Row():
             with gr.Column(scale=3):
                 chat = chat_panel()
@@ -426,8 +441,9 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
                 calibration = calibration_panel()
         compare = compare_panel()
 
-        app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, device,
-                                            calibration.summary, calibration.curve])
+        model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer]
+        app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, *model_panels])
+        timer.tick(handlers.model_panels, None, model_panels, queue=False, api_name=False)
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
         compare.button.click(handlers.compare, [session, settings.system, settings.max_new], [compare.plain, compare.ppd, compare.verdict],

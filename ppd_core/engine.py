@@ -21,6 +21,7 @@ from ppd_core.atomic_files import atomic_write
 from ppd_core.backend_choice import choice_path, choose, device_key
 from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
+from ppd_core.calibration.records import copy_records
 from ppd_core.calibration.tree_search import design_family
 from ppd_core.decoding import check_prompt_fits
 from ppd_core.device_info import describe, nvml_probe
@@ -236,6 +237,15 @@ class Engine:
         self.profile_path = save_profile(profile)
         self.use_profile(profile)
         return profile
+
+    def export_acceptance(self, path: Path) -> Path:
+        """Write the acceptance record the last calibration used to ``path``, e.g. beside a prompt-token file to ship
+        (``NAME.acceptance.json``): calibrations elsewhere then measure only their latency curve."""
+        if self.profile is None or not self.profile.acceptance_from:
+            raise PpdError("no calibration has measured the guesses' acceptance yet")
+        if not copy_records(Path(self.profile.acceptance_from), self.prompt_tokens.fingerprint, path):
+            raise PpdError(f"{self.profile.acceptance_from} holds no record for these prompt tokens")
+        return path
 
     def set_lookup(self, length: int | None) -> None:
         """Lookup chains of up to ``length`` tokens (0: none); None: the lengths calibration chose (none without a profile)."""

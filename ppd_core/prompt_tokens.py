@@ -61,6 +61,7 @@ class PromptTokens:
     signature: list[float]
     vocab_size: int
     training: dict = field(default_factory=dict)
+    source: Path | None = field(default=None, compare=False)  # the file it was read from (its acceptance record is beside it)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -164,6 +165,7 @@ class PromptTokens:
                 signature=[float(x) for x in base["embedding_signature"]],
                 vocab_size=int(metadata["vocab_size"]),
                 training=json.loads(metadata.get("training", "{}")),
+                source=path,
             )
             declared = (int(metadata["num_prompt_tokens"]), int(metadata["ensemble_size"]), int(metadata["hidden_size"]))
         except (KeyError, ValueError, TypeError) as error:

@@ -278,10 +278,11 @@ def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monk
 
     def launch_in_background(self, **kwargs):
         launched["page"] = self
-        return launch(self, prevent_thread_lock=True, **kwargs)
+        return launch(self, **kwargs)
 
     monkeypatch.setattr(gr.Blocks, "launch", launch_in_background)
-    monkeypatch.setattr("app.cli.load_engine", lambda args: service.engine)  # the model already loaded
+    monkeypatch.setattr(gr.Blocks, "block_thread", lambda self: None)  # return instead of serving until Ctrl+C
+    monkeypatch.setattr("app.cli.load_engine", lambda args, **_: service.engine)  # the model already loaded
     port = free_port()
     assert main(["chat", "--host", "0.0.0.0", "--port", str(port), "--auth", "me:secret", "--api-key", KEY]) == 0
     base = f"http://127.0.0.1:{port}"

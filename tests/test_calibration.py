@@ -2,6 +2,7 @@
 
 import json
 import logging
+import shutil
 
 import pytest
 import torch
@@ -213,3 +214,46 @@ def test_lookup_is_replayed_on_the_decoding_backends_own_answers(tiny_model_dir)
     prompts = [engine.chat_ids([{"role": "user", "content": text}]) for text in ("Hello there", "Name a colour")]
     answers = decoder_answers(engine.loaded.backend, 12, eos)(prompts)
     assert answers == [engine.generate(prompt, "vanilla", 12).tokens for prompt in prompts]
+
+
+def test_acceptance_is_measured_once_and_travels_beside_the_prompt_tokens(tiny_engine, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """A second calibration of the same model, prompt tokens and numerics measures the latency curve only, with the
+    statistics the first measured; another quantization measures them again; a record shipped beside the prompt-token
+    file serves a machine that never measured them."""
+    import ppd_core.calibration.calibrate as calibration
+    from ppd_core.calibration.records import beside, user_records_dir
+
+    first = tiny_engine.profile
+    assert first.acceptance_from == str(user_records_dir() / f"{tiny_engine.prompt_tokens.fingerprint}.json")
+    measure = calibration.measure_record
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the acceptance was measured again")
+
+    monkeypatch.setattr(calibration, "measure_record", refuse)
+    phases = []
+    with caplog.at_level(logging.WARNING):
+        again = tiny_engine.calibrate(lambda phase, done, total: phases.append(phase), prompts=3, max_new_tokens=24,
+                                      contexts=(64,), repeats=2)
+    assert "measuring the latency curve only" in caplog.text and {"lookup", "acceptance"}.isdisjoint(phases)
+    assert again.acceptance == first.acceptance and again.lookup_trials == first.lookup_trials
+    assert again.lookup_acceptance == first.lookup_acceptance and again.acceptance_from == first.acceptance_from
+
+    # the record, shipped beside the prompt-token file, serves a machine with an empty data directory
+    shipped = tmp_path / "tokens.prompt-tokens.safetensors"
+    shutil.copy(tiny_engine.prompt_tokens.source, shipped)
+    assert tiny_engine.export_acceptance(beside(shipped)) == tmp_path / "tokens.prompt-tokens.acceptance.json"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "elsewhere"))
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", prompt_tokens=str(shipped)))
+    profile = engine.calibrate(prompts=3, max_new_tokens=24, contexts=(64,), repeats=2)
+    assert profile.acceptance_from == str(beside(shipped)) and profile.acceptance == first.acceptance
+
+    # other numerics (fp32 instead of int4): measured anew, and said so
+    monkeypatch.setattr(calibration, "measure_record", measure)
+    fp32 = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", quant="none",
+                                    prompt_tokens=str(shipped)))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        profile = fp32.calibrate(prompts=3, max_new_tokens=24, contexts=(64,), repeats=1)
+    assert "no record for" in caplog.text and "torch/none" in caplog.text
+    assert profile.acceptance_from == str(user_records_dir() / f"{fp32.prompt_tokens.fingerprint}.json")

@@ -46,20 +46,17 @@ def free_port() -> int:
 
 @pytest.fixture
 def fake_chat_app(monkeypatch):
-    """Stand-ins for the model, the chat service and the Gradio app: records what `launch` is given."""
+    """Stand-ins for the model and the Gradio app: records what `launch` is given."""
     launched = {}
 
     class FakeApp:
         def launch(self, **kwargs):
             launched.update(kwargs)
 
-    monkeypatch.setattr("app.cli.load_engine", lambda args: "engine")
-    def service(engine, max_waiting):
-        from app.model_queue import ModelQueue
+        def block_thread(self):
+            launched["served until Ctrl+C"] = True
 
-        return types.SimpleNamespace(engine=engine, queue=ModelQueue(max_waiting))
-
-    monkeypatch.setitem(sys.modules, "app.chat_service", types.SimpleNamespace(ChatService=service))
+    monkeypatch.setattr("app.cli.load_engine", lambda args, **_: "engine")
     monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: FakeApp()))
     monkeypatch.delenv("PPD_AUTH", raising=False)
     return launched
@@ -118,7 +115,8 @@ def test_auth_is_passed_to_the_server(capsys, fake_chat_app):
     port = free_port()
     code, _, err = run_cli(capsys, "chat", "--host", "0.0.0.0", "--port", port, "--auth", "alice:pa:ss")
     assert code == 0 and "warning" not in err
-    assert fake_chat_app == {"server_name": "0.0.0.0", "server_port": port, "inbrowser": False, "quiet": True, "auth": ("alice", "pa:ss")}
+    assert fake_chat_app == {"server_name": "0.0.0.0", "server_port": port, "inbrowser": False, "quiet": True, "auth": ("alice", "pa:ss"),
+                             "prevent_thread_lock": True, "served until Ctrl+C": True}  # the page first, the model after
 
 
 def test_auth_from_the_environment(capsys, fake_chat_app, monkeypatch):
@@ -245,6 +243,7 @@ def test_generate_bad_input(capsys, no_model_load):
 def test_chat_leaves_a_core_to_the_browser(monkeypatch):
     monkeypatch.setattr("torch.get_num_threads", lambda: 8)
     assert model_threads(types.SimpleNamespace(command="chat", threads=None)) == 7
+    assert model_threads(types.SimpleNamespace(command="calibrate", threads=None)) == 7  # the profile the chat uses
     assert model_threads(types.SimpleNamespace(command="generate", threads=None)) == 0  # torch's default
     assert model_threads(types.SimpleNamespace(command="chat", threads=3)) == 3
     monkeypatch.setattr("torch.get_num_threads", lambda: 1)

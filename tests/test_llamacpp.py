@@ -245,6 +245,18 @@ def test_the_profile_key_names_the_llama_cpp_build_and_offload(llama_engine):
     key = llama_engine.profile_key()
     assert key["backend"] == "llamacpp" and key["build"] == llama_engine.loaded.kernels["system"]
     assert "CPU" in key["build"] and key["gpu_layers"] == llama_engine.loaded.backend.gpu_layers
+    assert key["device"]["threads"] == llama_engine.threads  # on a CPU the curve depends on the threads
+
+
+def test_a_fully_offloaded_model_keys_its_profile_without_the_cpu_threads(llama_engine, monkeypatch):
+    """Every layer on the GPU (llama.cpp's -1): the CPU threads barely change the curve, so `ppd chat` (cores - 1)
+    and `ppd bench` (all cores) share one profile; a partial offload keeps them in the key."""
+    backend = llama_engine.loaded.backend
+    described = backend.describe()
+    for layers, keyed in ((-1, False), (12, True), (0, True)):
+        monkeypatch.setattr(backend, "describe", lambda layers=layers: {**described, "gpu_layers": layers})
+        key = llama_engine.profile_key()
+        assert ("threads" in key["device"]) == keyed and key["gpu_layers"] == layers
 
 
 def test_a_context_that_grows_mid_answer_keeps_it_equal_to_plain(llama_engine):

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,62 @@ def test_two_pages_keep_two_conversations(running_app, tmp_path):
             expect(bot).to_contain_text(text_of(saved[question].messages[1]["content"])[:20])
         page.screenshot(path=str(tmp_path / "reopened.png"), full_page=True)
         browser.close()
+
+
+def test_the_page_comes_first_and_shows_the_model_loading_and_calibrating(tmp_path):
+    """As `ppd chat` starts: the page is served before the model exists, shows the load and the calibration as they
+    run, keeps Send off (the API answers 503 with Retry-After) and opens sending once the model is ready."""
+    import threading
+
+    import httpx
+    from playwright.sync_api import expect, sync_playwright
+
+    from app.api import api_routes
+
+    service = ChatService(None)
+    app = build_app(service, ConversationStore(tmp_path / "conversations"))
+    port = free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+               app_kwargs={"routes": api_routes(service)})
+    url, page_open, seen = f"http://127.0.0.1:{port}", threading.Event(), set()
+
+    def load(progress):  # what Engine.load does on a first launch, with a short calibration
+        assert page_open.wait(120)
+        engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
+        engine.calibrate(progress, prompts=2, max_new_tokens=24, contexts=(128,), repeats=2)
+        return engine
+
+    loader = threading.Thread(target=lambda: service.attach(service.startup.run(load)))
+    loader.start()
+    try:
+        response = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+        assert response.status_code == 503 and response.headers["retry-after"] == "5"
+        assert response.json()["error"]["code"] == "model_not_ready" and "Loading the model" in response.json()["error"]["message"]
+        assert httpx.get(f"{url}/health").status_code == 503
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(url + "/")
+            startup, send = page.locator("#startup"), page.locator("#send")
+            expect(startup).to_contain_text("Loading the model", timeout=30_000)
+            expect(send).to_be_disabled()
+            page_open.set()
+            deadline = time.monotonic() + 240
+            while service.startup.error is None and not service.ready or startup.inner_text().strip():
+                seen.add(startup.inner_text().split("…")[0])
+                assert time.monotonic() < deadline, seen
+                time.sleep(0.2)
+            assert any(line.startswith("Calibrating this device (latency)") for line in seen), seen
+            expect(send).to_be_enabled(timeout=10_000)
+            expect(page.locator("#device")).to_contain_text("Device")
+            page.locator("#message textarea").fill("Name the capital city of France.")
+            send.click()
+            expect(page.locator("#readout")).to_contain_text("tokens/s", timeout=120_000)
+            browser.close()
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    finally:
+        page_open.set()
+        loader.join(240)
+        app.close()
+        if service.ready:
+            service.engine.loaded.backend.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -17,6 +18,7 @@ from ppd_core.calibration.acceptance import (
 )
 from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency, step_seconds
 from ppd_core.calibration.profiles import DeviceProfile
+from ppd_core.calibration.records import AcceptanceRecord, candidate_files, find_record, now, save_record
 from ppd_core.calibration.tree_search import choose_family
 from ppd_core.device_info import describe
 from ppd_core.loading import LoadedModel
@@ -24,6 +26,7 @@ from ppd_core.lookup import best_with_chains, with_lookup
 from ppd_core.prompt_tokens import PromptTokens, signature_of
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+log = logging.getLogger(__name__)
 
 
 def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
@@ -31,8 +34,12 @@ def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
     prompt tokens. A rebuilt llama.cpp (another CPU feature set, CUDA, Metal) or another offload is another curve."""
     signature = signature_of(loaded.backend.embedding_rows, loaded.backend.vocab_size)
     kernels = loaded.kernels
+    device = describe(loaded.device).to_json()
+    device["threads"] = kernels.get("threads") or device["threads"]  # llama.cpp's own, else torch's
+    if loaded.device.type == "cuda" or kernels.get("gpu_layers") == -1:  # every layer on the GPU: CPU threads barely
+        del device["threads"]  # change its curve, so a chat and a bench with different thread counts share one profile
     return {
-        "device": describe(loaded.device).to_json(),
+        "device": device,
         "model": {"name": loaded.name, "fingerprint": hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]},
         "quant": loaded.quant,
         "dtype": str(loaded.dtype).removeprefix("torch."),
@@ -42,6 +49,29 @@ def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
         "forward": loaded.forward,  # the lean and transformers forwards differ in step latency
         "prompt_tokens": prompt_tokens.fingerprint,
     }
+
+
+def acceptance_key(loaded: LoadedModel, prompt_tokens: PromptTokens, prompts: int, max_new_tokens: int) -> dict:
+    """What the guesses' acceptance depends on: the model, the prompt tokens, the numerics that answer, the prompts."""
+    key = profile_key(loaded, prompt_tokens)
+    return {"model": key["model"], "prompt_tokens": key["prompt_tokens"], "backend": key["backend"], "quant": key["quant"],
+            "dtype": key["dtype"], "prompts": prompts, "max_new_tokens": max_new_tokens}
+
+
+def measure_record(loaded: LoadedModel, prompt_tokens: PromptTokens, table, key: dict, prompts: int, max_new_tokens: int,
+                   report: Progress) -> AcceptanceRecord:
+    """Answer the calibration prompts greedily and count how often the guesses were right."""
+    n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
+    conversations = calibration_prompts()[:prompts]
+    eos = sorted(loaded.eos_token_ids)
+    turns = sum(map(len, conversations))
+    answer = decoder_answers(loaded.backend, max_new_tokens, eos, lambda done: report("lookup", done, turns))
+    lookup = lookup_stats(conversation_answers(loaded.tokenizer, conversations, answer))  # on decoding's own answers
+    stats = AcceptanceStats([], [])
+    if n:  # the prompt tokens' guesses, on the transformers model (built here if decoding did not need it)
+        stats = measure_acceptance(loaded.model, loaded.tokenizer, table, n, V, conversations, eos, max_new_tokens,
+                                   progress=lambda d, t: report("acceptance", d, t))
+    return AcceptanceRecord(key, stats, lookup, now())
 
 
 def calibrate(
@@ -64,15 +94,18 @@ def calibrate(
     latency = measure_latency(  # on the forward that decodes (lean or transformers)
         loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
     )
-    conversations = calibration_prompts()[:prompts]
-    eos = sorted(loaded.eos_token_ids)
-    turns = sum(map(len, conversations))
-    answer = decoder_answers(loaded.backend, max_new_tokens, eos, lambda done: report("lookup", done, turns))
-    lookup = lookup_stats(conversation_answers(loaded.tokenizer, conversations, answer))  # on decoding's own answers
-    stats = AcceptanceStats([], [])
-    if n:  # the prompt tokens' guesses, on the transformers model (built here if decoding did not need it)
-        stats = measure_acceptance(loaded.model, loaded.tokenizer, table, n, V, conversations, eos, max_new_tokens,
-                                   progress=lambda d, t: report("acceptance", d, t))
+    key = acceptance_key(loaded, prompt_tokens, prompts, max_new_tokens)
+    found = find_record(prompt_tokens.source, prompt_tokens.fingerprint, key)
+    if found is not None:  # measured before for this model, these prompt tokens and these numerics
+        record, source = found
+        log.warning("guess acceptance: the record in %s (%s, %s); measuring the latency curve only", source,
+                    key["backend"], key["quant"])
+    else:
+        log.warning("guess acceptance: no record for %s with %s/%s: measuring it (once)", loaded.name, key["backend"],
+                    key["quant"])
+        record = measure_record(loaded, prompt_tokens, table, key, prompts, max_new_tokens, report)
+        source = save_record(record, candidate_files(None, prompt_tokens.fingerprint)[-1])
+    stats, lookup = record.acceptance, record.lookup
     report("tree search", 0, 1)
     curve = mean_curve(latency)
     budgets = sorted(set(range(1, 33)) | set(curve))  # every small tree; measured sizes beyond
@@ -122,4 +155,5 @@ def calibrate(
         expected_with_lookup_by_turn=by_turn,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         calibration_seconds=round(time.perf_counter() - started, 1),
+        acceptance_from=str(source),
     )

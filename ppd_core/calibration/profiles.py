@@ -56,6 +56,7 @@ class DeviceProfile:
     expected_with_lookup_by_turn: dict[str, dict] = field(default_factory=dict)  # "first turns" / "follow-ups": the same apart
     created: str = ""
     calibration_seconds: float = 0.0
+    acceptance_from: str = ""  # the acceptance record used (ppd_core/calibration/records.py): its file
 
     @property
     def key_hash(self) -> str:
