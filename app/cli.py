@@ -169,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--generation-batch", type=int, default=16)
     train.add_argument("--work-dir", type=Path, default=None, help="answers and checkpoints (resumed if present)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--acceptance-prompts", type=int, default=12, metavar="N",
+                       help="afterwards, measure how often the new tokens' guesses are right on N calibration "
+                       "conversations, with the decoding backend, and keep it beside the file (calibrations then "
+                       "measure only their latency curve); 0 skips it")
     train.add_argument("--init", type=Path, default=None, help="start from this prompt-token file (e.g. distil an ensemble into --ensemble 1)")
     add_model_options(train)
     return parser
@@ -417,7 +421,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from app.api import create_api, make_server
     from app.chat_service import ChatService
 
-    engine = load_engine(args)  # the first launch on a device calibrates it (about a minute on a CPU)
+    engine = load_engine(args)  # the first launch on a device calibrates it
     server_app = create_api(ChatService(engine, max_waiting=args.max_queue), api_key)
     print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else "")
           + " (Ctrl+C to quit)", file=sys.stderr)
@@ -512,6 +516,8 @@ def run_train(args: argparse.Namespace) -> int:
             raise PpdError(f"--{option.replace('_', '-')} must be positive, got {getattr(args, option)}")
     if args.eval_limit < 0:
         raise PpdError(f"--eval-limit must be 0 (no evaluation) or positive, got {args.eval_limit}")
+    if not 0 <= args.acceptance_prompts <= 40:  # the calibration conversations shipped
+        raise PpdError(f"--acceptance-prompts must be between 0 (skip) and 40, got {args.acceptance_prompts}")
     # user files fail here, in one line, before the model loads and answers are generated
     if args.data is not None and not args.data.is_file():
         raise PpdError(f"conversation file not found: {args.data}")
@@ -548,6 +554,12 @@ def run_train(args: argparse.Namespace) -> int:
     trained = run_training(loaded, config, run, progress)
     print(json.dumps(trained.training, indent=2))
     print(f"prompt tokens written to {out}")
+    if args.acceptance_prompts:
+        del loaded  # the training model; decoding loads its own
+        args.prompt_tokens, args.tree = str(out), "medium"
+        engine = load_engine(args, auto_calibrate=False)
+        record = engine.record_acceptance(ProgressBars(), prompts=args.acceptance_prompts)
+        print(f"acceptance record ({engine.loaded.backend.name}, {engine.loaded.quant}) written to {record}")
     return 0
 
 

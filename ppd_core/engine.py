@@ -19,9 +19,9 @@ import torch
 from ppd_core import decoding
 from ppd_core.atomic_files import atomic_write
 from ppd_core.backend_choice import choice_path, choose, device_key
-from ppd_core.calibration.calibrate import Progress, calibrate, profile_key
+from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, measure_record, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
-from ppd_core.calibration.records import copy_records
+from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.calibration.tree_search import design_family
 from ppd_core.decoding import check_prompt_fits
 from ppd_core.device_info import describe, nvml_probe
@@ -229,7 +229,7 @@ class Engine:
 
     def calibrate(self, progress: Progress | None = None, **options) -> DeviceProfile:
         """Measure this device, save the profile, and switch to its tree."""
-        log.warning("calibrating the guess tree for this device (about a minute on a CPU)")
+        log.warning("calibrating the guess tree for this device")
         try:
             profile = calibrate(self.loaded, self.prompt_tokens, progress, **options)
         finally:
@@ -237,6 +237,20 @@ class Engine:
         self.profile_path = save_profile(profile)
         self.use_profile(profile)
         return profile
+
+    def record_acceptance(self, progress: Progress | None = None, prompts: int = 12, max_new_tokens: int = 96) -> Path:
+        """Measure the guesses' acceptance with this engine's numerics and write the record beside the prompt-token
+        file, where every later calibration with the same numerics finds it (``ppd train`` does this)."""
+        if self.prompt_tokens.source is None:
+            raise PpdError("these prompt tokens were not read from a file: nowhere to put their acceptance record")
+        key = acceptance_key(self.loaded, self.prompt_tokens, prompts, max_new_tokens)
+        table = self.prompt_tokens.flat(self.loaded.backend.dtype, self.loaded.backend.device)
+        try:
+            record = measure_record(self.loaded, self.prompt_tokens, table, key, prompts, max_new_tokens,
+                                    progress or (lambda phase, done, total: None))
+        finally:
+            self.loaded.release_model()  # the acceptance pass needed the transformers model; decoding does not
+        return save_record(record, beside(self.prompt_tokens.source))
 
     def export_acceptance(self, path: Path) -> Path:
         """Write the acceptance record the last calibration used to ``path``, e.g. beside a prompt-token file to ship

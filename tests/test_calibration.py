@@ -3,6 +3,7 @@
 import json
 import logging
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from ppd_core.calibration import latency
 from ppd_core.calibration.latency import mean_curve, measure_latency, probe_tree
 from ppd_core.lean.model import LeanDecoder
 from ppd_core.calibration.profiles import ProfileError, load_profile, profile_path, read_profile, save_profile
+from ppd_core.calibration.calibrate import acceptance_key, tokens_per_step_ceiling
+from ppd_core.calibration.records import read_records
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.backends.torch_backend import TorchDecoder
 
@@ -113,6 +116,41 @@ def test_profile_kernel_choice_reaches_the_decoder(tiny_model_dir):
     assert engine.generate(ids, "ppd", 16).tokens == engine.generate(ids, "vanilla", 16).tokens
 
 
+@pytest.mark.parametrize("costs, measured", [
+    ({1: 10, 2: 12, 3: 40, 4: 20, 5: 45, 6: 50, 8: 80}, [1, 2, 3, 4, 5, 6]),  # stops after two sizes in a row past 3.5x
+    ({1: 10, 2: 10, 3: 10, 4: 11, 5: 12, 6: 12, 8: 13}, [1, 2, 3, 4, 5, 6, 8]),  # flat (a GPU): every size
+])
+def test_latency_stops_at_the_sizes_that_cannot_beat_plain_decoding(monkeypatch, costs, measured):
+    """With a ceiling of 3.5 tokens per step, a size costing more than 3.5 plain steps cannot win; once two in a row
+    do (one alone may be a blocking hiccup, as 3 here), the larger sizes are not measured, at any context."""
+    decoder = LeanDecoder(tiny_llama(seed=1), "int8")
+    calls = []
+
+    def fake_step(speculator, cache, tree, guesses, context, warmup, repeats):
+        calls.append((context, tree.num_tokens))
+        return float(costs[tree.num_tokens])
+
+    monkeypatch.setattr(latency, "step_ms", fake_step)
+    result = measure_latency(TorchDecoder(decoder), torch.zeros(3, 64), 3, 1, sorted(costs), contexts=(64, 96), ceiling=3.5)
+    assert sorted(result[64]) == sorted(result[96]) == measured
+    assert calls == [(64, size) for size in measured] + [(96, size) for size in measured]
+
+
+def test_step_timing_stops_once_the_median_settles(monkeypatch):
+    """At most ``repeats`` timed runs, fewer once one more run moves the median by 2% or less."""
+    decoder = TorchDecoder(LeanDecoder(tiny_llama(seed=1), "int8"))
+    tree = probe_tree(2, 3, 1)
+    speculator = latency.Speculator(decoder, latency.TreeFamily("probe", (tree,)), torch.zeros(3, 64))
+    cache = decoder.new_cache()
+    latency.prefill(decoder, cache, list(range(8)))
+    guesses = torch.zeros(max(tree.depth, 1), max(tree.max_rank + 1, 1), dtype=torch.long)
+    runs = []
+    real_step = latency.tree_step
+    monkeypatch.setattr(latency, "tree_step", lambda *args: runs.append(1) or real_step(*args))
+    latency.step_ms(speculator, cache, tree, guesses, 8, warmup=1, repeats=30)
+    assert latency.MIN_RUNS + 1 <= len(runs) <= 31 and decoder.cache_length(cache) == 8
+
+
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir):
     """The tiny model, calibrated (a fresh profile in the tests' data directory)."""
@@ -129,7 +167,13 @@ def test_calibration_measures_and_chooses(tiny_engine):
     assert {phase for phase, _, _ in tiny_engine.phases} == {"latency", "lookup", "acceptance", "tree search"}
     assert all(done <= total for _, done, total in tiny_engine.phases)
     curve = profile.latency_ms[64]
-    assert set(curve) >= {1, 2, 4, 8, 16, 32, 64} and all(ms > 0 for ms in curve.values())
+    sizes = sorted(curve)
+    assert sizes == [s for s in latency.CPU_SIZES if s <= sizes[-1]] and len(sizes) >= 3 and all(ms > 0 for ms in curve.values())
+    key = acceptance_key(tiny_engine.loaded, tiny_engine.prompt_tokens, prompts=3, max_new_tokens=24)
+    [record] = [r for r in read_records(Path(profile.acceptance_from)) if r.key == key]
+    ceiling = tokens_per_step_ceiling(record.acceptance, record.lookup, n, 1, max(latency.CPU_SIZES))
+    if sizes[-1] < max(latency.CPU_SIZES):  # stopped early: the last two sizes each cost more than the ceiling
+        assert curve[sizes[-1]] > ceiling * curve[1] and curve[sizes[-2]] > ceiling * curve[1]
     assert len(profile.acceptance) == n and all(len(row) == 10 for row in profile.acceptance)
     assert all(0 <= sum(row) <= 1.0 + 1e-6 for row in profile.acceptance)
     assert profile.acceptance_positions > 0

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_llama
+from ppd_core.calibration.records import beside, read_records
 from ppd_core.distillation import cut_layout, student_logits, teacher_pass, teacher_targets, valid_cuts
 from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.training.answers import build_answer_cache, read_cache
@@ -162,7 +163,7 @@ def test_ppd_train_end_to_end_and_resume(tmp_path):
     command = [sys.executable, "-m", "app.cli", "train", "--samples", "4", "--epochs", "1", "--accumulate", "2",
                "--cuts", "4", "--max-new-tokens", "12", "--data", str(data), "--eval-questions", str(questions),
                "--eval-limit", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command + ["--acceptance-prompts", "2"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     tokens = PromptTokens.load(out)
     assert tokens.embeddings.shape == (3, 2, 576)
@@ -172,6 +173,12 @@ def test_ppd_train_end_to_end_and_resume(tmp_path):
     loaded = load_model("default", device="cpu")
     tokens.check_compatible(loaded.model.get_input_embeddings().weight, loaded.name)
     assert len(read_cache(tmp_path / "work" / "answers.jsonl")) == 4
+    # the new tokens' acceptance, measured with the decoding backend and kept beside the file
+    [record] = read_records(beside(out))
+    assert record.key["prompt_tokens"] == tokens.fingerprint and record.key["prompts"] == 2
+    assert record.key["backend"] == "llamacpp" and len(record.acceptance.trials) == 3 and record.lookup.positions > 0
+    assert f"written to {beside(out)}" in done.stdout
+    command += ["--acceptance-prompts", "0"]  # the runs below skip it
     # a second run finds the finished checkpoint and cached answers: same result
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
@@ -179,7 +186,7 @@ def test_ppd_train_end_to_end_and_resume(tmp_path):
     # distil the ensemble into one member per prompt token, starting from the trained file
     single = tmp_path / "single.safetensors"
     distil = command[: command.index("--work-dir")] + ["--work-dir", str(tmp_path / "work1"), "--out", str(single),
-                                                       "--init", str(out), "--ensemble", "1"]
+                                                       "--init", str(out), "--ensemble", "1", "--acceptance-prompts", "0"]
     done = subprocess.run(distil, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     distilled = PromptTokens.load(single)

@@ -1,6 +1,6 @@
 """Calibration: latency curve + acceptance statistics -> the tree family for this device.
 
-    profile = calibrate(loaded, prompt_tokens)   # about a minute on a 2-core CPU
+    profile = calibrate(loaded, prompt_tokens)   # the latency curve only, where an acceptance record exists
     save_profile(profile)
 """
 
@@ -22,7 +22,7 @@ from ppd_core.calibration.records import AcceptanceRecord, candidate_files, find
 from ppd_core.calibration.tree_search import choose_family
 from ppd_core.device_info import describe
 from ppd_core.loading import LoadedModel
-from ppd_core.lookup import best_with_chains, with_lookup
+from ppd_core.lookup import LookupStats, best_with_chains, with_lookup
 from ppd_core.prompt_tokens import PromptTokens, signature_of
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -74,6 +74,18 @@ def measure_record(loaded: LoadedModel, prompt_tokens: PromptTokens, table, key:
     return AcceptanceRecord(key, stats, lookup, now())
 
 
+def tokens_per_step_ceiling(stats: AcceptanceStats, lookup: LookupStats, n: int, V: int, largest: int) -> float:
+    """The most tokens one step can be expected to yield: the best tree of ``largest`` tokens plus the longest lookup
+    chain after the surest kind of match (a step that copies can be worth many, even where most steps are not)."""
+    tree = choose_family(stats.probs, {1: 1.0, largest: 1.0}, n, V, [largest]).best.tokens_per_step if n else 1.0
+    return tree + max((sum(row) for row in lookup.probs), default=0.0)  # E[right chain tokens | match class]
+
+
+def within(seconds: Callable[[int], float], largest: int) -> Callable[[int], float]:
+    """``seconds`` up to the largest measured size; beyond it infinitely slow (never chosen: it could not win)."""
+    return lambda size: seconds(size) if size <= largest else float("inf")
+
+
 def calibrate(
     loaded: LoadedModel,
     prompt_tokens: PromptTokens,
@@ -81,7 +93,7 @@ def calibrate(
     prompts: int = 12,
     max_new_tokens: int = 96,
     contexts: tuple[int, ...] = CONTEXTS,
-    repeats: int = 5,
+    repeats: int = 9,
 ) -> DeviceProfile:
     """Measure this device and these prompt tokens; choose the tree family and lookup chains with the most tokens/s."""
     started = time.perf_counter()
@@ -89,11 +101,6 @@ def calibrate(
     table = prompt_tokens.flat(loaded.backend.dtype, loaded.backend.device)
     report = progress or (lambda phase, done, total: None)
 
-    on_gpu = loaded.device.type == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
-    sizes = GPU_SIZES if on_gpu else CPU_SIZES
-    latency = measure_latency(  # on the forward that decodes (lean or transformers)
-        loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t)
-    )
     key = acceptance_key(loaded, prompt_tokens, prompts, max_new_tokens)
     found = find_record(prompt_tokens.source, prompt_tokens.fingerprint, key)
     if found is not None:  # measured before for this model, these prompt tokens and these numerics
@@ -106,11 +113,18 @@ def calibrate(
         record = measure_record(loaded, prompt_tokens, table, key, prompts, max_new_tokens, report)
         source = save_record(record, candidate_files(None, prompt_tokens.fingerprint)[-1])
     stats, lookup = record.acceptance, record.lookup
+    on_gpu = loaded.device.type == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
+    sizes = GPU_SIZES if on_gpu else CPU_SIZES
+    ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
+    latency = measure_latency(  # on the forward that decodes (lean or transformers); sizes that cannot win: skipped
+        loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t),
+        ceiling=ceiling,
+    )
     report("tree search", 0, 1)
     curve = mean_curve(latency)
-    budgets = sorted(set(range(1, 33)) | set(curve))  # every small tree; measured sizes beyond
+    budgets = sorted(set(range(1, min(32, max(curve)) + 1)) | set(curve))  # every small tree; measured sizes beyond
     choice = choose_family(stats.probs, curve, n, V, budgets)
-    seconds = step_seconds(latency)
+    seconds = within(step_seconds(latency), max(curve))
     # chains join each budget's full tree: a smaller tree may pay more with them than the best tree alone
     # (budgets ascend: on a tie the smaller tree wins)
     chosen, lengths = best_with_chains(lookup, [(choice.by_budget[b].tokens_per_step, choice.by_budget[b].sizes[-1]) for b in budgets], seconds)

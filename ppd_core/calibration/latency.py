@@ -24,6 +24,8 @@ from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree
 CPU_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64)
 GPU_SIZES = CPU_SIZES + (96, 128, 160, 192, 256)
 CONTEXTS = (256, 1024)
+MIN_RUNS = 4  # timed runs before the median may be taken as settled
+STABLE = 0.02  # settled: one more run moves the median by at most 2%
 
 
 def probe_tree(size: int, num_prompt_tokens: int, ensemble_size: int) -> Tree:
@@ -48,11 +50,16 @@ def measure_latency(
     ensemble_size: int,
     sizes: Sequence[int],
     contexts: Sequence[int] = CONTEXTS,
-    repeats: int = 5,
+    repeats: int = 9,
     warmup: int = 2,
     progress: Callable[[int, int], None] | None = None,
+    ceiling: float | None = None,
 ) -> dict[int, dict[int, float]]:
     """Median step milliseconds: ``{context length: {tree tokens: ms}}``.
+
+    ``ceiling``: the most tokens per step any tree with its lookup chains can yield. Sizes ascend; once two sizes in
+    a row cost more than ``ceiling`` plain steps (at the first context), no larger tree can beat plain decoding, and
+    the larger sizes are not measured (on a CPU, where each row costs most of a step, that is most of them).
 
     Where the forward has two matmul kernels (the lean fp32 forward: ``F.linear`` or
     ``weight @ x.T``), both are timed per size, interleaved, and the faster over all contexts
@@ -63,12 +70,12 @@ def measure_latency(
     choices = (False, True) if getattr(decoder, "has_kernel_choice", False) else (None,)
     generator = torch.Generator().manual_seed(0)
     measured: dict[tuple[int, int, bool | None], float] = {}  # (context, size, skinny) -> ms
-    total, done = len(contexts) * len(sizes), 0
-    for context in contexts:
+    total, done, sizes = len(contexts) * len(sizes), 0, sorted(sizes)
+    for first, context in enumerate(contexts):
         context = min(context, max_context - max(sizes) - 4)
         cache = decoder.new_cache()
         prefill(decoder, cache, torch.randint(vocab, (context,), generator=generator).tolist())
-        for size in sizes:
+        for size in list(sizes):
             tree = probe_tree(size, num_prompt_tokens, ensemble_size).to(device)
             guesses = torch.randint(vocab, (max(tree.depth, 1), max(tree.max_rank + 1, 1)), generator=generator).to(device)
             speculator = Speculator(decoder, TreeFamily(f"probe-{size}", (tree,)), prompt_table)
@@ -78,8 +85,13 @@ def measure_latency(
                 ms = step_ms(speculator, cache, tree, guesses, context, warmup, repeats)
                 measured[context, size, skinny] = min(ms, measured.get((context, size, skinny), float("inf")))
             done += 1
+            if first == 0 and ceiling is not None and beyond_reach(measured, context, sizes, size, ceiling):
+                sizes = [s for s in sizes if s <= size]  # the larger trees cannot win: not measured
+                total = len(contexts) * len(sizes)
             if progress:
                 progress(done, total)
+            if size == sizes[-1]:
+                break
     chosen = {size: min(choices, key=lambda k: sum(ms for (c, s, v), ms in measured.items() if s == size and v == k))
               for size in sizes}
     if choices != (None,):
@@ -91,8 +103,19 @@ def measure_latency(
     return result
 
 
+def beyond_reach(measured: dict, context: int, sizes: Sequence[int], size: int, ceiling: float) -> bool:
+    """Whether ``size`` and the size before it both cost more than ``ceiling`` one-token steps (every kernel)."""
+    def ratio(s: int) -> float:
+        return min(ms for (c, z, _), ms in measured.items() if c == context and z == s) / base
+
+    base = min(ms for (c, z, _), ms in measured.items() if c == context and z == sizes[0])
+    index = sizes.index(size)
+    return index >= 2 and ratio(size) > ceiling and ratio(sizes[index - 1]) > ceiling
+
+
 def step_ms(speculator: Speculator, cache, tree: Tree, guesses: torch.Tensor, context: int, warmup: int, repeats: int) -> float:
-    """Median milliseconds of a real ``tree_step`` after ``context`` cached tokens (the cache is cut back after each)."""
+    """Median milliseconds of a real ``tree_step`` after ``context`` cached tokens (the cache is cut back after each):
+    at most ``repeats`` runs after the warm-up, fewer once the median holds still (within ``STABLE``)."""
     device = guesses.device
     times = []
     for run in range(warmup + repeats):
@@ -103,6 +126,8 @@ def step_ms(speculator: Speculator, cache, tree: Tree, guesses: torch.Tensor, co
         if run >= warmup:
             times.append(time.perf_counter() - start)
         speculator.decoder.truncate(cache, context)
+        if len(times) >= MIN_RUNS and abs(statistics.median(times) - statistics.median(times[:-1])) <= STABLE * statistics.median(times):
+            break
     return 1000 * statistics.median(times)
 
 

@@ -88,7 +88,7 @@ def save_record(record: AcceptanceRecord, path: Path) -> Path:
     kept = [r for r in read_records(path) if r.key != record.key]
     data = {"format": FORMAT, "records": [r.to_json() for r in (*kept, record)]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, json.dumps(data, indent=1) + "\n")
+    return atomic_write(path, json.dumps(data) + "\n")
 
 
 def copy_records(source: Path, fingerprint: str, destination: Path) -> int:
