@@ -26,7 +26,9 @@ API_KEY_ENV = "PPD_API_KEY"  # the OpenAI-compatible API's key, instead of --api
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="Hugging Face model directory, .gguf file, or 'default'")
+    parser.add_argument("--model", default="default",
+                        help="'default', a Hugging Face model directory, a .gguf file, or from the Hub: hf:OWNER/REPO "
+                        "(safetensors) or hf:OWNER/REPO:FILE.gguf (downloaded once into the Hub cache)")
     parser.add_argument(
         "--prompt-tokens", default=None, metavar="FILE|none",
         help="prompt-token file (default: yours from `ppd train`, else the one shipped for the model, else none); "

@@ -31,6 +31,7 @@ from ppd_core.atomic_files import atomic_directory
 from ppd_core.backends import Decoder
 from ppd_core.backends.torch_backend import TorchDecoder
 from ppd_core.cpu_matmul import use_skinny_matmuls
+from ppd_core import hub
 from ppd_core.errors import PpdError
 from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
 from ppd_core.lean.checkpoint import Checkpoint
@@ -145,8 +146,9 @@ def default_model_file() -> Path:
 
 
 def resolve_source(model: str) -> tuple[Path, str | None]:
-    """Map ``--model`` to (a directory, a GGUF file name in it or None)."""
-    path = default_model_file() if model == "default" else Path(model).expanduser()
+    """Map ``--model`` to (a directory, a GGUF file name in it or None); a Hub model is downloaded first."""
+    hub_model = hub.parse(model)
+    path = default_model_file() if model == "default" else hub.fetch(hub_model) if hub_model else Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model not found: {path}")
     if path.is_file():
@@ -156,6 +158,16 @@ def resolve_source(model: str) -> tuple[Path, str | None]:
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model directory")
     return path, None
+
+
+def source_name(model: str, folder: Path, gguf_name: str | None) -> str:
+    """The model's name in ppd (profiles, prompt tokens, the API): the default's, the Hub model's, or the file's."""
+    hub_model = hub.parse(model)
+    if model == "default":
+        return DEFAULT_NAME
+    if hub_model is not None:
+        return hub_model.name
+    return Path(gguf_name).stem if gguf_name else folder.name
 
 
 def pick_device(device: str) -> torch.device:
@@ -413,7 +425,7 @@ def load_model(
     if quant in QUANT_KINDS and (target.type != "cpu" or forward != "lean"):
         raise ModelLoadError(f"--quant {quant} runs on the CPU with the lean forward; on CUDA use --quant 4bit or 8bit")
     folder, gguf_name = resolve_source(model)
-    name = DEFAULT_NAME if model == "default" else (Path(gguf_name).stem if gguf_name else folder.name)
+    name = source_name(model, folder, gguf_name)
     gguf_file = folder / gguf_name if gguf_name else None
     converted = conversion_folder(gguf_file) if gguf_file else None
     # int4 from a converted GGUF's own blocks decodes with no transformers model, and reads no config class
@@ -500,7 +512,7 @@ def load_llamacpp(model: str, quant: str, device: str, dtype: str, forward: str,
             raise ModelLoadError(reason)
         logging.getLogger(__name__).warning("decoding on torch: %s", reason)
         return None
-    name = DEFAULT_NAME if model == "default" else Path(gguf_name).stem
+    name = source_name(model, folder, gguf_name)
     converted = converted_gguf_dir(folder, gguf_name)  # the tokenizer, chat template and config
     config = plain_config(converted) or AutoConfig.from_pretrained(converted)
     target = torch.device("cpu")
