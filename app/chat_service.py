@@ -27,14 +27,15 @@ class ChatSettings:
     ppd: bool = True
     acceptance: str = "lossless"  # or "typical" (faster, not distribution-preserving)
     highlight: bool = False  # mark the tokens that came from accepted guesses
+    top_k: int = 0  # 0: off
 
     def __post_init__(self):  # values straight from the UI's widgets
         self.system_prompt = self.system_prompt or ""
-        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
+        self.temperature, self.top_p, self.top_k = float(self.temperature), float(self.top_p), int(self.top_k or 0)
         self.max_new_tokens, self.ppd, self.highlight = int(self.max_new_tokens), bool(self.ppd), bool(self.highlight)
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, acceptance=self.acceptance)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, acceptance=self.acceptance)
 
 
 @dataclass

@@ -81,6 +81,16 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
+def sampling_defaults(recommended: dict) -> tuple:
+    """Updates of the temperature, top-p and top-k sliders to a model's recommended sampling (none: unchanged)."""
+    if not recommended:
+        return gr.update(), gr.update(), gr.update()
+    labels = {"temperature": "Temperature (0 = greedy; the model recommends {})", "top_p": "Top-p (the model recommends {})",
+              "top_k": "Top-k (0 = off; the model recommends {})"}
+    return tuple(gr.update(value=recommended[name], label=label.format(recommended[name])) if name in recommended
+                 else gr.update() for name, label in labels.items())
+
+
 def conversation_choices(store: ConversationStore) -> list[tuple[str, str]]:
     return [(f"{datetime.fromtimestamp(c.updated):%b %d %H:%M} · {c.title}", c.id) for c in store.list()]
 
@@ -144,11 +154,18 @@ class SettingsPanel:
     ppd: gr.Checkbox
     acceptance: gr.Radio
     highlight: gr.Checkbox
+    top_k: gr.Slider
+    greedy: gr.Button
 
     @property
     def inputs(self) -> list:
         """In the order of ``ChatSettings``' fields."""
-        return [self.system, self.temperature, self.top_p, self.max_new, self.ppd, self.acceptance, self.highlight]
+        return [self.system, self.temperature, self.top_p, self.max_new, self.ppd, self.acceptance, self.highlight, self.top_k]
+
+    @property
+    def sampling(self) -> list:
+        """What the model's recommended sampling sets: temperature, top-p, top-k."""
+        return [self.temperature, self.top_p, self.top_k]
 
 
 def settings_panel() -> SettingsPanel:
@@ -156,14 +173,17 @@ def settings_panel() -> SettingsPanel:
         ppd = gr.Checkbox(True, label="PPD (parallel prompt decoding)", elem_id="ppd")
         highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses (yellow: prompt tokens, blue: copied from the conversation)")
         system = gr.Textbox("", label="System prompt", lines=2)
-        temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="Temperature (0 = greedy)")
+        with gr.Row():
+            temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="Temperature (0 = greedy)", elem_id="temperature", scale=4)
+            greedy = gr.Button("Greedy", size="sm", scale=1, elem_id="greedy")
         top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="Top-p")
+        top_k = gr.Slider(0, 200, 0, step=1, label="Top-k (0 = off)")
         max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens")
         acceptance = gr.Radio(
             [("Lossless (exact model distribution)", "lossless"), ("Typical (faster, not distribution-preserving)", "typical")],
             value="lossless", label="Acceptance when sampling",
         )
-    return SettingsPanel(system, temperature, top_p, max_new, ppd, acceptance, highlight)
+    return SettingsPanel(system, temperature, top_p, max_new, ppd, acceptance, highlight, top_k, greedy)
 
 
 @dataclass
@@ -245,16 +265,17 @@ class Handlers:
                 gr.update(choices=conversation_choices(self.store), value=None), *self.model_panels())
 
     def model_panels(self) -> tuple:
-        """(startup line, Send, device panel, calibration summary, latency plot, timer): what depends on the model.
-
-        While the model loads: its progress, Send off, and the timer on so the page keeps asking."""
+        """(startup line, Send, device panel, calibration summary, latency plot, timer, temperature, top-p, top-k):
+        what depends on the model. While it loads: its progress, Send off, and the timer on so the page keeps asking;
+        once ready, the sampling its generation config recommends (greedy where it recommends none)."""
         service = self.service
         if not service.ready:
             return (f"**{service.startup.line()}**", gr.update(interactive=False), "The model is loading.", gr.update(),
-                    gr.update(), gr.Timer(active=service.startup.error is None))
+                    gr.update(), gr.Timer(active=service.startup.error is None), gr.update(), gr.update(), gr.update())
         engine = service.engine
         return ("", gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
-                latency_figure(engine.profile) if engine.profile else None, gr.Timer(active=False))
+                latency_figure(engine.profile) if engine.profile else None, gr.Timer(active=False),
+                *sampling_defaults(engine.recommended_sampling()))
 
     def device(self) -> str:
         return device_panel(self.service.engine) if self.service.ready else gr.update()
@@ -415,6 +436,7 @@ def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: 
     chat.regenerate.click(handlers.regenerate, [session, *settings.inputs], [chat.chatbot, chat.readout, chat.note, session],
                           **MODEL, api_name=False)
     chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
+    settings.greedy.click(lambda: 0.0, None, settings.temperature, queue=False, api_name=False)  # one click to greedy
     chat.clear.click(handlers.clear, [session], [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
 
 
@@ -441,7 +463,7 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
                 calibration = calibration_panel()
         compare = compare_panel()
 
-        model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer]
+        model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer, *settings.sampling]
         app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, *model_panels])
         timer.tick(handlers.model_panels, None, model_panels, queue=False, api_name=False)
         wire_chat(handlers, session, chat, settings, history, device)

@@ -35,7 +35,7 @@ from ppd_core.loading import (
 from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
 from ppd_core.options import MAX_LOOKUP
 from ppd_core.prompt_tokens import PromptTokens, signature_of
-from ppd_core.sampling_params import GREEDY, SamplingParams
+from ppd_core.sampling_params import GREEDY, SamplingParams, recommended
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
 from ppd_core.text import TextStream, chat_ids
@@ -251,6 +251,12 @@ class Engine:
         finally:
             self.loaded.release_model()  # the acceptance pass needed the transformers model; decoding does not
         return save_record(record, beside(self.prompt_tokens.source))
+
+    def recommended_sampling(self) -> dict:
+        """Temperature / top-p / top-k from the model's generation config where it samples; {} for greedy."""
+        config = self.loaded.generation_config
+        values = config.to_diff_dict() if hasattr(config, "to_diff_dict") else dict(vars(config))
+        return recommended(values)
 
     def export_acceptance(self, path: Path) -> Path:
         """Write the acceptance record the last calibration used to ``path``, e.g. beside a prompt-token file to ship

@@ -67,3 +67,16 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams()
+
+
+def recommended(generation_config: dict) -> dict:
+    """The sampling a model's ``generation_config.json`` recommends ({} for greedy): temperature, top-p and top-k
+    where it sets them, and only where it samples (``do_sample``), as transformers reads them."""
+    if not generation_config.get("do_sample"):
+        return {}
+    picked = {name: generation_config[name] for name in ("temperature", "top_p", "top_k") if generation_config.get(name) is not None}
+    try:
+        SamplingParams(**picked)  # values ppd can use, or none of them
+    except (PpdError, TypeError):
+        return {}
+    return picked

@@ -347,3 +347,33 @@ def test_a_full_disk_during_an_answer_is_one_line_and_the_next_save_catches_up(s
     list(handlers.send("Thanks.", session, *SETTINGS))
     assert [c.id for c in store.list()] == [session.conversation.id]  # the same file, no fork
     assert store.load(session.conversation.id).messages == session.conversation.messages and len(session.conversation.messages) == 6
+
+
+def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_model_dir, tmp_path):
+    """A model whose generation_config.json samples: the page opens with its temperature, top-p and top-k, and
+    Compare stays greedy; one that does not (the tiny model, the default): greedy, sliders unchanged."""
+    import shutil
+
+    from app.ui import Handlers, new_session, sampling_defaults
+    from ppd_core.sampling_params import recommended
+
+    assert recommended({"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20}) == {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
+    assert recommended({"temperature": 0.6}) == {} and recommended({"do_sample": True, "temperature": -1}) == {}
+    assert service.engine.recommended_sampling() == {}
+    assert sampling_defaults({}) == ({"__type__": "update"},) * 3
+
+    folder = tmp_path / "sampler"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "do_sample": True, "temperature": 0.6, "top_p": 0.9}))
+    sampler = ChatService(Engine.load(EngineConfig(model=str(folder), device="cpu", tree="auto", auto_calibrate=False,
+                                                   max_context=160)))
+    assert sampler.engine.recommended_sampling() == {"temperature": 0.6, "top_p": 0.9}
+    *_, temperature, top_p, top_k = Handlers(sampler, ConversationStore(tmp_path / "c")).load(new_session())
+    assert temperature["value"] == 0.6 and "the model recommends 0.6" in temperature["label"]
+    assert top_p["value"] == 0.9 and top_k == {"__type__": "update"}
+    settings = ChatSettings(temperature=0.6, top_p=0.9, top_k=20)
+    assert settings.sampling().top_k == 20 and settings.sampling().temperature == 0.6
+    messages = [user("Hello there")]
+    result = sampler.compare(messages, ChatSettings(max_new_tokens=16))  # Compare: greedy both ways
+    assert result.identical and result.vanilla_text == sampler.engine.generate(sampler.engine.chat_ids(messages), "vanilla", 16).text
