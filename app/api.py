@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Mount, Route
 
 from app.chat_service import ChatService
+from app.model_catalog import available
 from app.model_queue import Busy, Queued
 from ppd_core.engine import PpdError, SamplingParams
 
@@ -87,7 +88,7 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")  # clients send fields such as `user` or `metadata`
     messages: list[Message]
-    model: str | None = None  # any name is answered by the loaded model, as llama-server and LM Studio do
+    model: str | None = None  # answered by the loaded model (as llama-server does), unless it names another one ppd has
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None  # OpenAI's default: 1
@@ -410,6 +411,8 @@ def model_card(service: ChatService, created: int) -> dict:
     return {
         "id": loaded.name, "object": "model", "created": created, "owned_by": "ppd",
         "ppd": {
+            "loaded": True,
+            "model": service.spec,  # as --model names it
             "quant": loaded.quant,
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "device": str(loaded.device),
@@ -539,7 +542,10 @@ class OpenAIApi:
 
         @v1.get("/models")
         async def models():
-            return {"object": "list", "data": [model_card(service, state.created)]}
+            others = await run_in_threadpool(available, service.spec)  # reads the Hub cache: off the event loop
+            return {"object": "list", "data": [model_card(service, state.created)] + [
+                {"id": spec, "object": "model", "created": state.created, "owned_by": "ppd", "ppd": {"loaded": False}}
+                for spec in others if spec != service.spec]}
 
         @v1.get("/models/{model_id:path}")
         async def model(model_id: str):
@@ -551,6 +557,10 @@ class OpenAIApi:
         @v1.post("/chat/completions")
         async def chat_completions(body: ChatCompletionRequest, request: Request):
             # every client mistake is a 400 here, before the model is asked; tokenizing is off the event loop
+            if body.model not in (None, self.model_name, service.spec) and body.model in await run_in_threadpool(
+                    available, service.spec):
+                raise ApiError(f"the model {body.model!r} is available but not loaded: this server answers with "
+                               f"{self.model_name!r} (switch models on the page)", "model", "model_not_loaded")
             job = await run_in_threadpool(make_job, service, body)
             try:
                 ticket = service.queue.join()

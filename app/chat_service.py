@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
+from app.model_catalog import remember
 from app.model_queue import ModelQueue, Queued
-from app.startup import Startup
+from app.startup import Progress, Startup
 from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, TextStream
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
@@ -128,9 +129,14 @@ class ChatService:
     model, whatever was raised.
     """
 
-    def __init__(self, engine: Engine | None, calibration_options: dict | None = None, max_waiting: int = 8):
+    def __init__(self, engine: Engine | None, calibration_options: dict | None = None, max_waiting: int = 8,
+                 spec: str = "default", loader: Callable[[str, Progress], Engine] | None = None):
         self.startup = Startup(ready=engine is not None)  # ``ppd chat`` serves the page while the model loads
         self._engine = engine
+        self.spec = spec  # the loaded model, as --model names it
+        self.loader = loader  # loads a model by its --model name: what switching models calls
+        self.switch_note = ""  # why the last switch did not happen, for the page
+        self.switching = False  # a switch is waiting for the model or loading
         self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
         self.last_comparison: Comparison | None = None
         self._comparisons = 0  # alternates which mode a comparison runs first
@@ -148,9 +154,38 @@ class ChatService:
         return self._engine
 
     def attach(self, engine: Engine) -> None:
-        """The model is loaded: answers may start."""
+        """The model (``spec``) is loaded: answers may start."""
         self._engine = engine
         self.startup.ready = True
+        remember(self.spec)
+
+    def switch(self, spec: str) -> None:
+        """Load ``spec`` in place of the loaded model, freeing that one's memory first (one model in memory); runs on
+        the caller's thread once the answer in progress ends. A model that cannot load: the previous one loads again,
+        and ``switch_note`` says why (as does the PpdError raised)."""
+        if self.loader is None:
+            raise PpdError("this server cannot switch models")
+        self.switching = True
+        try:
+            self._switch(spec)
+        finally:
+            self.switching = False
+
+    def _switch(self, spec: str) -> None:
+        with self.turn():
+            previous, old = self.spec, self._engine
+            self._engine, self.startup, self.switch_note = None, Startup(), ""
+            if old is not None:
+                old.close()
+            try:
+                engine = self.startup.run(lambda progress: self.loader(spec, progress))
+            except PpdError as error:
+                self.switch_note = f"Could not load {spec}: {' '.join(str(error).split())}. Back on {previous}."
+                self.startup = Startup()
+                self.attach(self.startup.run(lambda progress: self.loader(previous, progress)))
+                raise
+            self.spec = spec
+            self.attach(engine)
 
     def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
                stop: Callable[[], bool] | None = None, ticket: int | None = None) -> Iterator[Queued | GenerationEvent]:

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import psutil
 
 from app.chat_service import SPEED_DEFINITION, AnswerUpdate, ChatService, ChatSettings
 from app.history import Conversation, ConversationStore
+from app.model_catalog import available
 from app.plots import latency_figure
 from app.system_info import device_panel
 from ppd_core.engine import PpdError, chains_text
@@ -143,6 +145,20 @@ def chat_panel() -> ChatPanel:
     readout = gr.Markdown("", elem_id="readout")
     note = gr.Markdown("", elem_id="note")
     return ChatPanel(chatbot, message, send, stop, regenerate, clear, readout, note)
+
+
+@dataclass
+class ModelPanel:
+    choice: gr.Dropdown
+    load: gr.Button
+
+
+def model_panel() -> ModelPanel:
+    with gr.Row():
+        choice = gr.Dropdown([], label="Model: pick one, or type a Hub model (hf:OWNER/REPO or hf:OWNER/REPO:FILE.gguf)",
+                             allow_custom_value=True, interactive=True, scale=4, elem_id="model")
+        load = gr.Button("Load", scale=1, elem_id="load-model")
+    return ModelPanel(choice, load)
 
 
 @dataclass
@@ -265,17 +281,41 @@ class Handlers:
                 gr.update(choices=conversation_choices(self.store), value=None), *self.model_panels())
 
     def model_panels(self) -> tuple:
-        """(startup line, Send, device panel, calibration summary, latency plot, timer, temperature, top-p, top-k):
-        what depends on the model. While it loads: its progress, Send off, and the timer on so the page keeps asking;
-        once ready, the sampling its generation config recommends (greedy where it recommends none)."""
+        """(startup line, Send, device panel, calibration summary, latency plot, timer, temperature, top-p, top-k, model
+        picker): what depends on the model. While it loads: its progress, Send off, and the timer on so the page keeps
+        asking; once ready, the sampling its generation config recommends (greedy where it recommends none) and the
+        models to switch to."""
         service = self.service
         if not service.ready:
             return (f"**{service.startup.line()}**", gr.update(interactive=False), "The model is loading.", gr.update(),
-                    gr.update(), gr.Timer(active=service.startup.error is None), gr.update(), gr.update(), gr.update())
+                    gr.update(), gr.Timer(active=service.startup.error is None), gr.update(), gr.update(), gr.update(),
+                    gr.update(interactive=False))
         engine = service.engine
-        return ("", gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
-                latency_figure(engine.profile) if engine.profile else None, gr.Timer(active=False),
-                *sampling_defaults(engine.recommended_sampling()))
+        return (service.switch_note, gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
+                latency_figure(engine.profile) if engine.profile else None, gr.Timer(active=service.switching),
+                *sampling_defaults(engine.recommended_sampling()),
+                gr.update(choices=available(service.spec), value=service.spec, interactive=True))
+
+    def switch_model(self, spec: str):
+        """Load another model in the background; the page follows its progress (the timer) until it is ready."""
+        spec = (spec or "").strip()
+        service = self.service
+        if not spec or (spec == service.spec and service.ready):
+            return self.model_panels()
+        try:
+            service.queue.check_room()
+        except PpdError as error:
+            gr.Warning(str(error))
+            return self.model_panels()
+        def switch():
+            try:
+                service.switch(spec)
+            except PpdError as error:  # the previous model is back; the page shows why (switch_note)
+                log.warning("%s", error)
+
+        service.switching = True  # the page follows from now on, also while an answer in progress ends
+        threading.Thread(target=switch, name="ppd-switch-model", daemon=True).start()
+        return self.model_panels()
 
     def device(self) -> str:
         return device_panel(self.service.engine) if self.service.ready else gr.update()
@@ -457,15 +497,18 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
             with gr.Column(scale=3):
                 chat = chat_panel()
             with gr.Column(scale=2):
+                model = model_panel()
                 settings = settings_panel()
                 history = history_panel()
                 device = device_block()
                 calibration = calibration_panel()
         compare = compare_panel()
 
-        model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer, *settings.sampling]
+        model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer, *settings.sampling,
+                        model.choice]
         app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, *model_panels])
         timer.tick(handlers.model_panels, None, model_panels, queue=False, api_name=False)
+        model.load.click(handlers.switch_model, [model.choice], model_panels, queue=False, api_name=False)
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
         compare.button.click(handlers.compare, [session, settings.system, settings.max_new], [compare.plain, compare.ppd, compare.verdict],

@@ -394,6 +394,14 @@ class Engine:
         if cache is not None:
             self._keep_cache(cache, list(input_ids) + tokens)
 
+    def close(self) -> None:
+        """Give the model's memory back (before another model loads: one model in memory at a time)."""
+        self._kept = None
+        self.loaded.backend.close()
+        self.loaded.release_model()
+        gc.collect()
+        release_free_heap()
+
     def forget_conversation(self) -> None:
         """Drop the cache kept for the next turn: the next answer processes its whole prompt."""
         self._kept = None

@@ -54,3 +54,6 @@ class Decoder(Protocol):
 
     def describe(self) -> dict:
         """What runs the model, for the device panel and reports: backend, kernels, offload."""
+
+    def close(self) -> None:
+        """Free what the backend holds outside Python's reach (llama.cpp's model and context); idempotent."""

@@ -112,6 +112,9 @@ class TorchDecoder:
     def embedding_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(token_ids.to(self.device)).float()
 
+    def close(self) -> None:
+        """Nothing outside Python: the weights go with the last reference."""
+
     def describe(self) -> dict:
         kernels = self.model.kernels if isinstance(self.model, LeanDecoder) else {"linear": "transformers modules", "compiled": False}
         return {"backend": self.name, "forward": "lean" if isinstance(self.model, LeanDecoder) else "transformers", **kernels}
