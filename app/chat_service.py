@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from app.model_catalog import remember
 from app.model_queue import ModelQueue, Queued
 from app.startup import Progress, Startup
+from app.training_job import TrainingJob
 from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, TextStream
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
@@ -130,13 +131,16 @@ class ChatService:
     """
 
     def __init__(self, engine: Engine | None, calibration_options: dict | None = None, max_waiting: int = 8,
-                 spec: str = "default", loader: Callable[[str, Progress], Engine] | None = None):
+                 spec: str = "default", loader: Callable[[str, Progress], Engine] | None = None,
+                 train_options: list[str] | None = None):
         self.startup = Startup(ready=engine is not None)  # ``ppd chat`` serves the page while the model loads
         self._engine = engine
         self.spec = spec  # the loaded model, as --model names it
         self.loader = loader  # loads a model by its --model name: what switching models calls
         self.switch_note = ""  # why the last switch did not happen, for the page
         self.switching = False  # a switch is waiting for the model or loading
+        self.train_options = train_options or []  # more `ppd train` arguments for the app's trainings (tests: tiny)
+        self._jobs: dict[str, TrainingJob] = {}
         self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
         self.last_comparison: Comparison | None = None
         self._comparisons = 0  # alternates which mode a comparison runs first
@@ -186,6 +190,13 @@ class ChatService:
                 raise
             self.spec = spec
             self.attach(engine)
+
+    def training(self) -> TrainingJob:
+        """The training of PPD tokens for the loaded model (one per model, started or not)."""
+        name = self.engine.loaded.name
+        if name not in self._jobs:
+            self._jobs[name] = TrainingJob(self.spec, name, self.train_options)
+        return self._jobs[name]
 
     def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
                stop: Callable[[], bool] | None = None, ticket: int | None = None) -> Iterator[Queued | GenerationEvent]:

@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--generation-batch", type=int, default=16)
     train.add_argument("--work-dir", type=Path, default=None, help="answers and checkpoints (resumed if present)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--status", type=Path, default=None, metavar="FILE",
+                       help="keep a JSON status here (phase, progress, seconds): how the chat app follows a training")
     train.add_argument("--acceptance-prompts", type=int, default=12, metavar="N",
                        help="afterwards, measure how often the new tokens' guesses are right on N calibration "
                        "conversations, with the decoding backend, and keep it beside the file (calibrations then "
@@ -548,7 +550,10 @@ def run_train(args: argparse.Namespace) -> int:
     run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir, init=args.init)
     bars: dict[str, tqdm] = {}
 
+    status = StatusFile(args.status)
+
     def progress(phase: str, done: int, total: int, numbers: dict) -> None:
+        status.write(phase, done, total)
         bar = bars.get(phase) or bars.setdefault(phase, tqdm(total=total, desc=phase, unit="step" if phase == "train" else "item"))
         bar.n = done
         if "loss" in numbers:
@@ -560,13 +565,39 @@ def run_train(args: argparse.Namespace) -> int:
     trained = run_training(loaded, config, run, progress)
     print(json.dumps(trained.training, indent=2))
     print(f"prompt tokens written to {out}")
+    status.write("acceptance", 0, 1)
     if args.acceptance_prompts:
         del loaded  # the training model; decoding loads its own
         args.prompt_tokens, args.tree = str(out), "medium"
         engine = load_engine(args, auto_calibrate=False)
         record = engine.record_acceptance(ProgressBars(), prompts=args.acceptance_prompts)
         print(f"acceptance record ({engine.loaded.backend.name}, {engine.loaded.quant}) written to {record}")
+    status.write("done", 1, 1, force=True)
     return 0
+
+
+class StatusFile:
+    """`ppd train --status FILE`: the phase, its progress and the seconds it has run, rewritten at most once a second
+    (atomically: a reader never sees half of it); no file, nothing written."""
+
+    def __init__(self, path: Path | None):
+        import time
+
+        self.path, self.clock, self.written, self.phase, self.phase_started = path, time.monotonic, 0.0, None, 0.0
+
+    def write(self, phase: str, done: int, total: int, force: bool = False) -> None:
+        if self.path is None:
+            return
+        now = self.clock()
+        if phase != self.phase:
+            self.phase, self.phase_started, force = phase, now, True
+        if not force and now - self.written < 1.0 and done < total:
+            return
+        from ppd_core.engine import atomic_write
+
+        self.written = now
+        atomic_write(self.path, json.dumps({"phase": phase, "done": done, "total": total,
+                                            "phase_seconds": round(now - self.phase_started, 1)}) + "\n")
 
 
 def quiet_transformers() -> None:

@@ -151,6 +151,8 @@ def chat_panel() -> ChatPanel:
 class ModelPanel:
     choice: gr.Dropdown
     load: gr.Button
+    training: gr.Markdown
+    train: gr.Button
 
 
 def model_panel() -> ModelPanel:
@@ -158,7 +160,10 @@ def model_panel() -> ModelPanel:
         choice = gr.Dropdown([], label="Model: pick one, or type a Hub model (hf:OWNER/REPO or hf:OWNER/REPO:FILE.gguf)",
                              allow_custom_value=True, interactive=True, scale=4, elem_id="model")
         load = gr.Button("Load", scale=1, elem_id="load-model")
-    return ModelPanel(choice, load)
+    with gr.Row():
+        training = gr.Markdown("", elem_id="training")
+        train = gr.Button("Train PPD tokens for this model", visible=False, size="sm", elem_id="train")
+    return ModelPanel(choice, load, training, train)
 
 
 @dataclass
@@ -289,12 +294,40 @@ class Handlers:
         if not service.ready:
             return (f"**{service.startup.line()}**", gr.update(interactive=False), "The model is loading.", gr.update(),
                     gr.update(), gr.Timer(active=service.startup.error is None), gr.update(), gr.update(), gr.update(),
-                    gr.update(interactive=False))
+                    gr.update(interactive=False), gr.update(), gr.update(interactive=False))
         engine = service.engine
+        training, train, training_running = self.training_panel()
         return (service.switch_note, gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
-                latency_figure(engine.profile) if engine.profile else None, gr.Timer(active=service.switching),
-                *sampling_defaults(engine.recommended_sampling()),
-                gr.update(choices=available(service.spec), value=service.spec, interactive=True))
+                latency_figure(engine.profile) if engine.profile else None,
+                gr.Timer(active=service.switching or training_running), *sampling_defaults(engine.recommended_sampling()),
+                gr.update(choices=available(service.spec), value=service.spec, interactive=True), training, train)
+
+    def training_panel(self) -> tuple:
+        """(status line, train button, whether a training runs): the offer to train PPD tokens for a model that has
+        none, a running training's progress, a stopped one's resume; a finished one loads its tokens (recalibrating)."""
+        service = self.service
+        job, has_tokens = service.training(), service.engine.prompt_tokens.num_prompt_tokens > 0
+        status = job.status()
+        if status.state == "done" and job.process is not None and not job.applied:
+            job.applied = True  # trained in this run: load the new tokens (the engine finds them) and calibrate them
+            self._start_switch(service.spec)
+            return "Training finished: loading the new PPD tokens…", gr.update(visible=False), True
+        if status.state == "running":
+            return status.line, gr.update(visible=True, value="Training…", interactive=False), True
+        if status.state in ("stopped", "failed"):
+            return status.line, gr.update(visible=True, value="Resume training", interactive=True), False
+        if has_tokens:
+            return "", gr.update(visible=False), False
+        return ("No PPD tokens for this model yet: its guesses come from the conversation alone (n-gram lookup).",
+                gr.update(visible=True, value="Train PPD tokens for this model", interactive=True), False)
+
+    def train(self):
+        """Start (or resume) training PPD tokens for the loaded model in a background process."""
+        try:
+            self.service.training().start()
+        except (PpdError, OSError) as error:
+            gr.Warning(one_line(error))
+        return self.model_panels()
 
     def switch_model(self, spec: str):
         """Load another model in the background; the page follows its progress (the timer) until it is ready."""
@@ -307,15 +340,21 @@ class Handlers:
         except PpdError as error:
             gr.Warning(str(error))
             return self.model_panels()
+        self._start_switch(spec)
+        return self.model_panels()
+
+    def _start_switch(self, spec: str) -> None:
+        """``service.switch(spec)`` on a thread of its own; the page follows it (``switching``)."""
+        service = self.service
+
         def switch():
             try:
                 service.switch(spec)
             except PpdError as error:  # the previous model is back; the page shows why (switch_note)
                 log.warning("%s", error)
 
-        service.switching = True  # the page follows from now on, also while an answer in progress ends
+        service.switching = True  # from now on, also while an answer in progress ends
         threading.Thread(target=switch, name="ppd-switch-model", daemon=True).start()
-        return self.model_panels()
 
     def device(self) -> str:
         return device_panel(self.service.engine) if self.service.ready else gr.update()
@@ -505,10 +544,11 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
         compare = compare_panel()
 
         model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer, *settings.sampling,
-                        model.choice]
+                        model.choice, model.training, model.train]
         app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, *model_panels])
         timer.tick(handlers.model_panels, None, model_panels, queue=False, api_name=False)
         model.load.click(handlers.switch_model, [model.choice], model_panels, queue=False, api_name=False)
+        model.train.click(handlers.train, None, model_panels, queue=False, api_name=False)
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
         compare.button.click(handlers.compare, [session, settings.system, settings.max_new], [compare.plain, compare.ppd, compare.verdict],

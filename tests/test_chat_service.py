@@ -369,7 +369,7 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
     sampler = ChatService(Engine.load(EngineConfig(model=str(folder), device="cpu", tree="auto", auto_calibrate=False,
                                                    max_context=160)))
     assert sampler.engine.recommended_sampling() == {"temperature": 0.6, "top_p": 0.9}
-    *_, temperature, top_p, top_k, picker = Handlers(sampler, ConversationStore(tmp_path / "c")).load(new_session())
+    *_, temperature, top_p, top_k, picker, _, _ = Handlers(sampler, ConversationStore(tmp_path / "c")).load(new_session())
     assert temperature["value"] == 0.6 and "the model recommends 0.6" in temperature["label"]
     assert top_p["value"] == 0.9 and top_k == {"__type__": "update"}
     assert picker["value"] == "default" and picker["choices"][0] == "default"  # the loaded model's name, as --model takes it

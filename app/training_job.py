@@ -1,0 +1,111 @@
+"""`ppd train` for the loaded model, run by the chat app in a background process: the chat stays usable, the page
+shows the phase, its progress and the time left, and a training stopped by a restart resumes from its work directory.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+PHASES = {"answers": "answering the training conversations", "held-out answers": "answering the held-out questions",
+          "train": "training", "evaluate": "evaluating", "acceptance": "measuring the guesses' acceptance"}
+
+
+@dataclass
+class TrainingStatus:
+    state: str  # "none" (never started), "running", "stopped" (resumable), "done", "failed"
+    line: str  # for the page
+
+
+def work_dir(name: str) -> Path:
+    """Where a model's training keeps its answers, checkpoints, status and log (resumed from there)."""
+    return Path(platformdirs.user_data_dir("ppd")) / "train" / name
+
+
+class TrainingJob:
+    """One model's training process; ``options`` are more `ppd train` arguments (tests make it small)."""
+
+    def __init__(self, spec: str, name: str, options: list[str] | None = None):
+        self.spec, self.name, self.options = spec, name, list(options or [])
+        self.folder = work_dir(name)
+        self.process: subprocess.Popen | None = None
+        self.applied = False  # the chat has loaded what it trained
+        self.stopped = False  # stopped on purpose (resumable), not failed
+
+    @property
+    def status_file(self) -> Path:
+        return self.folder / "status.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / "train.log"
+
+    def start(self) -> None:
+        """Start (or resume: the work directory keeps what was done) `ppd train` for the model."""
+        if self.running:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.status_file.unlink(missing_ok=True)
+        self.stopped = False
+        command = [sys.executable, "-m", "app.cli", "train", "--model", self.spec, "--work-dir", str(self.folder),
+                   "--status", str(self.status_file), *self.options]
+        with self.log_file.open("w") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.running:
+            self.stopped = True
+            self.process.terminate()
+            self.process.wait(30)
+
+    def status(self) -> TrainingStatus:
+        reported = self._reported()
+        if self.running:
+            return TrainingStatus("running", progress_line(reported))
+        if self.process is not None and self.process.returncode not in (0, None) and not self.stopped:
+            return TrainingStatus("failed", f"Training stopped with an error: {self._last_log_line()}")
+        if reported.get("phase") == "done":
+            return TrainingStatus("done", "Training finished.")
+        if self.folder.is_dir() and any(self.folder.iterdir()):
+            return TrainingStatus("stopped", "A training of PPD tokens for this model was stopped: it resumes where it was.")
+        return TrainingStatus("none", "")
+
+    def _reported(self) -> dict:
+        try:
+            return json.loads(self.status_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _last_log_line(self) -> str:
+        try:
+            lines = [line.strip() for line in self.log_file.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return "no log"
+        return lines[-1][-200:] if lines else "no log"
+
+
+def progress_line(reported: dict) -> str:
+    """'Training PPD tokens: training 12/40 (about 3 min left)' from a status file's record."""
+    if not reported:
+        return "Training PPD tokens: starting…"
+    phase, done, total = reported.get("phase", ""), int(reported.get("done", 0)), int(reported.get("total", 0))
+    what = PHASES.get(phase, phase)
+    count = f" {done}/{total}" if total else ""
+    seconds = float(reported.get("phase_seconds", 0.0))
+    left = f" (about {remaining(seconds, done, total)} left in this phase)" if 0 < done < total else ""
+    return f"Training PPD tokens: {what}{count}{left}…"
+
+
+def remaining(seconds: float, done: int, total: int) -> str:
+    """The time left at the rate so far, in words."""
+    left = seconds / done * (total - done)
+    return f"{left / 60:.0f} min" if left >= 90 else f"{left:.0f} s"

@@ -1,0 +1,74 @@
+"""Training PPD tokens from the app: a background `ppd train` for a model without tokens, followed on the page,
+resumed after it was stopped, and loaded (and calibrated) when it is done."""
+
+import json
+import time
+
+import pytest
+
+from app.chat_service import ChatService
+from app.history import ConversationStore
+from app.training_job import progress_line
+from app.ui import Handlers, new_session
+from ppd_core.engine import Engine, EngineConfig
+
+pytestmark = pytest.mark.slow
+
+
+def load(spec: str, progress=None) -> Engine:
+    """As `ppd chat` loads a model: the profile, else a calibration where there are prompt tokens (a short one)."""
+    engine = Engine.load(EngineConfig(model=spec, device="cpu", tree="auto", auto_calibrate=False), progress)
+    if engine.profile is None and engine.prompt_tokens.num_prompt_tokens:
+        engine.calibrate(progress, prompts=2, max_new_tokens=16, contexts=(64,), repeats=1)
+    return engine
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_progress_lines_say_the_phase_and_the_time_left():
+    assert progress_line({}) == "Training PPD tokens: starting…"
+    assert progress_line({"phase": "train", "done": 10, "total": 40, "phase_seconds": 60}) == \
+        "Training PPD tokens: training 10/40 (about 3 min left in this phase)…"
+    assert progress_line({"phase": "answers", "done": 3, "total": 4, "phase_seconds": 30}) == \
+        "Training PPD tokens: answering the training conversations 3/4 (about 10 s left in this phase)…"
+
+
+def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_only_dir, tmp_path):
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": q}]}) for q in
+                              ["Tell me about cats.", "Write a haiku about rain.", "What is a CPU?", "Give me a pasta recipe."]) + "\n")
+    options = ["--samples", "4", "--epochs", "1", "--accumulate", "2", "--cuts", "4", "--max-new-tokens", "12", "--data",
+               str(data), "--eval-limit", "0", "--acceptance-prompts", "0", "--device", "cpu"]
+    spec = str(lookup_only_dir)
+    service = ChatService(load(spec), spec=spec, loader=load, train_options=options)
+    handlers = Handlers(service, ConversationStore(tmp_path / "c"))
+    *_, training, train = handlers.load(new_session())
+    assert "guesses come from the conversation alone" in training and train["visible"] and train["interactive"]
+
+    handlers.train()  # stopped once while it runs, then resumed from its work directory
+    job = service.training()
+    wait_for(lambda: job.status_file.is_file(), 120, "the training did not report")
+    job.stop()
+    assert job.status().state == "stopped"
+    *_, training, train = handlers.model_panels()
+    assert "resumes where it was" in training and train["value"] == "Resume training"
+    handlers.train()
+    *_, training, train = handlers.model_panels()
+    assert training.startswith("Training PPD tokens") and train["interactive"] is False
+
+    wait_for(lambda: not job.running, 600, "the training did not end")
+    assert job.status().state == "done", job.log_file.read_text()[-2000:]
+    handlers.model_panels()  # the page's next tick: loads the new tokens and calibrates them
+    wait_for(lambda: service.ready and not service.switching, 300, "the new tokens were not loaded")
+    engine = service.engine
+    assert engine.prompt_tokens.num_prompt_tokens == 3 and engine.prompt_tokens.training["trained"]
+    assert engine.profile is not None and engine.family.name.startswith("calibrated-")
+    ids = engine.chat_ids([{"role": "user", "content": "Hello there."}])
+    assert engine.generate(ids, "ppd", 48).tokens == engine.generate(ids, "vanilla", 48).tokens
+    *_, training, train = handlers.model_panels()
+    assert training == "" and train["visible"] is False  # nothing left to offer
