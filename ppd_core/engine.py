@@ -34,7 +34,7 @@ from ppd_core.loading import (
 )
 from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
 from ppd_core.options import MAX_LOOKUP
-from ppd_core.prompt_tokens import PromptTokens, signature_of
+from ppd_core.prompt_tokens import PromptTokenError, PromptTokens, signature_of
 from ppd_core.sampling_params import GREEDY, SamplingParams, recommended
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
@@ -118,21 +118,30 @@ def user_prompt_tokens_path(model_name: str) -> Path:
 
 def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens:
     """The given file, else the user's own (``user_prompt_tokens_path``), else the one shipped for the model,
-    else (or for ``path`` "none") none: then the n-gram lookup guesses alone."""
+    else (or for ``path`` "none") none: then the n-gram lookup guesses alone. A found file made for another model
+    of the same name (another embedding table) is passed over with a warning; a given one is refused."""
     backend = loaded.backend
     signature = signature_of(backend.embedding_rows, backend.vocab_size)
     hidden = backend.embedding_rows(torch.tensor([0])).shape[-1]
     if path == NO_PROMPT_TOKENS:
         return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
-    candidates = [user_prompt_tokens_path(loaded.name), SHIPPED_PROMPT_TOKENS.get(loaded.name)]
-    path = path or next((str(c) for c in candidates if c is not None and c.is_file()), None)
-    if path is None:
-        log.warning("no prompt tokens for %s: guessing from the conversation only (n-gram lookup); "
-                    "`ppd train` makes prompt tokens", loaded.name)
-        return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
-    tokens = PromptTokens.load(path)
-    tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
-    return tokens
+    if path is not None:
+        tokens = PromptTokens.load(path)
+        tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
+        return tokens
+    for candidate in (user_prompt_tokens_path(loaded.name), SHIPPED_PROMPT_TOKENS.get(loaded.name)):
+        if candidate is None or not candidate.is_file():
+            continue
+        tokens = PromptTokens.load(candidate)
+        try:
+            tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
+        except PromptTokenError as error:
+            log.warning("passing over %s: %s", candidate, error)
+            continue
+        return tokens
+    log.warning("no prompt tokens for %s: guessing from the conversation only (n-gram lookup); "
+                "`ppd train` makes prompt tokens", loaded.name)
+    return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
 
 
 def faster_backend(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, dict]:
