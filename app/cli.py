@@ -517,7 +517,9 @@ def run_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from app.bench import read_questions
-    from ppd_core.engine import PromptTokens, TrainConfig, TrainRun, load_model, run_training, user_prompt_tokens_path
+    from ppd_core.engine import (
+        PromptTokens, TrainConfig, TrainRun, load_model, model_signature, run_training, user_prompt_tokens_path,
+    )
 
     for option in ("samples", "epochs", "cuts", "accumulate", "ensemble", "lr", "max_prompt_tokens", "max_new_tokens", "generation_batch"):
         if not getattr(args, option) > 0:
@@ -546,7 +548,7 @@ def run_train(args: argparse.Namespace) -> int:
         ensemble_size=args.ensemble, lr=args.lr, max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens, generation_batch=args.generation_batch, seed=args.seed,
     )
-    out = args.out or user_prompt_tokens_path(loaded.name)  # where the engine looks first
+    out = args.out or user_prompt_tokens_path(loaded.name, model_signature(loaded))  # where the engine looks first
     run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir, init=args.init)
     bars: dict[str, tqdm] = {}
 

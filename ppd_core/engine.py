@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +51,7 @@ __all__ = [
     "BACKEND_CHOICES", "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "MAX_LOOKUP", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
     "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
-    "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "chains_text",
+    "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "model_signature", "chains_text",
     "atomic_write", "describe", "nvml_probe",
 ]
 
@@ -111,17 +113,42 @@ class GenerationResult:
     steps: list[StepStats] = field(default_factory=list)
 
 
-def user_prompt_tokens_path(model_name: str) -> Path:
-    """Where `ppd train` writes a model's prompt tokens by default, and where the engine looks for them first."""
-    return Path(platformdirs.user_data_dir("ppd")) / "prompt-tokens" / f"{model_name}.safetensors"
+def user_prompt_tokens_dir() -> Path:
+    """Where `ppd train` writes prompt tokens by default, and where the engine looks for a model's first."""
+    return Path(platformdirs.user_data_dir("ppd")) / "prompt-tokens"
+
+
+def user_prompt_tokens_path(model_name: str, signature: list[float]) -> Path:
+    """The file `ppd train` writes for a model: named by the model and its embedding table's fingerprint, so two
+    models of one name never share a file (the engine finds tokens by that fingerprint, whatever the name)."""
+    digest = hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:12]
+    return user_prompt_tokens_dir() / f"{model_name}-{digest}.safetensors"
+
+
+def model_signature(loaded: LoadedModel) -> list[float]:
+    """The loaded model's embedding fingerprint (``signature_of``), as prompt-token files record it."""
+    return signature_of(loaded.backend.embedding_rows, loaded.backend.vocab_size)
+
+
+def users_prompt_tokens(signature: list[float], vocab: int, hidden: int, name: str) -> PromptTokens | None:
+    """The newest of the user's prompt-token files made for this embedding table, if any (unreadable ones skipped)."""
+    files = sorted(user_prompt_tokens_dir().glob("*.safetensors"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for file in files:
+        try:
+            tokens = PromptTokens.load(file)
+            tokens.check_signature(signature, vocab, hidden, name)
+        except PromptTokenError:
+            continue
+        return tokens
+    return None
 
 
 def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens:
-    """The given file, else the user's own (``user_prompt_tokens_path``), else the one shipped for the model,
-    else (or for ``path`` "none") none: then the n-gram lookup guesses alone. A found file made for another model
-    of the same name (another embedding table) is passed over with a warning; a given one is refused."""
+    """The given file, else the user's own made for this model's embedding table (``users_prompt_tokens``), else
+    the one shipped for the model, else (or for ``path`` "none") none: then the n-gram lookup guesses alone. A given
+    file made for another model is refused in one line."""
     backend = loaded.backend
-    signature = signature_of(backend.embedding_rows, backend.vocab_size)
+    signature = model_signature(loaded)
     hidden = backend.embedding_rows(torch.tensor([0])).shape[-1]
     if path == NO_PROMPT_TOKENS:
         return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
@@ -129,16 +156,17 @@ def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens
         tokens = PromptTokens.load(path)
         tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
         return tokens
-    for candidate in (user_prompt_tokens_path(loaded.name), SHIPPED_PROMPT_TOKENS.get(loaded.name)):
-        if candidate is None or not candidate.is_file():
-            continue
-        tokens = PromptTokens.load(candidate)
+    own = users_prompt_tokens(signature, backend.vocab_size, hidden, loaded.name)
+    if own is not None:
+        return own
+    shipped = SHIPPED_PROMPT_TOKENS.get(loaded.name)
+    if shipped is not None and shipped.is_file():
+        tokens = PromptTokens.load(shipped)
         try:
             tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
-        except PromptTokenError as error:
-            log.warning("passing over %s: %s", candidate, error)
-            continue
-        return tokens
+            return tokens
+        except PromptTokenError as error:  # another model of the default's name
+            log.warning("passing over %s: %s", shipped, error)
     log.warning("no prompt tokens for %s: guessing from the conversation only (n-gram lookup); "
                 "`ppd train` makes prompt tokens", loaded.name)
     return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)

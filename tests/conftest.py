@@ -45,9 +45,9 @@ def default_engine():
     return Engine.load(EngineConfig(model="default", quant="none", device="cpu", tree="medium"))
 
 
-def save_tiny_model(folder, default_engine):
+def save_tiny_model(folder, default_engine, seed: int = 0):
     vocab = default_engine.loaded.model.config.vocab_size
-    model = tiny_llama(vocab_size=vocab, max_positions=512)
+    model = tiny_llama(seed=seed, vocab_size=vocab, max_positions=512)
     model.generation_config.eos_token_id = default_engine.tokenizer.eos_token_id
     model.save_pretrained(folder)
     default_engine.tokenizer.save_pretrained(folder)
@@ -65,16 +65,18 @@ def tiny_model_dir(tmp_path_factory, default_engine):
     model = save_tiny_model(folder, default_engine)
     ids = default_engine.tokenizer.encode(INIT_TEXT, add_special_tokens=False)
     tokens = PromptTokens.initialize(model.get_input_embeddings().weight, ids, folder.name)
-    user_prompt_tokens_path(folder.name).parent.mkdir(parents=True, exist_ok=True)
-    tokens.save(user_prompt_tokens_path(folder.name))
+    path = user_prompt_tokens_path(folder.name, tokens.signature)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokens.save(path)
     return folder
 
 
 @pytest.fixture(scope="session")
 def lookup_only_dir(tmp_path_factory, default_engine):
-    """The same tiny Llama with no prompt tokens anywhere: the engine guesses by n-gram lookup alone."""
+    """Another tiny Llama (another seed: prompt tokens are found by the embedding table's fingerprint) with no prompt
+    tokens anywhere: the engine guesses by n-gram lookup alone."""
     folder = tmp_path_factory.mktemp("tiny-lookup-only")
-    save_tiny_model(folder, default_engine)
+    save_tiny_model(folder, default_engine, seed=5)
     return folder
 
 

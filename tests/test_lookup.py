@@ -300,7 +300,8 @@ def test_static_trees_need_prompt_tokens(lookup_only_dir):
 def test_the_engine_finds_prompt_tokens_where_ppd_train_saves_them_and_none_turns_them_off(tiny_model_dir):
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
     assert engine.prompt_tokens.num_prompt_tokens == 3
-    saved = PromptTokens.load(user_prompt_tokens_path(tiny_model_dir.name))
+    saved = PromptTokens.load(engine.prompt_tokens.source)
+    assert engine.prompt_tokens.source.parent == user_prompt_tokens_path("x", []).parent
     assert torch.equal(engine.prompt_tokens.embeddings, saved.embeddings)
     forced = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", prompt_tokens="none",
                                       auto_calibrate=False))

@@ -91,21 +91,21 @@ def test_an_ensemble_shrinks_to_one_averaged_member():
         tokens.with_ensemble_size(3)
 
 
-def test_found_tokens_of_another_model_with_the_same_name_are_passed_over(tiny_model_dir, tmp_path, caplog):
-    """Two models named alike (two repositories' model.gguf, say): the user's tokens made for one are passed over,
-    with a warning, when the other loads; given explicitly, they are refused in one line."""
+def test_the_users_tokens_are_found_by_the_models_fingerprint_not_its_name(tiny_model_dir, tmp_path):
+    """Two models named alike (two repositories' model.gguf, say): the tokens trained for one are not used for the
+    other (it guesses by lookup alone), and given explicitly they are refused in one line."""
     import json
-    import logging
     import shutil
 
-    from ppd_core.engine import Engine, EngineConfig, user_prompt_tokens_path
+    from ppd_core.engine import Engine, EngineConfig
 
+    mine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", auto_calibrate=False))
+    assert mine.prompt_tokens.num_prompt_tokens == 3 and mine.prompt_tokens.source.name.startswith(f"{tiny_model_dir.name}-")
     other = tmp_path / tiny_model_dir.name  # the same folder name, another embedding table
     shutil.copytree(tiny_model_dir, other)
     config = json.loads((tiny_model_dir / "config.json").read_text())
     tiny_llama(vocab_size=config["vocab_size"], max_positions=512, seed=7).save_pretrained(other)
-    with caplog.at_level(logging.WARNING):
-        engine = Engine.load(EngineConfig(model=str(other), device="cpu", tree="auto", auto_calibrate=False))
-    assert engine.prompt_tokens.num_prompt_tokens == 0 and "passing over" in caplog.text
+    engine = Engine.load(EngineConfig(model=str(other), device="cpu", tree="auto", auto_calibrate=False))
+    assert engine.prompt_tokens.num_prompt_tokens == 0
     with pytest.raises(ValueError, match="embedding table differs"):
-        Engine.load(EngineConfig(model=str(other), device="cpu", prompt_tokens=str(user_prompt_tokens_path(other.name))))
+        Engine.load(EngineConfig(model=str(other), device="cpu", prompt_tokens=str(mine.prompt_tokens.source)))

@@ -2,10 +2,12 @@
 resumed after it was stopped, and loaded (and calibrated) when it is done."""
 
 import json
+import shutil
 import time
 
 import pytest
 
+from conftest import tiny_llama
 from app.chat_service import ChatService
 from app.history import ConversationStore
 from app.training_job import progress_line
@@ -44,7 +46,11 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
                               ["Tell me about cats.", "Write a haiku about rain.", "What is a CPU?", "Give me a pasta recipe."]) + "\n")
     options = ["--samples", "4", "--epochs", "1", "--accumulate", "2", "--cuts", "4", "--max-new-tokens", "12", "--data",
                str(data), "--eval-limit", "0", "--acceptance-prompts", "0", "--device", "cpu"]
-    spec = str(lookup_only_dir)
+    folder = tmp_path / "untrained"  # a model of its own (no other test finds the tokens trained here)
+    shutil.copytree(lookup_only_dir, folder)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    tiny_llama(seed=11, vocab_size=vocab, max_positions=512).save_pretrained(folder)
+    spec = str(folder)
     service = ChatService(load(spec), spec=spec, loader=load, train_options=options)
     handlers = Handlers(service, ConversationStore(tmp_path / "c"))
     *_, training, train = handlers.load(new_session())
