@@ -145,7 +145,7 @@ def users_prompt_tokens(signature: list[float], vocab: int, hidden: int, name: s
 
 def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens:
     """The given file, else the user's own made for this model's embedding table (``users_prompt_tokens``), else
-    the one shipped for the model, else (or for ``path`` "none") none: then the n-gram lookup guesses alone. A given
+    one shipped for that table, else (or for ``path`` "none") none: then the n-gram lookup guesses alone. A given
     file made for another model is refused in one line."""
     backend = loaded.backend
     signature = model_signature(loaded)
@@ -159,14 +159,14 @@ def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens
     own = users_prompt_tokens(signature, backend.vocab_size, hidden, loaded.name)
     if own is not None:
         return own
-    shipped = SHIPPED_PROMPT_TOKENS.get(loaded.name)
-    if shipped is not None and shipped.is_file():
-        tokens = PromptTokens.load(shipped)
-        try:
-            tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
+    for shipped in SHIPPED_PROMPT_TOKENS.values():  # by fingerprint too: a renamed copy of the default model has them
+        if shipped.is_file():
+            tokens = PromptTokens.load(shipped)
+            try:
+                tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
+            except PromptTokenError:
+                continue
             return tokens
-        except PromptTokenError as error:  # another model of the default's name
-            log.warning("passing over %s: %s", shipped, error)
     log.warning("no prompt tokens for %s: guessing from the conversation only (n-gram lookup); "
                 "`ppd train` makes prompt tokens", loaded.name)
     return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)

@@ -34,6 +34,7 @@ from ppd_core.cpu_matmul import use_skinny_matmuls
 from ppd_core import hub
 from ppd_core.errors import PpdError
 from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
+from ppd_core.sampling_params import gguf_sampling
 from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.gguf_blocks import int4_layers, int8_head
 from ppd_core.lean.gguf_index import tensor_index
@@ -515,12 +516,14 @@ def load_llamacpp(model: str, quant: str, device: str, dtype: str, forward: str,
     name = source_name(model, folder, gguf_name)
     converted = converted_gguf_dir(folder, gguf_name)  # the tokenizer, chat template and config
     config = plain_config(converted) or AutoConfig.from_pretrained(converted)
+    generation = plain_config(converted, "generation_config.json") or config
+    generation = SimpleNamespace(**{**vars(generation), **gguf_sampling(decoder.metadata)})  # the file's own advice
     target = torch.device("cpu")
     kwargs = {"dtype": torch.float32}
     return LoadedModel(
         tokenizer=PreTrainedTokenizerFast.from_pretrained(converted), name=name, source=str(folder / gguf_name),
         device=target, dtype=torch.float32, quant="gguf", config=config, quant_is_default=quant == "auto",
-        generation_config=plain_config(converted, "generation_config.json") or config, backend=decoder,
+        generation_config=generation, backend=decoder,
         gguf_file=folder / gguf_name,
         build_network=lambda: build_network(converted, kwargs, target, name),
     )

@@ -69,6 +69,24 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
+GGUF_SAMPLING = {"temperature": ("general.sampling.temp", float), "top_p": ("general.sampling.top_p", float),
+                 "top_k": ("general.sampling.top_k", int)}  # llama.cpp's keys for a model's recommended sampling
+
+
+def gguf_sampling(metadata) -> dict:
+    """A GGUF file's recommended sampling (``metadata(key)`` gives a value as text or None) in
+    ``generation_config.json``'s terms: ``do_sample`` and the values it sets; {} where it sets none."""
+    found = {}
+    for name, (key, kind) in GGUF_SAMPLING.items():
+        text = metadata(key)
+        try:
+            found[name] = kind(float(text)) if text is not None else None
+        except ValueError:
+            continue
+    found = {name: value for name, value in found.items() if value is not None}
+    return {"do_sample": True, **found} if found else {}
+
+
 def recommended(generation_config: dict) -> dict:
     """The sampling a model's ``generation_config.json`` recommends ({} for greedy): temperature, top-p and top-k
     where it sets them, and only where it samples (``do_sample``), as transformers reads them."""

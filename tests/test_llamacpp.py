@@ -277,3 +277,33 @@ def test_a_context_that_grows_mid_answer_keeps_it_equal_to_plain(llama_engine):
         assert growing.grows >= 2 and growing.cells > 2 * first_cells
         growing.close()
     assert len(plain) == 600
+
+
+def test_a_gguf_files_recommended_sampling_becomes_the_default(tmp_path):
+    """llama.cpp's general.sampling.* keys (written into a copy of the default model's file) are the model's
+    recommended sampling, as a generation_config.json's are; the shipped file has none (greedy)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    from ppd_core.sampling_params import gguf_sampling
+
+    assert gguf_sampling({"general.sampling.temp": "0.7", "general.sampling.top_k": "20"}.get) == \
+        {"do_sample": True, "temperature": 0.7, "top_k": 20}
+    assert gguf_sampling({}.get) == {} and gguf_sampling({"general.sampling.temp": "warm"}.get) == {}
+    reader = gguf.GGUFReader(default_model_file(), "r")
+    copy = tmp_path / "sampling.gguf"
+    writer = gguf.GGUFWriter(copy, arch=reader.get_field(gguf.Keys.General.ARCHITECTURE).contents(), endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {
+        "general.sampling.temp": MetadataDetails(gguf.GGUFValueType.FLOAT32, 0.5),
+        "general.sampling.top_p": MetadataDetails(gguf.GGUFValueType.FLOAT32, 0.75),
+        "general.sampling.top_k": MetadataDetails(gguf.GGUFValueType.INT32, 30)}, [])
+    engine = Engine.load(EngineConfig(model=str(copy), backend="llamacpp", tree="medium"))
+    try:
+        assert engine.recommended_sampling() == {"temperature": 0.5, "top_p": 0.75, "top_k": 30}
+    finally:
+        engine.loaded.backend.close()
+    default = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
+    try:
+        assert default.recommended_sampling() == {}
+    finally:
+        default.loaded.backend.close()

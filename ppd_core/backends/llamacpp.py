@@ -138,6 +138,12 @@ class LlamaCppDecoder:
         self.grows = 0  # contexts made larger for a longer conversation
         self._embeddings = EmbeddingRows(self.gguf_file)
 
+    def metadata(self, key: str) -> str | None:
+        """A GGUF metadata value of the model, as text (None where the file has no such key)."""
+        buffer = ctypes.create_string_buffer(256)
+        length = self.llama.llama_model_meta_val_str(self.model, key.encode(), buffer, len(buffer))
+        return buffer.value.decode(errors="replace") if length >= 0 else None
+
     def close(self) -> None:
         llama = self.llama
         for batch in (self._token_batch, self._embedding_batch):
