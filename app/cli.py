@@ -194,6 +194,8 @@ class ProgressBars:
 
         if self.also is not None:
             self.also(phase, done, total)
+        if phase == "downloading":  # the Hub's own bars show the download here
+            return
         bar = self.bars.get(phase) or self.bars.setdefault(phase, tqdm(total=total, desc=f"calibrating: {phase}", leave=False))
         bar.n = done
         bar.refresh()

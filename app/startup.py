@@ -59,7 +59,7 @@ class Startup:
         with self._lock:
             phase, done, total = self.phase, self.done, self.total
         what = f"Calibrating this device ({phase})" if phase in CALIBRATION_PHASES else phase[:1].upper() + phase[1:]
-        count = f" {done}/{total}" if total else ""
+        count = f" {done}/{total}{' MB' if phase == 'downloading' else ''}" if total else ""
         return f"{what}{count}… {time.monotonic() - self.began:.0f} s so far. Sending opens when the model is ready."
 
     def refusal(self) -> NotReady:

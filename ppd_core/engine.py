@@ -18,7 +18,7 @@ from pathlib import Path
 import platformdirs
 import torch
 
-from ppd_core import decoding
+from ppd_core import decoding, hub
 from ppd_core.atomic_files import atomic_write
 from ppd_core.backend_choice import choice_path, choose, device_key
 from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, measure_record, profile_key
@@ -227,6 +227,11 @@ class Engine:
             raise PpdError(f"threads must be positive (or 0 for one per core), got {config.threads}")
         if config.threads:
             torch.set_num_threads(config.threads)  # before calibration: profiles are per thread count
+        hub_model = hub.parse(config.model)
+        if hub_model is not None:  # downloaded here, where the progress is heard; load_model finds it fetched
+            hub.fetch(hub_model, progress)
+            if progress is not None:
+                progress("loading the model", 0, 0)
         loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward,
                             config.backend, config.threads, config.gpu_layers)
         choice = None

@@ -6,7 +6,7 @@ Downloads go through ``huggingface_hub`` (its cache, resumable downloads, progre
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,17 +48,51 @@ def parse(model: str) -> HubModel | None:
     return HubModel(repo, file or None)
 
 
-@functools.lru_cache(maxsize=8)  # one download (or cache check) per model and process; failures are not kept
-def fetch(model: HubModel) -> Path:
-    """The model on disk (a snapshot directory, or the GGUF file), downloaded into the Hub cache if it is not there."""
+_fetched: dict[HubModel, Path] = {}  # this process's downloads (or cache checks): one per model
+
+
+def forget_fetched() -> None:
+    """Forget this process's downloads: the next ``fetch`` asks the Hub (or its cache) again."""
+    _fetched.clear()
+
+
+def fetch(model: HubModel, progress: Callable[[str, int, int], None] | None = None) -> Path:
+    """The model on disk (a snapshot directory, or the GGUF file), downloaded into the Hub cache if it is not there;
+    ``progress("downloading", done, total)`` hears the download (megabytes, or files for a repository's count)."""
+    known = _fetched.get(model)
+    if known is not None and known.exists():
+        return known
+    path = _fetched[model] = _download(model, reporting_bars(progress))
+    return path
+
+
+def reporting_bars(progress: Callable[[str, int, int], None] | None):
+    """A tqdm class whose bars also report to ``progress`` (plain tqdm: its bars show even where transformers turned
+    the Hub's own off)."""
+    from tqdm import tqdm
+
+    if progress is None:
+        return tqdm
+
+    class Reporting(tqdm):
+        def update(self, n=1):
+            shown = super().update(n)
+            if self.total:
+                scale = 2**20 if self.unit == "B" else 1
+                progress("downloading", int(self.n // scale), int(self.total // scale))
+            return shown
+
+    return Reporting
+
+
+def _download(model: HubModel, bars) -> Path:
     import huggingface_hub
     from huggingface_hub import errors
-    from tqdm import tqdm  # plain tqdm: its bars show even where transformers turned the Hub's own off
 
     try:
         if model.file:
-            return Path(huggingface_hub.hf_hub_download(model.repo, model.file, tqdm_class=tqdm))
-        return Path(huggingface_hub.snapshot_download(model.repo, allow_patterns=MODEL_FILES, tqdm_class=tqdm))
+            return Path(huggingface_hub.hf_hub_download(model.repo, model.file, tqdm_class=bars))
+        return Path(huggingface_hub.snapshot_download(model.repo, allow_patterns=MODEL_FILES, tqdm_class=bars))
     except errors.GatedRepoError:
         raise HubError(f"{model} is gated: accept its terms on the Hub and set HF_TOKEN (or `hf auth login`)") from None
     except errors.RepositoryNotFoundError:

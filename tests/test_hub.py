@@ -45,9 +45,9 @@ def local_hub(served, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", served.url)
     monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", served.url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    hub.fetch.cache_clear()
+    hub.forget_fetched()
     yield served
-    hub.fetch.cache_clear()
+    hub.forget_fetched()
 
 
 def test_a_safetensors_repository_downloads_resumes_and_loads_offline(served, tiny_model_dir, tmp_path):
@@ -106,3 +106,19 @@ def test_the_cli_says_a_hub_error_in_one_line(served, tmp_path):
     done = ppd_generate("hf:me/no-such-repo", served.url, tmp_path)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "ppd: error: hf:me/no-such-repo: no such repository on the Hub (or it is private: set HF_TOKEN)"]
+
+
+def test_the_download_reports_its_progress_to_the_page(local_hub):
+    """Engine.load hears the download (files of a repository, megabytes of a file), then the model's loading; the
+    page's startup line says it."""
+    from app.startup import Startup
+
+    heard = []
+    Engine.load(EngineConfig(model="hf:me/tiny-llama", device="cpu", tree="auto", auto_calibrate=False),
+                lambda phase, done, total: heard.append((phase, done, total)))
+    downloads = [(done, total) for phase, done, total in heard if phase == "downloading"]
+    assert downloads and downloads[-1][0] == downloads[-1][1] > 0  # to the end
+    assert heard[-1] == ("loading the model", 0, 0)
+    startup = Startup()
+    startup.report("downloading", 12, 98)
+    assert startup.line().startswith("Downloading 12/98 MB… ")

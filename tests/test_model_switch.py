@@ -48,7 +48,7 @@ def test_the_page_switches_to_a_hub_model_answers_with_it_and_switches_back(tiny
         patch.setattr(huggingface_hub.constants, "ENDPOINT", fake.url)
         patch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.url + "/{repo_id}/resolve/{revision}/{filename}")
         patch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-        hub.fetch.cache_clear()
+        hub.forget_fetched()
         service = ChatService(load("default"), spec="default", loader=load)
         store = ConversationStore(tmp_path / "conversations")
         app = build_app(service, store)
@@ -102,7 +102,7 @@ def test_the_page_switches_to_a_hub_model_answers_with_it_and_switches_back(tiny
             app.close()
             if service.ready:
                 service.engine.close()
-            hub.fetch.cache_clear()
+            hub.forget_fetched()
 
 
 def test_a_model_that_cannot_load_brings_the_previous_one_back(tiny_model_dir, tmp_path):
