@@ -432,7 +432,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from app.chat_service import ChatService
 
     engine = load_engine(args)  # the first launch on a device calibrates it
-    server_app = create_api(ChatService(engine, max_waiting=args.max_queue), api_key)
+    server_app = create_api(ChatService(engine, max_waiting=args.max_queue, spec=args.model), api_key)
     print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else "")
           + " (Ctrl+C to quit)", file=sys.stderr)
     make_server(server_app, args.host, args.port).run()
