@@ -274,6 +274,7 @@ class Handlers:
         self.store = store
         self._export_dir: Path | None = None  # made on the first export
         self._restored = False  # the first page after launch reopens the latest conversation
+        self._shown_model = None  # the engine whose sampling and name the pages were last given
 
     def load(self, session: Session):
         if not self._restored:
@@ -283,13 +284,14 @@ class Handlers:
                 session.conversation = saved[0]
         conversation = session.conversation
         return (session, chat_messages(conversation), conversation.system_prompt,
-                gr.update(choices=conversation_choices(self.store), value=None), *self.model_panels())
+                gr.update(choices=conversation_choices(self.store), value=None), *self.model_panels(fresh_page=True))
 
-    def model_panels(self) -> tuple:
+    def model_panels(self, fresh_page: bool = False) -> tuple:
         """(startup line, Send, device panel, calibration summary, latency plot, timer, temperature, top-p, top-k, model
         picker): what depends on the model. While it loads: its progress, Send off, and the timer on so the page keeps
         asking; once ready, the sampling its generation config recommends (greedy where it recommends none) and the
-        models to switch to."""
+        models to switch to: set on a fresh page and once per newly loaded model, never over the user's choices on the
+        timer's later ticks (while a training runs, say)."""
         service = self.service
         if not service.ready:
             return (f"**{service.startup.line()}**", gr.update(interactive=False), "The model is loading.", gr.update(),
@@ -297,10 +299,15 @@ class Handlers:
                     gr.update(interactive=False), gr.update(), gr.update(interactive=False))
         engine = service.engine
         training, train, training_running = self.training_panel()
+        new_model, self._shown_model = self._shown_model is not engine, engine
+        if fresh_page or new_model:
+            sampling = sampling_defaults(engine.recommended_sampling())
+            picker = gr.update(choices=available(service.spec), value=service.spec, interactive=True)
+        else:
+            sampling, picker = (gr.update(),) * 3, gr.update(interactive=True)
         return (service.switch_note, gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
                 latency_figure(engine.profile) if engine.profile else None,
-                gr.Timer(active=service.switching or training_running), *sampling_defaults(engine.recommended_sampling()),
-                gr.update(choices=available(service.spec), value=service.spec, interactive=True), training, train)
+                gr.Timer(active=service.switching or training_running), *sampling, picker, training, train)
 
     def training_panel(self) -> tuple:
         """(status line, train button, whether a training runs): the offer to train PPD tokens for a model that has

@@ -369,10 +369,13 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
     sampler = ChatService(Engine.load(EngineConfig(model=str(folder), device="cpu", tree="auto", auto_calibrate=False,
                                                    max_context=160)))
     assert sampler.engine.recommended_sampling() == {"temperature": 0.6, "top_p": 0.9}
-    *_, temperature, top_p, top_k, picker, _, _ = Handlers(sampler, ConversationStore(tmp_path / "c")).load(new_session())
+    handlers = Handlers(sampler, ConversationStore(tmp_path / "c"))
+    *_, temperature, top_p, top_k, picker, _, _ = handlers.load(new_session())
     assert temperature["value"] == 0.6 and "the model recommends 0.6" in temperature["label"]
     assert top_p["value"] == 0.9 and top_k == {"__type__": "update"}
     assert picker["value"] == "default" and picker["choices"][0] == "default"  # the loaded model's name, as --model takes it
+    *_, temperature, top_p, top_k, picker, _, _ = handlers.model_panels()  # the timer's next tick: the user's choices stay
+    assert temperature == top_p == top_k == {"__type__": "update"} and "value" not in picker
     settings = ChatSettings(temperature=0.6, top_p=0.9, top_k=20)
     assert settings.sampling().top_k == 20 and settings.sampling().temperature == 0.6
     messages = [user("Hello there")]
