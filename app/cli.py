@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--acceptance-file", type=Path, default=None, metavar="FILE",
                            help="also write the guesses' acceptance record here (ship it beside the prompt-token file as "
                            "NAME.acceptance.json: calibrations elsewhere then measure only the latency curve)")
+    calibrate.add_argument("--latency-curve", type=Path, default=None, metavar="FILE",
+                           help="choose the tree for this step-latency curve (JSON: tree tokens -> ms, e.g. a GPU's) "
+                           "instead of timing this device; the result is not saved as this device's profile")
     add_model_options(calibrate)
 
     train = commands.add_parser("train", help="learn prompt tokens by self-distillation")
@@ -252,9 +255,14 @@ def load_engine(args: argparse.Namespace, auto_calibrate: bool = True, progress=
 def run_calibrate(args: argparse.Namespace) -> int:
     from ppd_core.engine import chains_text
 
+    curve = None
+    if args.latency_curve is not None:
+        from ppd_core.engine import read_curve
+
+        curve = read_curve(args.latency_curve)  # a bad file fails before the model loads
     args.tree = "medium"  # calibration replaces it; never calibrate twice
     engine = load_engine(args, auto_calibrate=False)
-    profile = engine.calibrate(ProgressBars())
+    profile = engine.calibrate(ProgressBars()) if curve is None else engine.calibrate_with_curve(curve, ProgressBars())
     measured = set(next(iter(profile.latency_ms.values())))
     print(f"{'tokens':>6} {'step ms':>8} {'tokens/step':>11} {'tokens/s':>9}")
     for row in profile.budgets:
@@ -273,11 +281,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
     )
     for name, part in profile.expected_with_lookup_by_turn.items():
         print(f"  {name} ({part['answers']} answers): {part['tokens_per_step']:.2f} tokens/step, {part['speedup']:.2f}x")
-    print(f"profile saved to {engine.profile_path}; guess acceptance from {profile.acceptance_from}")
+    if curve is None:
+        print(f"profile saved to {engine.profile_path}; guess acceptance from {profile.acceptance_from}")
+    else:
+        print(f"latency curve from {curve.path}: {curve.device} (source: {curve.source}); not saved as this device's "
+              f"profile; guess acceptance from {profile.acceptance_from}")
     if args.json_path:
         write_output(args.json_path, json.dumps(profile.to_json(), indent=1) + "\n")
     if args.acceptance_file:
-        print(f"acceptance record written to {engine.export_acceptance(args.acceptance_file)}")
+        print(f"acceptance record written to {engine.export_acceptance(args.acceptance_file, profile)}")
     return 0
 
 

@@ -22,6 +22,7 @@ from ppd_core import decoding, hub
 from ppd_core.atomic_files import atomic_write
 from ppd_core.backend_choice import choice_path, choose, device_key
 from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, measure_record, profile_key
+from ppd_core.calibration.curves import LatencyCurve, read_curve
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.calibration.tree_search import design_family
@@ -52,7 +53,7 @@ __all__ = [
     "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
     "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "model_signature", "chains_text",
-    "atomic_write", "describe", "nvml_probe",
+    "atomic_write", "describe", "nvml_probe", "LatencyCurve", "read_curve",
 ]
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -280,6 +281,18 @@ class Engine:
         self.use_profile(profile)
         return profile
 
+    def calibrate_with_curve(self, curve: LatencyCurve | str | Path, progress: Progress | None = None,
+                             **options) -> DeviceProfile:
+        """Choose the tree and chains for another device's step-latency curve (``read_curve``'s file) with this
+        model's guess acceptance, timing nothing here. The profile describes that device: it is neither saved nor
+        decoded with here."""
+        if not isinstance(curve, LatencyCurve):
+            curve = read_curve(curve)
+        try:
+            return calibrate(self.loaded, self.prompt_tokens, progress, curve=curve, **options)
+        finally:
+            self.loaded.release_model()  # its acceptance pass needed the transformers model; decoding does not
+
     def record_acceptance(self, progress: Progress | None = None, prompts: int = 12, max_new_tokens: int = 96) -> Path:
         """Measure the guesses' acceptance with this engine's numerics and write the record beside the prompt-token
         file, where every later calibration with the same numerics finds it (``ppd train`` does this)."""
@@ -300,13 +313,14 @@ class Engine:
         values = config.to_diff_dict() if hasattr(config, "to_diff_dict") else dict(vars(config))
         return recommended(values)
 
-    def export_acceptance(self, path: Path) -> Path:
-        """Write the acceptance record the last calibration used to ``path``, e.g. beside a prompt-token file to ship
-        (``NAME.acceptance.json``): calibrations elsewhere then measure only their latency curve."""
-        if self.profile is None or not self.profile.acceptance_from:
+    def export_acceptance(self, path: Path, profile: DeviceProfile | None = None) -> Path:
+        """Write the acceptance record the last calibration (or ``profile``'s) used to ``path``, e.g. beside a
+        prompt-token file to ship (``NAME.acceptance.json``): calibrations elsewhere then measure only their latency curve."""
+        profile = profile or self.profile
+        if profile is None or not profile.acceptance_from:
             raise PpdError("no calibration has measured the guesses' acceptance yet")
-        if not copy_records(Path(self.profile.acceptance_from), self.prompt_tokens.fingerprint, path):
-            raise PpdError(f"{self.profile.acceptance_from} holds no record for these prompt tokens")
+        if not copy_records(Path(profile.acceptance_from), self.prompt_tokens.fingerprint, path):
+            raise PpdError(f"{profile.acceptance_from} holds no record for these prompt tokens")
         return path
 
     def set_lookup(self, length: int | None) -> None:

@@ -1,6 +1,7 @@
 """Calibration: latency curve + acceptance statistics -> the tree family for this device.
 
     profile = calibrate(loaded, prompt_tokens)   # the latency curve only, where an acceptance record exists
+    profile = calibrate(loaded, prompt_tokens, curve=read_curve(FILE))  # another device's curve, timing nothing
     save_profile(profile)
 """
 
@@ -11,16 +12,19 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ppd_core.calibration.acceptance import (
     AcceptanceStats, calibration_prompts, conversation_answers, decoder_answers, lookup_stats, measure_acceptance,
 )
+from ppd_core.calibration.curves import LatencyCurve
 from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency, step_seconds
 from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.calibration.records import AcceptanceRecord, candidate_files, find_record, now, save_record
-from ppd_core.calibration.tree_search import choose_family
+from ppd_core.calibration.tree_search import Choice, FamilyEstimate, Probs, choose_family
 from ppd_core.device_info import describe
+from ppd_core.device_policy import profile_fields, properties_of
 from ppd_core.loading import LoadedModel
 from ppd_core.lookup import LookupStats, best_with_chains, with_lookup
 from ppd_core.prompt_tokens import PromptTokens, signature_of
@@ -34,10 +38,9 @@ def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
     prompt tokens. A rebuilt llama.cpp (another CPU feature set, CUDA, Metal) or another offload is another curve."""
     signature = signature_of(loaded.backend.embedding_rows, loaded.backend.vocab_size)
     kernels = loaded.kernels
-    device = describe(loaded.device).to_json()
-    device["threads"] = kernels.get("threads") or device["threads"]  # llama.cpp's own, else torch's
-    if loaded.device.type == "cuda" or kernels.get("gpu_layers") == -1:  # every layer on the GPU: CPU threads barely
-        del device["threads"]  # change its curve, so a chat and a bench with different thread counts share one profile
+    info = describe(loaded.device)
+    threads = kernels.get("threads") or info.threads  # llama.cpp's own, else torch's
+    device = profile_fields(properties_of(loaded.device, threads), info.driver, offloaded=kernels.get("gpu_layers") == -1)
     return {
         "device": device,
         "model": {"name": loaded.name, "fingerprint": hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]},
@@ -86,6 +89,40 @@ def within(seconds: Callable[[int], float], largest: int) -> Callable[[int], flo
     return lambda size: seconds(size) if size <= largest else float("inf")
 
 
+@dataclass(frozen=True)
+class TreeAndChains:
+    """The tree family and lookup chains chosen together for a latency curve."""
+
+    choice: Choice  # every budget's best family
+    budgets: list[int]  # the budgets tried, ascending
+    budget: int  # the chosen one
+    lengths: list[int]  # chain length by match class (0: none)
+    seconds: Callable[[int], float]  # step seconds against tree tokens; infinite past the curve's largest size
+
+    @property
+    def best(self) -> FamilyEstimate:
+        return self.choice.by_budget[self.budget]
+
+    def with_lookup(self, lookup: LookupStats) -> tuple[float, float]:
+        """Expected (tokens, seconds) per step of the chosen tree with its chains, on ``lookup``'s answers."""
+        return with_lookup(lookup, self.lengths, self.best.tokens_per_step, self.best.sizes[-1], self.seconds)
+
+
+def choose_tree_and_chains(probs: Probs, lookup: LookupStats, n: int, V: int,
+                           latency_ms: dict[int, dict[int, float]]) -> TreeAndChains:
+    """The budget and chain lengths with the most expected tokens/s on ``latency_ms`` (context -> size -> ms),
+    measured here or read from a curve file: every small tree, and the curve's sizes beyond; none past its largest."""
+    curve = mean_curve(latency_ms)
+    budgets = sorted(set(range(1, min(32, max(curve)) + 1)) | set(curve))
+    choice = choose_family(probs, curve, n, V, budgets)
+    seconds = within(step_seconds(latency_ms), max(curve))
+    # chains join each budget's full tree: a smaller tree may pay more with them than the best tree alone
+    # (budgets ascend: on a tie the smaller tree wins)
+    trees = [(choice.by_budget[b].tokens_per_step, choice.by_budget[b].sizes[-1]) for b in budgets]
+    chosen, lengths = best_with_chains(lookup, trees, seconds)
+    return TreeAndChains(choice, budgets, budgets[chosen], lengths, seconds)
+
+
 def calibrate(
     loaded: LoadedModel,
     prompt_tokens: PromptTokens,
@@ -94,8 +131,12 @@ def calibrate(
     max_new_tokens: int = 96,
     contexts: tuple[int, ...] = CONTEXTS,
     repeats: int = 9,
+    curve: LatencyCurve | None = None,
 ) -> DeviceProfile:
-    """Measure this device and these prompt tokens; choose the tree family and lookup chains with the most tokens/s."""
+    """Measure this device and these prompt tokens; choose the tree family and lookup chains with the most tokens/s.
+
+    ``curve``: another device's step latency (``curves.read_curve``) instead of timing this one; the profile's key
+    then names the curve, not this device."""
     started = time.perf_counter()
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
     table = prompt_tokens.flat(loaded.backend.dtype, loaded.backend.device)
@@ -105,42 +146,41 @@ def calibrate(
     found = find_record(prompt_tokens.source, prompt_tokens.fingerprint, key)
     if found is not None:  # measured before for this model, these prompt tokens and these numerics
         record, source = found
-        log.warning("guess acceptance: the record in %s (%s, %s); measuring the latency curve only", source,
-                    key["backend"], key["quant"])
+        log.warning("guess acceptance: the record in %s (%s, %s); %s", source, key["backend"], key["quant"],
+                    "the latency curve from " + curve.path if curve else "measuring the latency curve only")
     else:
         log.warning("guess acceptance: no record for %s with %s/%s: measuring it (once)", loaded.name, key["backend"],
                     key["quant"])
         record = measure_record(loaded, prompt_tokens, table, key, prompts, max_new_tokens, report)
         source = save_record(record, candidate_files(None, prompt_tokens.fingerprint)[-1])
     stats, lookup = record.acceptance, record.lookup
-    on_gpu = loaded.device.type == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
-    sizes = GPU_SIZES if on_gpu else CPU_SIZES
-    ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
-    latency = measure_latency(  # on the forward that decodes (lean or transformers); sizes that cannot win: skipped
-        loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t),
-        ceiling=ceiling,
-    )
+    if curve is not None:
+        latency = curve.latency_ms
+    else:
+        on_gpu = loaded.device.type == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
+        sizes = GPU_SIZES if on_gpu else CPU_SIZES
+        ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
+        latency = measure_latency(  # on the forward that decodes (lean or transformers); sizes that cannot win: skipped
+            loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t),
+            ceiling=ceiling,
+        )
     report("tree search", 0, 1)
-    curve = mean_curve(latency)
-    budgets = sorted(set(range(1, min(32, max(curve)) + 1)) | set(curve))  # every small tree; measured sizes beyond
-    choice = choose_family(stats.probs, curve, n, V, budgets)
-    seconds = within(step_seconds(latency), max(curve))
-    # chains join each budget's full tree: a smaller tree may pay more with them than the best tree alone
-    # (budgets ascend: on a tie the smaller tree wins)
-    chosen, lengths = best_with_chains(lookup, [(choice.by_budget[b].tokens_per_step, choice.by_budget[b].sizes[-1]) for b in budgets], seconds)
-    budget = budgets[chosen]
-    best = choice.by_budget[budget]
+    search = choose_tree_and_chains(stats.probs, lookup, n, V, latency)
+    budget, best, lengths, seconds, choice = search.budget, search.best, search.lengths, search.seconds, search.choice
     report("tree search", 1, 1)
-    lookup_tokens, lookup_seconds = with_lookup(lookup, lengths, best.tokens_per_step, best.sizes[-1], seconds)
+    lookup_tokens, lookup_seconds = search.with_lookup(lookup)
     by_turn = {}  # first turns and follow-ups apart: follow-ups copy more
     for name, keep in (("first turns", lambda turn: turn == 1), ("follow-ups", lambda turn: turn > 1)):
         part = lookup.select(keep)
         if part.matches:
-            tokens, per_step = with_lookup(part, lengths, best.tokens_per_step, best.sizes[-1], seconds)
+            tokens, per_step = search.with_lookup(part)
             by_turn[name] = {"answers": len(part.matches), "tokens_per_step": round(tokens, 4),
                              "speedup": round(tokens / per_step * seconds(1), 4)}
+    key = profile_key(loaded, prompt_tokens)
+    if curve is not None:
+        key["device"] = curve.device_key()
     return DeviceProfile(
-        key=profile_key(loaded, prompt_tokens),
+        key=key,
         latency_ms=latency,
         acceptance=[[round(p, 6) for p in row] for row in stats.probs],
         acceptance_positions=stats.trials[0] if stats.trials else 0,
@@ -160,7 +200,7 @@ def calibrate(
             }
             for budget, e in sorted(choice.by_budget.items())
         ],
-        skinny_sizes=sorted(getattr(loaded.backend, "skinny_sizes", ())),  # chosen by measure_latency
+        skinny_sizes=[] if curve else sorted(getattr(loaded.backend, "skinny_sizes", ())),  # chosen by measure_latency
         lookup_acceptance=[[round(p, 6) for p in row] for row in lookup.probs],
         lookup_trials=list(lookup.trials),
         lookup_lengths=lengths,
