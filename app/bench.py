@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from ppd_core.engine import GREEDY, Engine, PpdError, SamplingParams, describe
+from ppd_core.engine import GREEDY, Engine, PpdError, SamplingParams, chat_model, describe
 
 
 @dataclass
@@ -163,13 +163,11 @@ class LlamaCppPeer:
         gguf = engine.loaded.gguf_file
         if gguf is None:
             raise PpdError("--compare-llama-cpp needs a GGUF model (the default is one)")
-        try:
-            from llama_cpp import Llama
-        except (ImportError, OSError) as error:
-            raise PpdError(f"--compare-llama-cpp needs llama-cpp-python ({str(error).splitlines()[0]})") from None
         self.threads = engine.threads
-        self.llama = Llama(model_path=str(gguf), n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads,
-                           verbose=False)
+        try:
+            self.llama = chat_model(gguf, n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads, verbose=False)
+        except PpdError as error:
+            raise PpdError(f"--compare-llama-cpp: {error}") from None
 
     def answer(self, messages: list[dict], max_new_tokens: int, totals: ModeTotals) -> str:
         with PeakMemory(torch.device("cpu")) as memory:

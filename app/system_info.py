@@ -2,35 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import psutil
 import torch
 
-from ppd_core.engine import chains_text, describe, nvml_probe
-
-
-@dataclass
-class MemoryReading:
-    label: str  # "GPU" or "RAM"
-    used_bytes: int
-    total_bytes: int
-
-
-def gpu_memory(index: int) -> MemoryReading:
-    """Used and total GPU memory from NVML (all processes), torch's view where NVML is missing."""
-    reading = nvml_probe(index)
-    if reading is not None:
-        return MemoryReading("GPU", reading.used_bytes, reading.total_bytes)
-    free, total = torch.cuda.mem_get_info(index)
-    return MemoryReading("GPU", int(total - free), int(total))
-
-
-def memory_reading(device: torch.device) -> MemoryReading:
-    if device.type == "cuda":
-        return gpu_memory(device.index or 0)
-    memory = psutil.virtual_memory()
-    return MemoryReading("RAM", int(memory.total - memory.available), int(memory.total))
+from ppd_core.engine import chains_text, describe, memory_of
 
 
 def gib(count: int) -> str:
@@ -86,7 +60,7 @@ def device_panel(engine) -> str:
     """Markdown for the device panel."""
     loaded = engine.loaded
     info = describe(loaded.device)
-    memory = memory_reading(loaded.device)
+    memory = memory_of(loaded.device)
     lines = [
         f"**Device:** {info.name} ({info.kind}, {info.threads} threads)" + (f", driver {info.driver}" if info.driver else ""),
         f"**{memory.label}:** {gib(memory.used_bytes)} used of {gib(memory.total_bytes)}",

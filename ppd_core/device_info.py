@@ -1,12 +1,18 @@
-"""What this machine is: the device identity used in reports and profile keys."""
+"""What this machine is and how much memory it has free: the device identity in reports and profile keys.
+
+Where memory is read is ``device_policy.memory_source``'s choice: NVML by the device's UUID on a discrete
+GPU (its index may differ from torch's under ``CUDA_VISIBLE_DEVICES``), the system's memory on a CPU and
+on a Jetson (unified memory: NVML does not work there), torch's ``mem_get_info`` otherwise.
+"""
 
 from __future__ import annotations
 
-import platform
 from dataclasses import asdict, dataclass
 
 import psutil
 import torch
+
+from ppd_core.device_policy import DeviceProperties, cpu_name, memory_source, properties_of  # noqa: F401 - cpu_name: re-exported
 
 
 @dataclass(frozen=True)
@@ -21,15 +27,15 @@ class DeviceInfo:
         return asdict(self)
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+@dataclass(frozen=True)
+class MemoryReading:
+    label: str  # "RAM", "GPU" or "unified memory"
+    used_bytes: int  # by all processes
+    total_bytes: int
+
+    @property
+    def free_bytes(self) -> int:
+        return self.total_bytes - self.used_bytes
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,8 @@ class NvmlReading:
     driver: str
 
 
-def nvml_probe(index: int) -> NvmlReading | None:
-    """One NVML reading of GPU ``index``; None where NVML is missing or unusable (e.g. Jetson)."""
+def nvml_probe(uuid: str) -> NvmlReading | None:
+    """One NVML reading of the GPU with this UUID; None where NVML is missing or does not know it."""
     try:
         import pynvml
 
@@ -49,7 +55,7 @@ def nvml_probe(index: int) -> NvmlReading | None:
     except Exception:
         return None
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
         name = pynvml.nvmlDeviceGetName(handle)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
         driver = pynvml.nvmlSystemGetDriverVersion()
@@ -61,12 +67,26 @@ def nvml_probe(index: int) -> NvmlReading | None:
         pynvml.nvmlShutdown()
 
 
-def describe(device: torch.device) -> DeviceInfo:
-    if device.type == "cuda":
-        index = device.index or 0
-        reading = nvml_probe(index)
+def memory_of(device: torch.device, properties: DeviceProperties | None = None) -> MemoryReading:
+    """Used and total memory of ``device``, read where its policy says."""
+    properties = properties or properties_of(device)
+    source = memory_source(properties)
+    if source == "nvml":
+        reading = nvml_probe(properties.uuid)
         if reading is not None:
-            return DeviceInfo("cuda", reading.name, reading.total_bytes, torch.get_num_threads(), reading.driver)
-        props = torch.cuda.get_device_properties(index)  # torch still knows the basics
-        return DeviceInfo("cuda", props.name, int(props.total_memory), torch.get_num_threads())
-    return DeviceInfo("cpu", cpu_name(), psutil.virtual_memory().total, torch.get_num_threads())
+            return MemoryReading("GPU", reading.used_bytes, reading.total_bytes)
+    if source in ("system", "unified"):  # MemAvailable counts reclaimable memory (page cache) as free
+        memory = psutil.virtual_memory()
+        return MemoryReading("RAM" if source == "system" else "unified memory", int(memory.total - memory.available),
+                             int(memory.total))
+    free, total = torch.cuda.mem_get_info(device)
+    return MemoryReading("GPU", int(total - free), int(total))
+
+
+def describe(device: torch.device) -> DeviceInfo:
+    properties = properties_of(device, torch.get_num_threads())
+    driver = ""
+    if memory_source(properties) == "nvml":
+        reading = nvml_probe(properties.uuid)
+        driver = reading.driver if reading is not None else ""
+    return DeviceInfo(properties.kind, properties.name, properties.total_memory_bytes, properties.threads, driver)

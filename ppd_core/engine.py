@@ -21,13 +21,14 @@ import torch
 from ppd_core import decoding, hub
 from ppd_core.atomic_files import atomic_write
 from ppd_core.backend_choice import choice_path, choose, device_key
+from ppd_core.backends.llamacpp import chat_model
 from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, measure_record, profile_key
 from ppd_core.calibration.curves import LatencyCurve, read_curve
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.calibration.tree_search import design_family
 from ppd_core.decoding import check_prompt_fits
-from ppd_core.device_info import describe, nvml_probe
+from ppd_core.device_info import describe, memory_of
 from ppd_core.errors import PpdError
 from ppd_core.loading import (
     DEFAULT_NAME,
@@ -53,7 +54,7 @@ __all__ = [
     "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
     "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "model_signature", "chains_text",
-    "atomic_write", "describe", "nvml_probe", "LatencyCurve", "read_curve",
+    "atomic_write", "describe", "memory_of", "chat_model", "LatencyCurve", "read_curve",
 ]
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"

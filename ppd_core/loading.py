@@ -22,7 +22,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import platformdirs
-import psutil
 import torch
 from filelock import FileLock, Timeout
 from transformers import AutoConfig, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
@@ -31,6 +30,10 @@ from ppd_core.atomic_files import atomic_directory
 from ppd_core.backends import Decoder
 from ppd_core.backends.torch_backend import TorchDecoder
 from ppd_core.cpu_matmul import use_skinny_matmuls
+from ppd_core.device_info import memory_of
+from ppd_core.device_policy import (
+    MIN_CONTEXT, DeviceProperties, compute_dtype, context_that_fits, kv_bytes_per_token, properties_of, version_notes,
+)
 from ppd_core import hub
 from ppd_core.errors import PpdError
 from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
@@ -71,6 +74,7 @@ class LoadedModel:
     backend: Decoder | None = None  # what decodes: llama.cpp, or ``decoder`` through the torch backend
     gguf_file: Path | None = None  # the GGUF file the model came from, if it did
     quant_is_default: bool = False  # ``quant`` was chosen by --quant auto
+    context_limit: int | None = None  # positions whose KV cache fits in the free memory (None: the model's own)
     network: torch.nn.Module | None = None  # the transformers model, once built
     build_network: Callable[[], torch.nn.Module] | None = None  # builds it on first use (None: built at load)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -108,7 +112,7 @@ class LoadedModel:
 
     @property
     def max_context(self) -> int:
-        return self.backend.max_context
+        return min(self.backend.max_context, self.context_limit or self.backend.max_context)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -181,15 +185,11 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def pick_dtype(device: torch.device, dtype: str) -> torch.dtype:
-    """fp32 on CPU (its bf16 matmuls scale badly with tree size), bf16 or fp16 on a GPU."""
+def pick_dtype(properties: DeviceProperties, dtype: str) -> torch.dtype:
+    """--dtype, or the device policy's: fp32 on a CPU, native bf16 on a GPU, else fp16."""
     if dtype not in DTYPE_CHOICES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
-    if DTYPE_CHOICES[dtype] is not None:
-        return DTYPE_CHOICES[dtype]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+    return DTYPE_CHOICES[dtype] or DTYPE_CHOICES[compute_dtype(properties)]
 
 
 GGUF_SOURCE_FILE = ".ppd-gguf-source"  # in each conversion: the resolved path of the GGUF it came from
@@ -299,10 +299,27 @@ def estimated_bytes(config, dtype: torch.dtype, quant: str, folder: Path | None 
     return int(embedding * torch.finfo(dtype).bits / 8 + (total - embedding) * linear_bytes)
 
 
-def free_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return psutil.virtual_memory().available
+def context_for_memory(config, dtype: torch.dtype, weights: int, target: torch.device, name: str) -> int:
+    """The longest context whose KV cache fits beside the weights (and the loading's staging of one tensor in
+    fp32) in the free memory of ``target``; a model that does not fit with a short context is refused."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    per_token = kv_bytes_per_token(config.num_hidden_layers, kv_heads, head_dim, torch.finfo(dtype).bits // 8)
+    staging = 4 * max(config.vocab_size * config.hidden_size, config.intermediate_size * config.hidden_size)
+    positions = int(getattr(config, "max_position_embeddings", 2048))
+    available = memory_of(target).free_bytes
+    context = context_that_fits(weights, staging, per_token, positions, available)
+    if context == 0:
+        needed = weights + staging + min(MIN_CONTEXT, positions) * per_token
+        raise ModelLoadError(
+            f"{name} needs about {needed / 2**30:.1f} GiB (weights and a {min(MIN_CONTEXT, positions)}-token KV cache) "
+            f"but only {available / 2**30:.1f} GiB is free on {target.type}; try --quant 4bit or a smaller model"
+        )
+    if context < positions:
+        logging.getLogger(__name__).warning("context limited to %d of %d tokens: the KV cache of more would not fit "
+                                            "in the free memory", context, positions)
+    return context
 
 
 def release_free_heap() -> None:
@@ -388,7 +405,7 @@ def build_network(folder: Path, kwargs: dict, target: torch.device, name: str) -
         network = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load {name}: {str(error).splitlines()[0]}") from None
-    if "quantization_config" not in kwargs:
+    if "device_map" not in kwargs:  # loaded where it runs: a GPU's weights are never staged in CPU memory
         network.to(target)
     network.eval().requires_grad_(False)
     use_skinny_matmuls(network)  # fp32 CPU layers only: tree steps of a few tokens cost less
@@ -417,7 +434,10 @@ def load_model(
     if forward not in FORWARD_CHOICES:
         raise ModelLoadError(f"unknown forward {forward!r}; choose one of {', '.join(FORWARD_CHOICES)}")
     target = pick_device(device)
-    torch_dtype = pick_dtype(target, dtype)
+    properties = properties_of(target)
+    torch_dtype = pick_dtype(properties, dtype)
+    for note in version_notes(properties):
+        logging.getLogger(__name__).warning(note)
     automatic = quant == "auto"
     if automatic:
         quant = AUTO_CPU_QUANT if target.type == "cpu" and forward == "lean" else "none"
@@ -445,12 +465,7 @@ def load_model(
         raise ModelLoadError(
             f"{name} attends to a sliding window of {window} tokens, which ppd's torch backend does not support; "
             "run its GGUF file on the llama.cpp backend")
-    available = free_bytes(target)
-    if needed > 0.9 * available:
-        raise ModelLoadError(
-            f"{name} needs about {needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is free on "
-            f"{target.type}; try --quant 4bit or a smaller model"
-        )
+    context = context_for_memory(config, torch_dtype, needed, target, name)
     if gguf_name:
         folder = converted_gguf_dir(folder, gguf_name)
 
@@ -463,14 +478,15 @@ def load_model(
             # fp32 compute on a CPU: measured 90 ms per token against 138 ms with bf16 compute
             bnb_4bit_compute_dtype=torch_dtype,
         )
-        kwargs["device_map"] = {"": target}
+    if quant in BITSANDBYTES or target.type == "cuda":
+        kwargs["device_map"] = {"": target}  # each tensor goes straight to the GPU in the target dtype
     try:
         # a converted GGUF always has tokenizer.json: read it as it is (AutoTokenizer rebuilds it: +90 MB here)
         tokenizer = (PreTrainedTokenizerFast if gguf_name else AutoTokenizer).from_pretrained(folder)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load {name}: {str(error).splitlines()[0]}") from None
     loaded = dict(tokenizer=tokenizer, name=name, source=str(folder), device=target, dtype=torch_dtype,
-                  quant_is_default=automatic, gguf_file=gguf_file)
+                  quant_is_default=automatic, gguf_file=gguf_file, context_limit=context)
     if model_free:
         plain = plain or plain_config(folder)  # read above unless the folder was converted just now
         decoder = model_free_decoder(gguf_file, folder, plain) if plain is not None else None

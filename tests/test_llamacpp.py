@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from ppd_core.backends.llamacpp import LlamaCppDecoder
+from ppd_core.backends.llamacpp import LlamaCppDecoder, chat_model
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.loading import default_model_file
@@ -206,9 +206,9 @@ def test_follow_up_turn_reusing_the_cache_equals_plain(llama_engine):
 def test_plain_decoding_equals_llama_cpp_chat_completion(llama_engine):
     """The backend's plain decoding is llama.cpp's own: llama-cpp-python's chat API on the same file, with the
     same KV cache type, flash attention and threads, answers every prompt with the same text."""
-    from llama_cpp import GGML_TYPE_Q8_0, Llama
+    from llama_cpp import GGML_TYPE_Q8_0
 
-    llm = Llama(model_path=str(default_model_file()), n_ctx=2048, n_threads=2, n_threads_batch=2, flash_attn=True,
+    llm = chat_model(default_model_file(), n_ctx=2048, n_threads=2, n_threads_batch=2, flash_attn=True,
                 type_k=GGML_TYPE_Q8_0, type_v=GGML_TYPE_Q8_0, verbose=False)
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]

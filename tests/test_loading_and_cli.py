@@ -118,7 +118,7 @@ def test_model_too_large_for_memory(tmp_path, tiny_model_dir):
     config = json.loads((tiny_model_dir / "config.json").read_text())
     config.update(hidden_size=16384, intermediate_size=65536, num_hidden_layers=80, num_attention_heads=128, num_key_value_heads=8)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="needs about .* GiB but only .* GiB is free"):
+    with pytest.raises(ModelLoadError, match=r"needs about .* GiB \(weights and a 512-token KV cache\) but only .* GiB is free"):
         load_model(str(tmp_path), device="cpu")
 
 

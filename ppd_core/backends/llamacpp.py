@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ppd_core.device_policy import llama_extra_buffers, properties_of, rows_bitwise
 from ppd_core.errors import PpdError
 from ppd_core.tree import Tree
 
@@ -73,6 +74,26 @@ def import_llama_cpp():
     return llama_cpp
 
 
+def chat_model(gguf_file: Path, **options):
+    """llama-cpp-python's own ``Llama`` on ``gguf_file`` (the bench's peer, what its users run), under ppd's
+    extra-buffer policy: ``Llama`` takes no such option, so its default model parameters are amended while it
+    loads (on an AMX build the default repacking segfaults: ``llama_extra_buffers``)."""
+    llama = import_llama_cpp()
+    allowed = llama_extra_buffers(llama.llama_print_system_info().decode(errors="replace"))
+    defaults = llama.llama_cpp.llama_model_default_params
+
+    def amended():
+        params = defaults()
+        params.use_extra_bufts = allowed
+        return params
+
+    llama.llama_cpp.llama_model_default_params = amended
+    try:
+        return llama.Llama(model_path=str(gguf_file), **options)
+    finally:
+        llama.llama_cpp.llama_model_default_params = defaults
+
+
 @dataclass
 class LlamaCache:
     """What one conversation holds in the context: its accepted tokens, in position order.
@@ -104,7 +125,9 @@ class LlamaCppDecoder:
         offload = llama.llama_supports_gpu_offload()
         model_params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
         self.gpu_layers = model_params.n_gpu_layers if offload else 0
-        self.bitwise = not self.gpu_layers  # tested on the CPU (Q8_0 cache, flash attention); GPU kernels not here
+        self.bitwise = rows_bitwise(properties_of(torch.device("cpu")), self.name, "gguf", self.gpu_layers)
+        self.system = llama.llama_print_system_info().decode(errors="replace").strip()
+        model_params.use_extra_bufts = llama_extra_buffers(self.system)
         self.model = llama.llama_model_load_from_file(str(self.gguf_file).encode(), model_params)
         if not self.model:
             raise LlamaCppError(f"llama.cpp could not load {self.gguf_file.name}")

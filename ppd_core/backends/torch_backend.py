@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ppd_core import kv_cache
+from ppd_core.device_policy import properties_of, rows_bitwise
 from ppd_core.kv_cache import Cache
 from ppd_core.lean.model import LeanDecoder
 from ppd_core.tree import Tree
@@ -60,7 +61,8 @@ class TorchDecoder:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         # the lean forward's packed int4/int8 CPU kernels with row-by-row tree attention; fp32 and GPU matmuls
         # are not row-invariant
-        self.bitwise = bool(getattr(model, "row_exact", False)) and self.device.type == "cpu"
+        quant = getattr(model, "quant", None) if isinstance(model, LeanDecoder) else None
+        self.bitwise = rows_bitwise(properties_of(self.device), self.name, quant or "none")
 
     @property
     def has_kernel_choice(self) -> bool:

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppd_core.device_policy import attention_plan, properties_of
+from ppd_core.lean.attention import attend
 from ppd_core.lean.cache import StaticCache
 from ppd_core.lean.checkpoint import Checkpoint
 from ppd_core.lean.quant import QuantLinear, quantize
@@ -83,6 +85,15 @@ def rope_tables(config) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 Weight = torch.Tensor | QuantLinear
+
+
+def _rms_norm(x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``F.rms_norm`` for torch < 2.4 (older JetPack builds), in the same ops transformers' Llama norm uses."""
+    variance = x.float().pow(2).mean(-1, keepdim=True)  # [T, 1]
+    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+rms_norm = getattr(F, "rms_norm", None) or _rms_norm
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, skinny: bool) -> torch.Tensor:
@@ -227,6 +238,7 @@ class LeanDecoder:
         self.quant = quant  # None: the model's own weights (shared, no copy); "int8" / "int4": CPU kernels
         self.embedding = embedding
         self.norm = norm  # [hidden]
+        self.attention = attention_plan(properties_of(norm.device))  # which SDPA calls suit this device
 
     def _set_rope(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Keep RoPE tables [P, head_dim] in the weights' dtype, with rotate_half's sign folded into sin."""
@@ -337,14 +349,15 @@ class LeanDecoder:
         # a step's tree mask: row by row where that is exact; prefill (no mask) stays batched
         exact = T if exact_rows is None else exact_rows
         rows = visible_rows(mask, start, exact) if self.row_exact and mask is not None and exact else None
-        if mask is None and T > 1:
+        causal = mask is None and T > 1 and start == 0 and self.attention.causal_prefill  # no mask at all: flash
+        if mask is None and T > 1 and not causal:
             mask = torch.ones(T, end, dtype=torch.bool, device=embeds.device).tril(start)  # causal after the cache
         skinny = T in self.skinny_sizes
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, head_dim]
         H, Hkv, D = self.heads, self.kv_heads, self.head_dim
         x = embeds
         for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (self.hidden,), layer.attn_norm, self.eps)
+            h = rms_norm(x, (self.hidden,), layer.attn_norm, self.eps)
             qkv = linear(h, layer.wqkv, layer.bqkv, skinny)  # [T, (H + 2 Hkv) D]
             qk, v = qkv.split([(H + Hkv) * D, Hkv * D], dim=-1)
             qk = qk.view(T, H + Hkv, D)
@@ -353,24 +366,19 @@ class LeanDecoder:
             k, v = k.transpose(0, 1), v.view(T, Hkv, D).transpose(0, 1)  # [Hkv, T, D] each
             if rows is None:
                 keys, values = cache.write(index, start, k, v)  # [Hkv, end, D]
-                attended = F.scaled_dot_product_attention(
-                    q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, enable_gqa=H != Hkv
-                )[0].transpose(0, 1)  # [T, H, D]
+                attended = attend(q, keys, values, self.attention, mask, causal)  # [T, H, D]
             else:
                 attended = self._attention_by_row(q, k, v, cache, index, start, rows)  # [exact, H, D]
                 keys, values = cache.write(index, start, k, v)
                 if exact < T:
-                    rest = F.scaled_dot_product_attention(
-                        q[exact:].transpose(0, 1)[None], keys[None], values[None], attn_mask=mask[:, :, exact:],
-                        enable_gqa=H != Hkv,
-                    )[0].transpose(0, 1)  # [T - exact, H, D]
+                    rest = attend(q[exact:], keys, values, self.attention, mask[:, :, exact:])  # [T - exact, H, D]
                     attended = torch.cat([attended, rest])
             x = x + linear(attended.reshape(T, H * D), layer.wo, layer.bo, skinny)
-            h = F.rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)
+            h = rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)
             gate, up = linear(h, layer.w13, None, skinny).chunk(2, dim=-1)  # [T, intermediate] each
             x = x + linear(F.silu(gate) * up, layer.w2, None, skinny)
         cache.length = end
-        return F.rms_norm(x, (self.hidden,), self.norm, self.eps)
+        return rms_norm(x, (self.hidden,), self.norm, self.eps)
 
     def _attention_by_row(
         self,
@@ -403,10 +411,7 @@ class LeanDecoder:
                 cache.values[index, :, start + same : start + len(sequence)] = v[:, changed]
             placed = sequence
             end = start + len(sequence)
-            out.append(F.scaled_dot_product_attention(
-                q[t, :, None][None], cache.keys[index, :, :end][None], cache.values[index, :, :end][None],
-                enable_gqa=self.heads != self.kv_heads,
-            )[0, :, 0])  # [H, D]
+            out.append(attend(q[t : t + 1], cache.keys[index, :, :end], cache.values[index, :, :end], self.attention)[0])  # [H, D]
         return torch.stack(out)  # [len(rows), H, D]
 
 

@@ -1,0 +1,163 @@
+"""The device policy on property records of GPUs this project has never had, and the lean forward's CUDA
+attention forms run on the CPU: the same code a GPU runs, checked against the forms tested here."""
+
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_llama
+from ppd_core import device_info
+from ppd_core.backends.torch_backend import TorchDecoder
+from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.device_policy import (
+    MEMORY_HEADROOM, AttentionPlan, DeviceProperties, attention_plan, compute_dtype, context_that_fits,
+    llama_extra_buffers, memory_source, native_bf16, parse_version, profile_fields, properties_of, rows_bitwise,
+    version_notes,
+)
+from ppd_core.lean.attention import attend
+from ppd_core.lean.model import LeanDecoder, _rms_norm
+from ppd_core.engine import Engine, EngineConfig
+from ppd_core.static_trees import STATIC_TREES
+from ppd_core.tree import family_from_spec, vanilla_family
+
+GiB = 2**30
+RTX_4090 = DeviceProperties("cuda", "NVIDIA GeForce RTX 4090", 24 * GiB, (8, 9), uuid="GPU-4090")
+RTX_2060 = DeviceProperties("cuda", "NVIDIA GeForce RTX 2060", 6 * GiB, (7, 5), uuid="GPU-2060")
+ORIN_NANO = DeviceProperties("cuda", "Orin", 8 * GiB, (8, 7), integrated=True, torch_version=(2, 3))
+CPU = DeviceProperties("cpu", "AMD EPYC", 24 * GiB, threads=2)
+
+
+def test_dtype_native_bf16_only_from_ampere():
+    assert [native_bf16(p) for p in (RTX_4090, RTX_2060, ORIN_NANO, CPU)] == [True, False, True, False]
+    # an RTX 2060 emulates bf16 (torch.cuda.is_bf16_supported() says yes): fp16 there
+    assert [compute_dtype(p) for p in (RTX_4090, RTX_2060, ORIN_NANO, CPU)] == ["bfloat16", "float16", "bfloat16", "float32"]
+
+
+def test_memory_source_by_kind():
+    assert memory_source(RTX_4090) == "nvml"  # by UUID: any CUDA_VISIBLE_DEVICES order
+    assert memory_source(ORIN_NANO) == "unified"  # Jetson: no NVML, and cudaMemGetInfo leaves out the page cache
+    assert memory_source(CPU) == "system"
+    assert memory_source(DeviceProperties("cuda", "old torch", GiB, (7, 0))) == "cuda"  # no UUID known
+
+
+def test_profile_fields_keep_threads_only_on_a_cpu():
+    assert profile_fields(CPU) == {"kind": "cpu", "name": "AMD EPYC", "memory_bytes": 24 * GiB, "driver": "", "threads": 2}
+    assert "threads" not in profile_fields(CPU, offloaded=True)  # every llama.cpp layer on a GPU
+    gpu = profile_fields(RTX_4090, driver="580.1")
+    assert gpu == {"kind": "cuda", "name": "NVIDIA GeForce RTX 4090", "memory_bytes": 24 * GiB, "driver": "580.1",
+                   "compute_capability": "8.9", "integrated": False}
+    assert profile_fields(ORIN_NANO)["integrated"] is True
+
+
+def test_cpu_profile_key_is_the_one_saved_profiles_have(tiny_model_dir):
+    """A CPU profile's device key keeps the fields it had before the policy, so profiles users have stay valid."""
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), prompt_tokens="none", backend="torch", quant="none",
+                                      auto_calibrate=False))
+    device = engine.profile_key()["device"]
+    assert set(device) == {"kind", "name", "memory_bytes", "threads", "driver"}
+    assert device == {**device_info.describe(engine.loaded.device).to_json(), "threads": torch.get_num_threads()}
+
+
+def test_rows_bitwise_where_tested():
+    assert rows_bitwise(CPU, "llamacpp", "gguf") and rows_bitwise(CPU, "torch", "int4") and rows_bitwise(CPU, "torch", "int8")
+    assert not rows_bitwise(CPU, "torch", "none")  # fp32 matmuls are not row-invariant
+    assert not rows_bitwise(CPU, "llamacpp", "gguf", gpu_layers=-1)  # offloaded: GPU kernels
+    assert not any(rows_bitwise(p, b, q) for p in (RTX_4090, RTX_2060, ORIN_NANO) for b in ("torch", "llamacpp")
+                   for q in ("none", "int4"))
+
+
+def test_attention_plans():
+    assert attention_plan(RTX_4090) == AttentionPlan(causal_prefill=True, gqa="native", masked_gqa="folded")
+    assert attention_plan(ORIN_NANO) == AttentionPlan(causal_prefill=True, gqa="repeat", masked_gqa="folded")  # torch 2.3
+    assert attention_plan(CPU) == AttentionPlan(causal_prefill=False, gqa="native", masked_gqa="native")
+    old_cpu = DeviceProperties("cpu", "x", GiB, torch_version=(2, 2))
+    assert attention_plan(old_cpu) == AttentionPlan(causal_prefill=False, gqa="repeat", masked_gqa="folded")
+    assert version_notes(CPU) == [] and len(version_notes(ORIN_NANO)) == 2
+    assert [n.split(" has no ")[1][:10] for n in version_notes(DeviceProperties("cuda", "x", GiB, torch_version=(2, 4)))] == ["enable_gqa"]
+
+
+def test_versions_and_llama_buffers():
+    assert parse_version("2.13.0+cpu") == (2, 13)
+    assert parse_version("2.1.0a0+41361538.nv23.06") == (2, 1)
+    assert parse_version("2.5") == (2, 5)
+    assert not llama_extra_buffers("CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |")
+    assert llama_extra_buffers("CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 |")
+
+
+def test_context_that_fits_against_brute_force():
+    per_token, weights, staging = 1000, 5_000_000, 1_000_000
+    for free in (0, 6_000_000, 8_000_000, 20_000_000, 10**10):
+        for positions in (512, 4096, 8192):
+            fitting = [c for c in range(1, positions + 1) if weights + staging + c * per_token <= MEMORY_HEADROOM * free]
+            longest = max(fitting, default=0)
+            expected = longest if longest >= min(2048, positions) else 0
+            assert context_that_fits(weights, staging, per_token, positions, free) == expected, (free, positions)
+
+
+def test_memory_reading_follows_the_policy(monkeypatch):
+    cpu = torch.device("cpu")
+    unified = device_info.memory_of(cpu, ORIN_NANO)
+    assert unified.label == "unified memory" and unified.total_bytes == psutil.virtual_memory().total
+    asked = []
+
+    def fake_nvml(uuid):
+        asked.append(uuid)
+        return device_info.NvmlReading("NVIDIA GeForce RTX 4090", 24 * GiB, 3 * GiB, "580.1")
+
+    monkeypatch.setattr(device_info, "nvml_probe", fake_nvml)
+    reading = device_info.memory_of(cpu, RTX_4090)
+    assert asked == ["GPU-4090"]  # NVML is asked by UUID, never by torch's index
+    assert (reading.label, reading.used_bytes, reading.free_bytes) == ("GPU", 3 * GiB, 21 * GiB)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_attention_forms_agree(groups):
+    """native GQA, folded groups and repeated K/V are one attention; is_causal equals the causal mask."""
+    generator = torch.Generator().manual_seed(groups)
+    T, S, Hkv, D = 7, 19, 2, 16
+    q = torch.randn(T, Hkv * groups, D, generator=generator)
+    keys, values = torch.randn(Hkv, S, D, generator=generator), torch.randn(Hkv, S, D, generator=generator)
+    mask = torch.rand(T, S, generator=generator) > 0.4
+    mask[:, 0] = True  # every row sees something
+    mask = mask[None, None]
+    native = attend(q, keys, values, AttentionPlan(False, "native", "native"), mask)
+    folded = attend(q, keys, values, AttentionPlan(False, "native", "folded"), mask)
+    brute = torch.stack([
+        F.scaled_dot_product_attention(q[:, h][None], keys[h // groups][None], values[h // groups][None], attn_mask=mask[0])[0]
+        for h in range(Hkv * groups)], dim=1)  # head by head, mapped as transformers' repeat_kv maps them
+    torch.testing.assert_close(native, brute, atol=1e-5, rtol=0)
+    torch.testing.assert_close(folded, brute, atol=1e-5, rtol=0)
+    square_keys, square_values = keys[:, :T], values[:, :T]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    by_mask = attend(q, square_keys, square_values, AttentionPlan(False, "native", "native"), causal)
+    for plan in (AttentionPlan(True, "native", "folded"), AttentionPlan(True, "repeat", "folded")):
+        torch.testing.assert_close(attend(q, square_keys, square_values, plan, causal=True), by_mask, atol=1e-5, rtol=0)
+
+
+def test_rms_norm_fallback_equals_torch():
+    x, weight = torch.randn(5, 64), torch.randn(64)
+    torch.testing.assert_close(_rms_norm(x, (64,), weight, 1e-5), F.rms_norm(x, (64,), weight, 1e-5), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("device", [RTX_4090, ORIN_NANO], ids=["rtx4090-plan", "jetson-torch2.3-plan"])
+def test_gpu_attention_plan_decodes_as_plain_on_the_cpu(device):
+    """The lean forward with a GPU's attention plan (is_causal prefill, folded masked steps; repeated K/V for an
+    old torch) gives the transformers model's logits and greedy PPD equal to plain decoding."""
+    model = tiny_llama(seed=3)
+    lean = LeanDecoder(model)
+    lean.attention = attention_plan(device)
+    prompt = list(range(5, 25))
+    with torch.inference_mode():
+        expected = model(torch.tensor([prompt])).logits[0, -1]
+    decoder = TorchDecoder(lean)
+    torch.testing.assert_close(decoder.prefill(decoder.new_cache(), prompt), expected, atol=1e-4, rtol=0)
+    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)) * 5
+
+    def tokens(family):
+        steps = list(generate(Speculator(decoder, family, table), Request(prompt, 60, frozenset(), 256)))
+        return [t for s in steps for t in s.tokens], len(steps)
+
+    plain, _ = tokens(vanilla_family())
+    ppd, steps = tokens(family_from_spec("large", STATIC_TREES["large"], 3, 1))
+    assert ppd == plain and len(plain) == 60 and steps <= 60
