@@ -56,6 +56,18 @@ def backend_line(engine) -> str:
     return line
 
 
+def policy_line(engine) -> str:
+    """The device policy's choices that apply to this backend."""
+    policy = engine.device_policy()
+    sources = {"system": "the system (psutil)", "unified": "unified memory (psutil, /proc/meminfo)",
+               "nvml": "NVML, by the GPU's UUID", "cuda": "torch.cuda.mem_get_info"}
+    line = f"**Device policy:** memory read from {sources[policy['memory_source']]}"
+    if engine.loaded.backend.name == "torch":
+        dtype = policy["dtype"] + (" (native bf16)" if policy["native_bf16"] else "")
+        line += f"; compute dtype {dtype} (running {str(engine.loaded.dtype).removeprefix('torch.')}); {policy['attention']}"
+    return line + "".join(f"; {note}" for note in policy["notes"])
+
+
 def device_panel(engine) -> str:
     """Markdown for the device panel."""
     loaded = engine.loaded
@@ -71,6 +83,7 @@ def device_panel(engine) -> str:
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**engine.tree_summary()),
         f"**Guesses from:** {guess_sources(engine)}",
         f"**Exactness:** {engine.exactness()}",
+        policy_line(engine),
     ]
     if loaded.device.type == "cpu" and not torch.cuda.is_available():
         lines.append("*Running on the CPU: no CUDA GPU was found.*")

@@ -24,11 +24,16 @@ from ppd_core.backend_choice import choice_path, choose, device_key
 from ppd_core.backends.llamacpp import chat_model
 from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, measure_record, profile_key
 from ppd_core.calibration.curves import LatencyCurve, read_curve
+from ppd_core.calibration.latency import measure_latency
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.calibration.tree_search import design_family
 from ppd_core.decoding import check_prompt_fits
 from ppd_core.device_info import describe, memory_of
+from ppd_core.device_policy import (
+    attention_plan, compute_dtype, memory_source, native_bf16, properties_of, version_notes,
+)
+from ppd_core.diagnostics import NEAR_TIE_LOGITS, AnswerComparison, compare_answer, probe_environment, verdict
 from ppd_core.errors import PpdError
 from ppd_core.loading import (
     DEFAULT_NAME,
@@ -55,6 +60,7 @@ __all__ = [
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
     "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "model_signature", "chains_text",
     "atomic_write", "describe", "memory_of", "chat_model", "LatencyCurve", "read_curve",
+    "NEAR_TIE_LOGITS", "AnswerComparison", "compare_answer", "probe_environment", "verdict",  # `ppd doctor`
 ]
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -344,6 +350,13 @@ class Engine:
         n, V = self.prompt_tokens.num_prompt_tokens, self.prompt_tokens.ensemble_size
         self.set_tree(family_from_specs(f"budget-{budget}", design_family(profile.acceptance, budget, n, V), n, V))
 
+    def device_policy(self) -> dict:
+        """What the device policy chose here: compute dtype, attention kernels (torch backend), memory source."""
+        properties = properties_of(self.loaded.device, self.threads)
+        return {"dtype": compute_dtype(properties), "native_bf16": native_bf16(properties),
+                "attention": attention_plan(properties).describe(), "memory_source": memory_source(properties),
+                "notes": version_notes(properties)}
+
     def exactness(self) -> str:
         """How greedy PPD output relates to plain decoding's on this path, in one sentence."""
         if self.loaded.backend.bitwise:
@@ -490,6 +503,25 @@ class Engine:
         for event in self.stream(input_ids, mode, max_new_tokens, **kwargs):
             steps.append(event.step)
         return GenerationResult(event.text, event.tokens, event.stats, event.stop_reason, steps)
+
+    @torch.inference_mode()
+    def next_token_logits(self, input_ids: Sequence[int]) -> torch.Tensor:
+        """Plain decoding's logits [vocab] float32 for the token after ``input_ids``, from a fresh cache."""
+        return self.loaded.backend.prefill(self.loaded.backend.new_cache(), list(input_ids))
+
+    def latency_curve(self, sizes: Sequence[int], contexts: Sequence[int] = (256,)) -> dict[int, dict[int, float]]:
+        """Median ms of a PPD step over a tree of each of ``sizes`` tokens after each context length:
+        ``{context: {tree tokens: ms}}``, measured as calibration does. The matmul kernel choice calibration
+        made (where the forward has one) is kept."""
+        backend = self.loaded.backend
+        kernel_choice = getattr(backend, "has_kernel_choice", False)
+        skinny = backend.skinny_sizes if kernel_choice else None
+        try:
+            return measure_latency(backend, self._prompt_table, self.prompt_tokens.num_prompt_tokens,
+                                   self.prompt_tokens.ensemble_size, sizes, contexts)
+        finally:
+            if kernel_choice:
+                backend.skinny_sizes = skinny
 
     @torch.inference_mode()
     def reference_generate(self, input_ids: Sequence[int], max_new_tokens: int) -> list[int]:
