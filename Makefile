@@ -18,7 +18,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)$(if $(wildcard $(TEGRA_RELEASE)),yes)
 LLAMA_CUDA := $(if $(and $(NVCC),$(NVIDIA_GPU)),-DGGML_CUDA=on -DCMAKE_CUDA_COMPILER=$(NVCC))
 
-.PHONY: setup chat test browser bench clean
+.PHONY: setup chat test browser bench gpu-check clean
 
 setup: $(SETUP_STAMP)
 
@@ -56,6 +56,11 @@ test: setup browser
 
 bench: setup
 	$(VENV)/bin/ppd bench --limit 20 --max-new-tokens 128 --compare-llama-cpp --json bench-results/bench.json
+
+# Checks ppd on this machine (environment, greedy PPD = plain, step latency, speed): paste doctor-report/doctor.md
+# into an issue; exit 1 when a check fails.
+gpu-check: setup
+	$(VENV)/bin/ppd doctor --out doctor-report
 
 clean:
 	rm -rf $(VENV)

@@ -182,6 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "measure only their latency curve); 0 skips it")
     train.add_argument("--init", type=Path, default=None, help="start from this prompt-token file (e.g. distil an ensemble into --ensemble 1)")
     add_model_options(train)
+
+    doctor = commands.add_parser("doctor", help="check ppd on this machine (environment, exactness, step latency, "
+                                 "speed) and write a report to paste into an issue")
+    doctor.add_argument("--prompts", type=int, default=5, metavar="N",
+                        help="MT-Bench first turns answered both ways (default 5)")
+    doctor.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    doctor.add_argument("--out", type=Path, default=Path("doctor-report"), metavar="DIR",
+                        help="where doctor.json and doctor.md go (default ./doctor-report)")
+    add_model_options(doctor)
     return parser
 
 
@@ -527,6 +536,36 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_doctor(args: argparse.Namespace) -> int:
+    """Exit 0 when every check passes, 1 when one fails (the report says which); bad input is 2, as elsewhere."""
+    if args.prompts < 1:
+        raise PpdError(f"--prompts must be at least 1, got {args.prompts}")
+    if args.max_new_tokens < 1:
+        raise PpdError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    model_threads(args)  # a bad --threads fails before the heavy imports
+    import shlex
+
+    from app.bench import read_questions
+    from app.doctor import DoctorConfig, check_out, markdown, run_doctor as check, write_report
+
+    questions = read_questions(DEFAULT_QUESTIONS, None)
+    if args.prompts > len(questions):
+        raise PpdError(f"--prompts must be at most {len(questions)} (the MT-Bench questions shipped), got {args.prompts}")
+    check_out(args.out)
+    engine = load_engine(args, auto_calibrate=False)  # a saved profile's tree, else the static default: no calibration
+    defaults = vars(build_parser().parse_args(["doctor"]))  # the command as run: the options that differ, the sizes
+    command = ["ppd", "doctor"] + [word for name, value in vars(args).items()
+                                   if name in ("prompts", "max_new_tokens") or value != defaults[name]
+                                   for word in (f"--{name.replace('_', '-')}", str(value))]
+    config = DoctorConfig(args.prompts, args.max_new_tokens, shlex.join(command))
+    report = check(engine, [q.turns[0] for q in questions[: args.prompts]], config)
+    summary = markdown(report, engine.tokenizer)
+    paths = write_report(report, summary, args.out)
+    print(summary, end="")
+    print(f"ppd doctor: report written to {paths[0]} and {paths[1]}", file=sys.stderr)
+    return 0 if report["verdict"] == "PASS" else 1
+
+
 def run_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -627,7 +666,8 @@ def quiet_transformers() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="ppd: %(message)s")
-    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate, "chat": run_chat, "serve": run_serve}
+    handlers = {"generate": run_generate, "bench": run_bench, "train": run_train, "calibrate": run_calibrate, "chat": run_chat, "serve": run_serve,
+                "doctor": run_doctor}
     try:
         return handlers[args.command](args)
     except PpdError as error:  # bad input: one line; anything else is a bug and keeps its traceback
