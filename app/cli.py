@@ -552,7 +552,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     if args.prompts > len(questions):
         raise PpdError(f"--prompts must be at most {len(questions)} (the MT-Bench questions shipped), got {args.prompts}")
     check_out(args.out)
-    engine = load_engine(args, auto_calibrate=False)  # a saved profile's tree, else the static default: no calibration
+    engine = load_engine(args)  # --tree auto: the device's profile, calibrated first where there is none (as `ppd bench`)
     defaults = vars(build_parser().parse_args(["doctor"]))  # the command as run: the options that differ, the sizes
     command = ["ppd", "doctor"] + [word for name, value in vars(args).items()
                                    if name in ("prompts", "max_new_tokens") or value != defaults[name]

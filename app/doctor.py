@@ -62,7 +62,7 @@ def engine_json(engine: Engine) -> dict:
             "dtype": str(loaded.dtype).removeprefix("torch."), "torch_device": str(loaded.device),
             "gpu_layers": loaded.kernels.get("gpu_layers"), "threads": engine.threads, "kernels": loaded.kernels,
             "bitwise": bool(loaded.backend.bitwise), "exactness": engine.exactness(), "tree": engine.tree_summary(),
-            "calibrated": engine.profile is not None}
+            "calibrated": engine.profile is not None, "calibration": engine.calibration_expectation()}
 
 
 def check_answers(engine: Engine, questions: list[str], max_new_tokens: int,
@@ -103,8 +103,8 @@ def notes_of(engine: Engine, environment) -> list[str]:
     if environment.llama_cpp.get("error"):
         notes.append(environment.llama_cpp["error"])
     if engine.profile is None:
-        notes.append(f"no calibration profile for this device: PPD used the static tree {engine.family.name} "
-                     "(`ppd calibrate` chooses one for this device)")
+        notes.append(f"PPD decoded with the static tree {engine.family.name}, not one calibrated for this device "
+                     "(--tree auto calibrates)")
     return notes
 
 
@@ -201,7 +201,7 @@ def markdown(report: dict, tokenizer) -> str:
             "|---|---|---|"]
     out += [f"| {size} | {ms:.2f} | {latency['ratio'][size]:.2f} |" for size, ms in latency["ms"].items()]
     plain, ppd, tree = bench["plain"], bench["ppd"], report["engine"]["tree"]
-    how = "calibrated" if report["engine"]["calibrated"] else "static: not calibrated for this device"
+    how = "calibrated for this device" if report["engine"]["calibrated"] else "static"
     out += ["", f"**Bench:** plain {plain['tok_s']:.1f} tokens/s, PPD {ppd['tok_s']:.1f} tokens/s: "
             f"{bench['speedup']:.2f}x, {ppd['tokens_per_step']:.2f} tokens/step ({exact['prompts']} answers of up to "
             f"{exact['max_new_tokens']} tokens; tree {tree['name']}, {tree['tokens_per_step']} tokens, {how})", ""]

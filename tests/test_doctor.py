@@ -14,7 +14,8 @@ from ppd_core.diagnostics import (
 )
 from ppd_core.engine import Engine
 
-SMALL = ["--prompts", "2", "--max-new-tokens", "24", "--threads", "1"]  # one thread: the CPU is shared with other work
+# one thread: the CPU is shared with other work; a static tree: no calibration (--tree auto calibrates first)
+SMALL = ["--prompts", "2", "--max-new-tokens", "24", "--threads", "1", "--tree", "medium"]
 
 
 @pytest.fixture(autouse=True)
@@ -46,12 +47,13 @@ def test_doctor_passes_on_the_bitwise_cpu_paths(capsys, tmp_path, backend):
     report, summary = read_report(out)
     assert stdout == summary and f"{out / 'doctor.json'}" in stderr and f"{out / 'doctor.md'}" in stderr
     assert report["verdict"] == "PASS" and not report["reasons"]
-    assert report["command"] == f"ppd doctor --prompts 2 --max-new-tokens 24 --out {out} --backend {backend} --threads 1"
+    assert report["command"] == f"ppd doctor --prompts 2 --max-new-tokens 24 --out {out} --backend {backend} --threads 1 --tree medium"
     env, engine = report["environment"], report["engine"]
     assert env["torch"] == torch.__version__ and env["torch_cuda"] == torch.version.cuda
     assert env["cuda_available"] is False and env["device"]["kind"] == "cpu" and env["compute_dtype"] == "float32"
     assert env["llama_cpp"]["gpu_offload"] is False and "AVX" in env["llama_cpp"]["system_info"]
     assert engine["backend"] == backend and engine["bitwise"] is True and engine["threads"] == 1
+    assert (engine["tree"]["name"], engine["calibrated"]) == ("medium", False)
     exact = report["exactness"]
     assert (exact["prompts"], exact["identical"], exact["bitwise"]) == (2, 2, True)
     assert all(a["identical"] and a["plain_tokens"] == a["ppd_tokens"] == 24 for a in exact["answers"])
@@ -84,7 +86,7 @@ def test_doctor_fails_with_the_first_difference_on_a_bitwise_path(capsys, tmp_pa
     monkeypatch.setattr(Engine, "generate", altered)
     out = tmp_path / "report"
     code, stdout, _ = run_cli(capsys, "doctor", "--prompts", "1", "--max-new-tokens", "24", "--threads", "1",
-                              "--backend", "llamacpp", "--out", out)
+                              "--tree", "medium", "--backend", "llamacpp", "--out", out)
     assert code == 1
     report, summary = read_report(out)
     assert report["verdict"] == "FAIL" and report["exactness"]["identical"] == 0 and stdout == summary
