@@ -188,8 +188,10 @@ def test_calibrate_with_a_curve_end_to_end(capsys, tiny_model_dir, tmp_path, mon
     curve = read_curve(FLAT)
     assert profile["key"]["device"] == curve.device_key()
     assert profile["latency_ms"] == {"0": {str(s): 10.0 for s in range(1, 65)}} and profile["skinny_sizes"] == []
+    # the record this calibration used: its numerics and calibration's default prompts (other tests keep others there)
+    wanted = {name: profile["key"][name] for name in ("model", "prompt_tokens", "backend", "quant", "dtype")}
     [record] = [r for r in read_records(Path(profile["acceptance_from"]))
-                if r.key["prompt_tokens"] == profile["key"]["prompt_tokens"] and r.key["quant"] == profile["key"]["quant"]]
+                if {name: r.key[name] for name in wanted} == wanted and (r.key["prompts"], r.key["max_new_tokens"]) == (12, 96)]
     n = len(profile["acceptance"])
     search = choose_tree_and_chains(record.acceptance.probs, record.lookup, n, profile["ensemble_size"], curve.latency_ms)
     assert (profile["budget"], profile["lookup_lengths"]) == (search.budget, search.lengths)
