@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ppd_core.engine import (
-    NEAR_TIE_LOGITS, AnswerComparison, Engine, PpdError, atomic_write, compare_answer, probe_environment, verdict,
+    NEAR_TIE_LOGITS, AnswerComparison, Engine, PpdError, atomic_write, chains_text, compare_answer, probe_environment,
+    verdict,
 )
 
 CPU_SIZES = (1, 2, 4, 8, 16)  # a short curve: each CPU row costs most of a step, larger trees never win there
@@ -144,6 +145,10 @@ def gib(count: int) -> str:
     return f"{count / 2**30:.1f} GiB"
 
 
+def tokens(count: int) -> str:
+    return f"{count} token" + ("" if count == 1 else "s")
+
+
 def token_text(engine_tokenizer, token: int | None) -> str:
     return "(end)" if token is None else f"{token} {engine_tokenizer.decode([token])!r}"
 
@@ -161,6 +166,8 @@ def environment_lines(report: dict) -> list[str]:
         offload = "yes" if llama["gpu_offload"] else "no"
         llama_line = f"llama-cpp-python {llama['version']} (GPU offload: {offload}); system info: `{llama['system_info']}`"
     gpu_layers = f", {eng['gpu_layers']} GPU layers" if eng["gpu_layers"] is not None else ""
+    chains = eng["tree"]["lookup_chain_by_match_length"]
+    lookup = f"; lookup {chains_text(chains)}" if any(chains) else "; no lookup chains"
     lines = [
         f"ppd {report['ppd_version']}; Python {env['python']}; {env['os']} ({env['arch']})",
         f"torch {env['torch']} (" + (f"CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}" if env["torch_cuda"] else
@@ -171,7 +178,7 @@ def environment_lines(report: dict) -> list[str]:
         f"transformers {env['transformers']}; bitsandbytes {env['bitsandbytes']}",
         llama_line,
         f"decodes with: {eng['backend']} ({eng['forward']} forward, {eng['quant']}, {eng['dtype']}{gpu_layers}, "
-        f"{eng['threads']} threads); tree {eng['tree']['name']} ({eng['tree']['tokens_per_step']} tokens per step)",
+        f"{eng['threads']} threads); tree {eng['tree']['name']} ({tokens(eng['tree']['tokens_per_step'])} per step){lookup}",
         f"exactness: {eng['exactness']}",
     ]
     if env["gpu"]:
@@ -204,7 +211,7 @@ def markdown(report: dict, tokenizer) -> str:
     how = "calibrated for this device" if report["engine"]["calibrated"] else "static"
     out += ["", f"**Bench:** plain {plain['tok_s']:.1f} tokens/s, PPD {ppd['tok_s']:.1f} tokens/s: "
             f"{bench['speedup']:.2f}x, {ppd['tokens_per_step']:.2f} tokens/step ({exact['prompts']} answers of up to "
-            f"{exact['max_new_tokens']} tokens; tree {tree['name']}, {tree['tokens_per_step']} tokens, {how})", ""]
+            f"{exact['max_new_tokens']} tokens; tree {tree['name']}, {tokens(tree['tokens_per_step'])}, {how})", ""]
     out += [f"**{report['verdict']}**"] + [f"- {reason}" for reason in report["reasons"]]
     return "\n".join(out) + "\n"
 
