@@ -306,7 +306,7 @@ def context_for_memory(config, dtype: torch.dtype, weights: int, target: torch.d
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     per_token = kv_bytes_per_token(config.num_hidden_layers, kv_heads, head_dim, torch.finfo(dtype).bits // 8)
-    staging = 4 * max(config.vocab_size * config.hidden_size, config.intermediate_size * config.hidden_size)
+    staging = 4 * config.hidden_size * max(config.vocab_size, getattr(config, "intermediate_size", 0) or 0)
     positions = int(getattr(config, "max_position_embeddings", 2048))
     available = memory_of(target).free_bytes
     context = context_that_fits(weights, staging, per_token, positions, available)
