@@ -28,7 +28,7 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	# this pin take the local CPU build here (a CUDA build from PyPI elsewhere). One too old for transformers stops
 	# the set-up with one line rather than being replaced.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); \
+	$(PY) -W ignore -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); \
 		sys.exit(0 if v >= (2, 6) else f'ppd: torch {torch.__version__} is older than 2.6, which transformers needs: ' \
 		'install a newer build for this machine (on a Jetson, NVIDIA\'s wheel for its JetPack) and run make again')"
 	$(PY) -m pip install -q -e ".[test,train]"
