@@ -162,7 +162,8 @@ def test_ppd_train_end_to_end_and_resume(tmp_path):
     out = tmp_path / "trained.safetensors"
     command = [sys.executable, "-m", "app.cli", "train", "--samples", "4", "--epochs", "1", "--accumulate", "2",
                "--cuts", "4", "--max-new-tokens", "12", "--data", str(data), "--eval-questions", str(questions),
-               "--eval-limit", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
+               "--eval-limit", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out),
+               "--backend", "llamacpp"]  # the acceptance pass's backend, whichever plain step is faster here
     done = subprocess.run(command + ["--acceptance-prompts", "2"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     tokens = PromptTokens.load(out)
