@@ -23,7 +23,9 @@ from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree
 # than 3, and 16 less than 12: matmul blocking favours multiples of 4), so no interpolation.
 CPU_SIZES = tuple(range(1, 17)) + (20, 24, 32, 48, 64)
 GPU_SIZES = CPU_SIZES + (96, 128, 160, 192, 256)
-CONTEXTS = (256, 1024)
+# One context at the middle of the range chats run at (256 to 1024 cached tokens): a step's cost grows linearly
+# with the context (the attention part), so this is the mean of the two ends at half the probes.
+CONTEXTS = (640,)
 MIN_RUNS = 4  # timed runs before the median may be taken as settled
 STABLE = 0.02  # settled: one more run moves the median by at most 2%
 
