@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from app.bench import ModeTotals, timed_answer
 from ppd_core.engine import (
-    NEAR_TIE_LOGITS, AnswerComparison, Engine, PpdError, atomic_write, chains_text, compare_answer, probe_environment,
+    GREEDY, NEAR_TIE_LOGITS, AnswerComparison, Engine, PpdError, atomic_write, chains_text, compare_answer, probe_environment,
     verdict,
 )
 
@@ -31,25 +32,6 @@ class DoctorConfig:
     prompts: int = 5
     max_new_tokens: int = 128
     command: str = "ppd doctor"
-
-
-@dataclass
-class ModeTotals:
-    new_tokens: int = 0
-    seconds: float = 0.0
-    steps: int = 0  # decoding forward passes (after the prefill)
-    decoded: int = 0  # tokens those passes produced
-
-    def add(self, stats) -> None:
-        self.new_tokens += stats.new_tokens
-        self.seconds += stats.seconds
-        self.steps += stats.steps
-        self.decoded += sum(stats.accepted_per_step)
-
-    def to_json(self) -> dict:
-        return {"new_tokens": self.new_tokens, "seconds": round(self.seconds, 3),
-                "tok_s": round(self.new_tokens / self.seconds, 3) if self.seconds else 0.0,
-                "steps": self.steps, "tokens_per_step": round(self.decoded / self.steps, 4) if self.steps else 0.0}
 
 
 def on_gpu(engine: Engine) -> bool:
@@ -78,11 +60,8 @@ def check_answers(engine: Engine, questions: list[str], max_new_tokens: int,
     comparisons = []
     for number, question in enumerate(questions):
         ids = engine.chat_ids([{"role": "user", "content": question}])
-        answers = {}
-        for mode in ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla"):
-            result = engine.generate(ids, mode, max_new_tokens)
-            totals[mode].add(result.stats)
-            answers[mode] = result.tokens
+        answers = {mode: timed_answer(engine, ids, mode, max_new_tokens, [totals[mode]], GREEDY)
+                   for mode in (("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla"))}
         comparisons.append(compare_answer(number, ids, answers["vanilla"], answers["ppd"], engine.next_token_logits))
         same = "identical" if comparisons[-1].identical else f"part at token {comparisons[-1].difference.index}"
         print(f"ppd doctor: [{number + 1}/{len(questions)}] answers {same}", file=log, flush=True)
@@ -118,7 +97,7 @@ def run_doctor(engine: Engine, questions: list[str], config: DoctorConfig, log=N
     result = verdict(comparisons, bitwise)
     print("ppd doctor: timing steps against tree size", file=log, flush=True)
     curve = engine.latency_curve(GPU_SIZES if on_gpu(engine) else CPU_SIZES, contexts=(CONTEXT,))
-    plain, ppd = totals["vanilla"].to_json(), totals["ppd"].to_json()
+    plain, ppd = totals["vanilla"].to_json(True), totals["ppd"].to_json(True)
     return {
         "ppd_version": importlib.metadata.version("ppd"),
         "command": config.command,
@@ -210,7 +189,7 @@ def markdown(report: dict, tokenizer) -> str:
     plain, ppd, tree = bench["plain"], bench["ppd"], report["engine"]["tree"]
     how = "calibrated for this device" if report["engine"]["calibrated"] else "static"
     out += ["", f"**Bench:** plain {plain['tok_s']:.1f} tokens/s, PPD {ppd['tok_s']:.1f} tokens/s: "
-            f"{bench['speedup']:.2f}x, {ppd['tokens_per_step']:.2f} tokens/step ({exact['prompts']} answers of up to "
+            f"{bench['speedup']:.2f}x, {ppd['mean_accepted']:.2f} tokens/step ({exact['prompts']} answers of up to "
             f"{exact['max_new_tokens']} tokens; tree {tree['name']}, {tokens(tree['tokens_per_step'])}, {how})", ""]
     out += [f"**{report['verdict']}**"] + [f"- {reason}" for reason in report["reasons"]]
     return "\n".join(out) + "\n"
