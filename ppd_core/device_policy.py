@@ -38,6 +38,7 @@ class AttentionPlan:
     gqa: str  # "native": SDPA's ``enable_gqa``; "folded": query groups folded into rows (no repeated K/V);
     #           "repeat": K/V repeated per group (torch < 2.5 without a mask only)
     masked_gqa: str  # how a masked call (tree step, prefill after a cache) handles query groups: "native" or "folded"
+    masked_prefill_rows: int | None = None  # a prefill after a cache runs in chunks of this many rows (bounds its mask)
 
     def describe(self) -> str:
         prefill = "is_causal" if self.causal_prefill else "a causal mask"
@@ -102,14 +103,16 @@ def attention_plan(properties: DeviceProperties) -> AttentionPlan:
 
     CUDA: with a boolean or additive mask and ``enable_gqa``, SDPA falls back to its math kernel, which
     repeats the cache per query group and builds a full fp32 [heads, T, S] score matrix (about 2.4 GB for an
-    8k prompt). So a fresh prefill passes no mask (``is_causal``: flash), and masked calls fold each group's
-    queries into rows over the shared K/V, which the memory-efficient kernel takes with the mask as is.
+    8k prompt). So a fresh prefill passes no mask (``is_causal``: flash), masked calls fold each group's
+    queries into rows over the shared K/V, which the memory-efficient kernel takes with the mask as is, and a
+    prefill after a cache (a follow-up) runs 512 rows at a time, so its mask stays small.
     CPU: SDPA's native GQA with masks, as measured and tested here. torch < 2.5 has no ``enable_gqa``:
     masked calls fold, unmasked ones repeat K/V (linear memory).
     """
     has_gqa = properties.torch_version >= (2, 5)
-    if properties.kind == "cuda":
-        return AttentionPlan(causal_prefill=True, gqa="native" if has_gqa else "repeat", masked_gqa="folded")
+    if properties.kind == "cuda":  # a follow-up's mask: [groups x 512, context] booleans, not [groups x prompt, context]
+        return AttentionPlan(causal_prefill=True, gqa="native" if has_gqa else "repeat", masked_gqa="folded",
+                             masked_prefill_rows=512)
     return AttentionPlan(causal_prefill=False, gqa="native" if has_gqa else "repeat",
                          masked_gqa="native" if has_gqa else "folded")
 

@@ -68,8 +68,10 @@ def test_rows_bitwise_where_tested():
 
 
 def test_attention_plans():
-    assert attention_plan(RTX_4090) == AttentionPlan(causal_prefill=True, gqa="native", masked_gqa="folded")
-    assert attention_plan(ORIN_NANO) == AttentionPlan(causal_prefill=True, gqa="repeat", masked_gqa="folded")  # torch 2.3
+    assert attention_plan(RTX_4090) == AttentionPlan(causal_prefill=True, gqa="native", masked_gqa="folded",
+                                                     masked_prefill_rows=512)
+    assert attention_plan(ORIN_NANO) == AttentionPlan(causal_prefill=True, gqa="repeat", masked_gqa="folded",
+                                                      masked_prefill_rows=512)  # torch 2.3
     assert attention_plan(CPU) == AttentionPlan(causal_prefill=False, gqa="native", masked_gqa="native")
     old_cpu = DeviceProperties("cpu", "x", GiB, torch_version=(2, 2))
     assert attention_plan(old_cpu) == AttentionPlan(causal_prefill=False, gqa="repeat", masked_gqa="folded")
@@ -170,3 +172,29 @@ def test_device_panel_shows_the_policy(default_engine):
     assert line.startswith("**Device policy:** memory read from the system (psutil)")
     if default_engine.loaded.backend.name == "torch":
         assert "compute dtype float32" in line and attention_plan(CPU).describe() in line
+
+
+def test_a_follow_up_prefill_in_chunks_equals_transformers(monkeypatch):
+    """A GPU plan's prefill after a cache runs in chunks of rows (8 here, 512 on a GPU): the logits of every row
+    equal transformers' forward over the whole sequence."""
+    from ppd_core import kv_cache
+    from ppd_core.backends.torch_backend import forward_hidden, logits_of
+
+    model = tiny_llama(seed=5)
+    lean = LeanDecoder(model)
+    lean.attention = AttentionPlan(causal_prefill=True, gqa="native", masked_gqa="folded", masked_prefill_rows=8)
+    ids = torch.randint(0, 128, (70,), generator=torch.Generator().manual_seed(9)).tolist()
+    import ppd_core.lean.model as lean_model
+
+    rows = []  # query rows of each attention call
+    monkeypatch.setattr(lean_model, "attend", lambda q, *args, **kwargs: rows.append(q.shape[0]) or attend(q, *args, **kwargs))
+    with torch.inference_mode():
+        expected = model(torch.tensor([ids])).logits[0]
+        cache = kv_cache.new_cache(lean)
+        embedding = model.get_input_embeddings()
+        first = forward_hidden(lean, cache, embedding(torch.tensor(ids[:25])), torch.arange(25), None)  # is_causal
+        follow_up = forward_hidden(lean, cache, embedding(torch.tensor(ids[25:])), torch.arange(25, 70), None)  # 6 chunks
+        logits = logits_of(lean, torch.cat([first, follow_up]))
+    assert follow_up.shape[0] == 45 and kv_cache.cache_length(cache) == 70
+    assert rows == [25] * 2 + [8] * 10 + [5] * 2  # 2 layers: the first prefill whole, the follow-up in 8-row chunks
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)

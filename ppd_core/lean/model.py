@@ -344,6 +344,9 @@ class LeanDecoder:
         row, bitwise as plain decoding would; the rest (prompt tokens, which only guess) attend batched.
         """
         T = embeds.shape[0]
+        chunk = self.attention.masked_prefill_rows
+        if mask is None and cache.length > 0 and chunk and T > chunk:  # a long follow-up: its mask per chunk only
+            return torch.cat([self(embeds[i : i + chunk], positions[i : i + chunk], None, cache) for i in range(0, T, chunk)])
         start, end = cache.length, cache.length + T
         cache.reserve(end)
         # a step's tree mask: row by row where that is exact; prefill (no mask) stays batched
