@@ -42,16 +42,19 @@ def read_report(out):
 @pytest.mark.parametrize("backend", ["llamacpp", "torch"])
 def test_doctor_passes_on_the_bitwise_cpu_paths(capsys, tmp_path, backend):
     out = tmp_path / "report"
-    code, stdout, stderr = run_cli(capsys, "doctor", *SMALL, "--backend", backend, "--out", out)
+    # on the CPU even where a GPU is (`make test` on one): these are the bitwise paths
+    code, stdout, stderr = run_cli(capsys, "doctor", *SMALL, "--backend", backend, "--device", "cpu", "--gpu-layers", "0",
+                                   "--out", out)
     assert code == 0, stderr
     report, summary = read_report(out)
     assert stdout == summary and f"{out / 'doctor.json'}" in stderr and f"{out / 'doctor.md'}" in stderr
     assert report["verdict"] == "PASS" and not report["reasons"]
-    assert report["command"] == f"ppd doctor --prompts 2 --max-new-tokens 24 --out {out} --backend {backend} --threads 1 --tree medium"
+    assert report["command"] == f"ppd doctor --prompts 2 --max-new-tokens 24 --out {out} --backend {backend} --gpu-layers 0 --device cpu --threads 1 --tree medium"
     env, engine = report["environment"], report["engine"]
     assert env["torch"] == torch.__version__ and env["torch_cuda"] == torch.version.cuda
-    assert env["cuda_available"] is False and env["device"]["kind"] == "cpu" and env["compute_dtype"] == "float32"
-    assert env["llama_cpp"]["gpu_offload"] is False and "AVX" in env["llama_cpp"]["system_info"]
+    assert env["cuda_available"] is torch.cuda.is_available() and env["device"]["kind"] == "cpu"
+    assert env["compute_dtype"] == "float32" and "CPU" in env["llama_cpp"]["system_info"]
+    assert env["llama_cpp"]["gpu_offload"] is bool(__import__("llama_cpp").llama_supports_gpu_offload())
     assert engine["backend"] == backend and engine["bitwise"] is True and engine["threads"] == 1
     assert (engine["tree"]["name"], engine["calibrated"]) == ("medium", False)
     exact = report["exactness"]
