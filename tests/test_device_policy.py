@@ -52,8 +52,8 @@ def test_profile_fields_keep_threads_only_on_a_cpu():
 
 def test_cpu_profile_key_is_the_one_saved_profiles_have(tiny_model_dir):
     """A CPU profile's device key keeps the fields it had before the policy, so profiles users have stay valid."""
-    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), prompt_tokens="none", backend="torch", quant="none", device="cpu",
-                                      auto_calibrate=False))
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), prompt_tokens="none", backend="torch", quant="none",
+                                      device="cpu", auto_calibrate=False))
     device = engine.profile_key()["device"]
     assert set(device) == {"kind", "name", "memory_bytes", "threads", "driver"}
     assert device == {**device_info.describe(engine.loaded.device).to_json(), "threads": torch.get_num_threads()}
