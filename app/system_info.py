@@ -63,9 +63,9 @@ def policy_line(engine) -> str:
                "nvml": "NVML, by the GPU's UUID", "cuda": "torch.cuda.mem_get_info"}
     line = f"**Device policy:** memory read from {sources[policy['memory_source']]}"
     if engine.loaded.backend.name == "torch":
-        dtype = policy["dtype"] + (" (native bf16)" if policy["native_bf16"] else "")
+        dtype = policy["compute_dtype"] + (" (native bf16)" if policy["native_bf16"] else "")
         line += f"; compute dtype {dtype} (running {str(engine.loaded.dtype).removeprefix('torch.')}); {policy['attention']}"
-    return line + "".join(f"; {note}" for note in policy["notes"])
+    return line + "".join(f"; {note}" for note in policy["version_notes"])
 
 
 def device_panel(engine) -> str:

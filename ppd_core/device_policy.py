@@ -124,6 +124,13 @@ def llama_extra_buffers(system_info: str) -> bool:
     return "AMX_INT8 = 1" not in system_info
 
 
+def policy_summary(properties: DeviceProperties) -> dict:
+    """The policy's choices for a device, as the device panel and `ppd doctor` report them."""
+    return {"compute_dtype": compute_dtype(properties), "native_bf16": native_bf16(properties),
+            "attention": attention_plan(properties).describe(), "memory_source": memory_source(properties),
+            "version_notes": version_notes(properties)}
+
+
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """Keys and values of one position in every layer."""
     return 2 * layers * kv_heads * head_dim * dtype_bytes

@@ -18,9 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ppd_core.device_info import memory_of
-from ppd_core.device_policy import (
-    DeviceProperties, attention_plan, compute_dtype, memory_source, native_bf16, properties_of, version_notes,
-)
+from ppd_core.device_policy import DeviceProperties, policy_summary, properties_of
 
 # A difference between greedy PPD and plain answers is accepted on a non-bitwise path only where plain decoding's
 # own logits nearly tie there: the token PPD took scores within this many logits of plain decoding's choice.
@@ -139,14 +137,14 @@ def package_version(name: str) -> str | None:
 
 def llama_cpp_info() -> dict:
     """llama-cpp-python's version, llama.cpp's system info line and GPU offload; an "error" line if it is missing."""
-    from ppd_core.backends.llamacpp import LlamaCppError, import_llama_cpp
+    from ppd_core.backends.llamacpp import LlamaCppError, import_llama_cpp, system_info
 
     try:
         llama = import_llama_cpp()
     except LlamaCppError as error:
         return {"version": None, "system_info": None, "gpu_offload": None, "error": str(error)}
     return {"version": getattr(llama, "__version__", None),
-            "system_info": llama.llama_print_system_info().decode(errors="replace").strip(),
+            "system_info": system_info(llama),
             "gpu_offload": bool(llama.llama_supports_gpu_offload())}
 
 
@@ -179,9 +177,7 @@ def probe_environment(device: torch.device, threads: int = 1) -> Environment:
         python=sys.version.split()[0], os=platform.platform(), arch=platform.machine(),
         torch=torch.__version__, torch_cuda=torch.version.cuda,
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        cuda_available=cuda, device=properties_json(properties), native_bf16=native_bf16(properties),
-        compute_dtype=compute_dtype(properties), attention=attention_plan(properties).describe(),
-        memory_source=memory_source(properties), memory=memory, version_notes=version_notes(properties),
+        cuda_available=cuda, device=properties_json(properties), **policy_summary(properties), memory=memory,
         transformers=package_version("transformers"), llama_cpp=llama_cpp_info(),
         bitsandbytes=bitsandbytes_version(), gpu=gpu,
     )

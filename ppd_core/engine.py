@@ -30,9 +30,7 @@ from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.calibration.tree_search import design_family
 from ppd_core.decoding import check_prompt_fits
 from ppd_core.device_info import describe, memory_of
-from ppd_core.device_policy import (
-    attention_plan, compute_dtype, memory_source, native_bf16, properties_of, version_notes,
-)
+from ppd_core.device_policy import policy_summary, properties_of
 from ppd_core.diagnostics import NEAR_TIE_LOGITS, AnswerComparison, compare_answer, probe_environment, verdict
 from ppd_core.errors import PpdError
 from ppd_core.loading import (
@@ -352,10 +350,7 @@ class Engine:
 
     def device_policy(self) -> dict:
         """What the device policy chose here: compute dtype, attention kernels (torch backend), memory source."""
-        properties = properties_of(self.loaded.device, self.threads)
-        return {"dtype": compute_dtype(properties), "native_bf16": native_bf16(properties),
-                "attention": attention_plan(properties).describe(), "memory_source": memory_source(properties),
-                "notes": version_notes(properties)}
+        return policy_summary(properties_of(self.loaded.device, self.threads))
 
     def exactness(self) -> str:
         """How greedy PPD output relates to plain decoding's on this path, in one sentence."""

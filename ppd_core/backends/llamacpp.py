@@ -74,12 +74,17 @@ def import_llama_cpp():
     return llama_cpp
 
 
+def system_info(llama) -> str:
+    """llama.cpp's build line (CPU features, GPU backends): the profile key's ``build`` and the extra-buffer policy."""
+    return llama.llama_print_system_info().decode(errors="replace").strip()
+
+
 def chat_model(gguf_file: Path, **options):
     """llama-cpp-python's own ``Llama`` on ``gguf_file`` (the bench's peer, what its users run), under ppd's
     extra-buffer policy: ``Llama`` takes no such option, so its default model parameters are amended while it
     loads (on an AMX build the default repacking segfaults: ``llama_extra_buffers``)."""
     llama = import_llama_cpp()
-    allowed = llama_extra_buffers(llama.llama_print_system_info().decode(errors="replace"))
+    allowed = llama_extra_buffers(system_info(llama))
     defaults = llama.llama_cpp.llama_model_default_params
 
     def amended():
@@ -126,7 +131,7 @@ class LlamaCppDecoder:
         model_params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
         self.gpu_layers = model_params.n_gpu_layers if offload else 0
         self.bitwise = rows_bitwise(properties_of(torch.device("cpu")), self.name, "gguf", self.gpu_layers)
-        self.system = llama.llama_print_system_info().decode(errors="replace").strip()
+        self.system = system_info(llama)
         model_params.use_extra_bufts = llama_extra_buffers(self.system)
         self.model = llama.llama_model_load_from_file(str(self.gguf_file).encode(), model_params)
         if not self.model:
@@ -261,10 +266,9 @@ class LlamaCppDecoder:
         return torch.from_numpy(self._embeddings.rows(token_ids.tolist()))
 
     def describe(self) -> dict:
-        system = self.llama.llama_print_system_info().decode(errors="replace").strip()
         return {"backend": self.name, "gpu_layers": self.gpu_layers, "threads": self.threads,
                 "kv_cache": self.kv_type, "flash_attention": True, "llama_cpp_python": self.llama.__version__,
-                "system": system}
+                "system": self.system}
 
     # --- the context ----------------------------------------------------------------------------
 
