@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import torch
 
 from ppd_core.engine import GREEDY, Engine, PpdError, SamplingParams, chat_model, describe
 
@@ -54,12 +53,15 @@ class PeakMemory:
     /proc/self/clear_refs, so nothing has to poll (a polling thread would slow the decode loop).
     """
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device="cpu"):
+        self.device = device  # "cpu", or a torch device
+        self.cuda = getattr(device, "type", device) == "cuda"
         self.peak = 0
 
     def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
+        if self.cuda:
+            import torch  # noqa: PLC0415 - the torch backend's GPU allocator
+
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             try:
@@ -69,7 +71,9 @@ class PeakMemory:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
+        if self.cuda:
+            import torch  # noqa: PLC0415
+
             self.peak = torch.cuda.max_memory_allocated(self.device)
             return
         try:
@@ -170,7 +174,7 @@ class LlamaCppPeer:
             raise PpdError(f"--compare-llama-cpp: {error}") from None
 
     def answer(self, messages: list[dict], max_new_tokens: int, totals: ModeTotals) -> str:
-        with PeakMemory(torch.device("cpu")) as memory:
+        with PeakMemory("cpu") as memory:
             start = time.perf_counter()
             response = self.llama.create_chat_completion(messages, max_tokens=max_new_tokens, temperature=0.0,
                                                          top_k=1, repeat_penalty=1.0)
@@ -262,7 +266,7 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
     vanilla, ppd = run.modes["vanilla"].to_json(False), run.modes["ppd"].to_json(True)
     result = {
         "model": engine.loaded.name,
-        "device": describe(engine.loaded.device).to_json(),
+        "device": describe(engine.loaded.device, engine.threads).to_json(),
         "quant": engine.loaded.quant,
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
         "backend": engine.loaded.backend.name,

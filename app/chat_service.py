@@ -15,7 +15,7 @@ from app.model_catalog import remember
 from app.model_queue import ModelQueue, Queued
 from app.startup import Progress, Startup
 from app.training_job import TrainingJob
-from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, TextStream
+from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, text_stream
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 
@@ -107,7 +107,7 @@ class Highlighter:
     """Builds the answer text with the tokens that came from accepted guesses marked by source, token by token."""
 
     def __init__(self, tokenizer):
-        self.text = TextStream(tokenizer)
+        self.text = text_stream(tokenizer)
         self.pieces: list[tuple[str, str | None]] = []  # (text, "prompt tokens" / "lookup" / None: the model's own)
         self.html = ""
 

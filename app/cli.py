@@ -36,13 +36,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quant", default="auto", choices=QUANT_CHOICES,
-        help="auto (default): int4 on a CPU where the lean forward runs, else the model's own dtype; "
-        "int4/int8: CPU kernels; 4bit/8bit: bitsandbytes on CUDA; none: the model's own dtype",
+        help="a GGUF runs in its own quantization on llama.cpp; a Hugging Face model: auto/none (its own dtype), "
+        "4bit/8bit (bitsandbytes)",
     )
     parser.add_argument(
         "--backend", default="auto", choices=BACKEND_CHOICES,
-        help="llamacpp: llama.cpp runs GGUF files (CPU, CUDA, Metal); torch: the lean or transformers forward; "
-        "auto (default): llama.cpp where it can run the model",
+        help="auto (default): llama.cpp for a GGUF file (CPU, CUDA, Metal), torch for a Hugging Face model; "
+        "torch on a GGUF: transformers de-quantizes it first (GBs of memory for a large model)",
     )
     parser.add_argument(
         "--gpu-layers", type=int, default=None, metavar="N",
@@ -232,9 +232,8 @@ def model_threads(args: argparse.Namespace) -> int:
         return args.threads
     if args.command not in ("chat", "calibrate"):
         return 0
-    import torch
-
-    return max(1, torch.get_num_threads() - 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 def add_queue_option(parser: argparse.ArgumentParser) -> None:
@@ -250,7 +249,6 @@ def check_max_queue(args: argparse.Namespace) -> None:
 
 def load_engine(args: argparse.Namespace, auto_calibrate: bool = True, progress=None):
     """The engine of the model options; ``progress(phase, done, total)`` hears the calibration's phases too."""
-    quiet_transformers()
     from ppd_core.engine import Engine, EngineConfig
 
     config = EngineConfig(
@@ -469,10 +467,16 @@ def run_generate(args: argparse.Namespace) -> int:
     from ppd_core.engine import check_prompt_fits
 
     engine = load_engine(args, auto_calibrate=args.tree != "auto")  # "auto" calibrates below, after the checks
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": args.text}
-    ]
-    ids = engine.chat_ids(messages)
+    if engine.has_chat_template:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.text}
+        ]
+        ids = engine.chat_ids(messages)
+    else:  # a base model: it completes the text as written
+        if args.system:
+            raise PpdError(f"--system needs a chat template, and {engine.loaded.name} has none")
+        print(f"ppd: {engine.loaded.name} has no chat template: completing the text as written", file=sys.stderr)
+        ids = engine.completion_ids(args.text)
     check_prompt_fits(len(ids), engine.max_context)  # bad input fails before any calibration
     if args.tree == "auto" and engine.profile is None and args.mode == "ppd":
         engine.calibrate(ProgressBars())  # the first run on this device

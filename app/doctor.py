@@ -36,7 +36,7 @@ class DoctorConfig:
 
 def on_gpu(engine: Engine) -> bool:
     """Whether steps run on a GPU: a CUDA torch device, or llama.cpp layers offloaded."""
-    return engine.loaded.device.type == "cuda" or bool(engine.loaded.kernels.get("gpu_layers"))
+    return engine.loaded.device_kind == "cuda" or bool(engine.loaded.kernels.get("gpu_layers"))
 
 
 def engine_json(engine: Engine) -> dict:

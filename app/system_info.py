@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from ppd_core.engine import chains_text, describe, memory_of
 
 
@@ -13,11 +11,8 @@ def gib(count: int) -> str:
 
 def weights_label(loaded) -> str:
     """How the weights are stored, and whether that was the automatic choice."""
-    label = {"none": "not quantized", "int4": "int4 weights, int8 LM head", "int8": "int8 weights",
-             "gguf": "the GGUF file's own quantization, run by llama.cpp"}.get(loaded.quant, loaded.quant)
-    if loaded.quant_is_default and loaded.quant not in ("none", "gguf"):
-        label += "; the CPU default, --quant none for full precision"
-    return label
+    return {"none": "not quantized", "4bit": "bitsandbytes NF4", "8bit": "bitsandbytes int8",
+            "gguf": "the GGUF file's own quantization, run by llama.cpp"}.get(loaded.quant, loaded.quant)
 
 
 def guess_sources(engine) -> str:
@@ -41,7 +36,7 @@ def prompt_tokens_line(tokens) -> str:
 
 
 def backend_line(engine) -> str:
-    """What decodes, with its settings, and the plain-step timings that chose it when both backends could."""
+    """What decodes, with its settings."""
     kernels = engine.loaded.kernels
     if kernels["backend"] == "llamacpp":
         offload = f"{kernels['gpu_layers']} layers on the GPU" if kernels["gpu_layers"] else "CPU"
@@ -49,10 +44,6 @@ def backend_line(engine) -> str:
                 f"{kernels['threads']} threads, flash attention, {kernels['kv_cache'].upper()} KV cache)")
     else:
         line = f"**Backend:** torch ({kernels.get('forward', 'transformers')} forward)"
-    choice = engine.backend_choice
-    if choice:
-        timings = ", ".join(f"{name} {ms:.1f} ms" for name, ms in choice["step_ms"].items())
-        line += f"; chosen by a plain step after {choice['context']} cached tokens: {timings}"
     return line
 
 
@@ -71,7 +62,7 @@ def policy_line(engine) -> str:
 def device_panel(engine) -> str:
     """Markdown for the device panel."""
     loaded = engine.loaded
-    info = describe(loaded.device)
+    info = describe(loaded.device, engine.threads)
     memory = memory_of(loaded.device)
     lines = [
         f"**Device:** {info.name} ({info.kind}, {info.threads} threads)" + (f", driver {info.driver}" if info.driver else ""),
@@ -80,11 +71,12 @@ def device_panel(engine) -> str:
         f"{str(loaded.dtype).removeprefix('torch.')}, {loaded.forward} forward)",
         backend_line(engine),
         prompt_tokens_line(engine.prompt_tokens),
+        f"**Chat template:** {loaded.template_note or 'the model' + chr(39) + 's own'}",
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**engine.tree_summary()),
-        f"**Guesses from:** {guess_sources(engine)}",
+        f"**Guesses from:** {guess_sources(engine) if not engine.plain_only else loaded.backend.tree_note}",
         f"**Exactness:** {engine.exactness()}",
         policy_line(engine),
     ]
-    if loaded.device.type == "cpu" and not torch.cuda.is_available():
-        lines.append("*Running on the CPU: no CUDA GPU was found.*")
+    if loaded.device_kind == "cpu" and not loaded.kernels.get("gpu_layers"):
+        lines.append("*Running on the CPU.*")
     return "  \n".join(lines)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
@@ -25,7 +25,7 @@ from ppd_core.tree import Tree, TreeFamily, root_only_tree
 from ppd_core.verify import accept
 
 # (tokens so far, the model's guesses [m, K]) -> guesses [m, K]; lets tests plant guesses.
-GuessHook = Callable[[list[int], torch.Tensor], torch.Tensor]
+GuessHook = Callable[[list[int], np.ndarray], np.ndarray]
 
 
 class PromptTooLongError(PpdError):
@@ -38,7 +38,7 @@ class Speculator:
 
     decoder: Decoder
     family: TreeFamily  # one tree per number of guessed depths; a root-only family is plain decoding
-    prompt_table: torch.Tensor | None = None  # [n * V, hidden]
+    prompt_table: np.ndarray | None = None  # [n * V, hidden] float32
     lookup_lengths: tuple[int, ...] = ()  # lookup chain length by match class (``lookup.MATCH_CLASSES``; empty or 0: none)
 
     def __post_init__(self) -> None:
@@ -76,29 +76,27 @@ class DecodeState:
 
     cache: Any  # the decoder's
     root: int  # the last emitted token: the next tree's root
-    guesses: torch.Tensor | None = None  # [m, K] for depths 1..m; None before the first tree step
+    guesses: np.ndarray | None = None  # [m, K] int64 for depths 1..m; None before the first tree step
     sampling: SamplingParams = GREEDY
-    generator: torch.Generator | None = None
+    generator: np.random.Generator | None = None
 
 
-@torch.inference_mode()
 def prefill(
     decoder: Decoder,
     cache: Any,
     input_ids: Sequence[int],
     sampling: SamplingParams = GREEDY,
-    generator: torch.Generator | None = None,
+    generator: np.random.Generator | None = None,
 ) -> StepStats:
     """Process the prompt (after whatever ``cache`` already holds); emits the first new token."""
     start = time.perf_counter()
-    logits = decoder.prefill(cache, input_ids)  # [vocab]
-    _, token = accept([-1], [0], logits[None], sampling, generator)
+    logits = decoder.prefill(cache, input_ids)  # [1, vocab]: the last prompt token's
+    _, token = accept([-1], [0], logits, sampling, generator)
     return StepStats(tokens=[token], from_guesses=0, tree_tokens=len(input_ids), seconds=time.perf_counter() - start, prefill=True)
 
 
-@torch.inference_mode()
 def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepStats:
-    """One forward pass over ``tree`` (its tensors on the model's device): verify the guesses, make the next ones.
+    """One forward pass over ``tree``: verify the guesses, make the next ones.
 
     Updates ``state``: the cache keeps the accepted path, ``root`` and ``guesses`` are the next step's.
     """
@@ -107,20 +105,20 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
     cached = decoder.cache_length(cache)
 
     # 1. The step's rows: root, guessed candidates, then prompt tokens.
-    node_tokens = torch.tensor([state.root], dtype=torch.long, device=decoder.device)  # [1]
+    node_tokens = np.array([state.root], dtype=np.int64)  # [1]
     if tree.num_nodes > 1:
         candidates = state.guesses[tree.candidate_depths - 1, tree.candidate_ranks]  # [N - 1]
-        node_tokens = torch.cat([node_tokens, candidates])  # [N]
+        node_tokens = np.concatenate([node_tokens, candidates])  # [N]
     prompt_rows = None
     if tree.num_tokens > tree.num_nodes:
         prompt_rows = speculator.prompt_table[tree.prompt_embedding_index]  # [T - N, hidden]
 
     # 2. One forward pass; the model's own choice at every row.
-    logits = decoder.tree_logits(cache, tree, node_tokens, prompt_rows)  # [T, vocab]
+    logits = decoder.tree_logits(cache, tree, node_tokens, prompt_rows)  # [T rows, vocab]
 
     # 3. Accept the longest path the model agrees with; its own next token comes free.
     node_list = node_tokens.tolist()
-    last, bonus = accept(tree.parents, node_list, logits[: tree.num_nodes], state.sampling, state.generator)
+    last, bonus = accept(tree.parents, node_list, logits, state.sampling, state.generator)
     path = tree.node_paths[last]  # node indices, root first
     tokens = [node_list[i] for i in path[1:]] + [bonus]
     from_lookup = sum(1 for i in path[1:] if tree.paths[i][-1] == speculator.lookup_rank)
@@ -133,8 +131,7 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
     state.guesses = None
     if depth:
         slots = tree.prompt_slots[last, :depth]  # [m, V]
-        ensemble = logits[slots.flatten()].view(depth, tree.ensemble_size, -1)  # [m, V, vocab]
-        state.guesses = ensemble.mean(1).topk(speculator.top_k, dim=-1).indices  # [m, K]
+        state.guesses = logits.top_of_mean(slots, speculator.top_k)  # [m, K]: the ensemble's mean, best first
     state.root = tokens[-1]
     return StepStats(tokens=tokens, from_guesses=len(path) - 1, tree_tokens=tree.num_tokens,
                      seconds=time.perf_counter() - start, from_lookup=from_lookup)
@@ -155,10 +152,9 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
     cache = decoder.new_cache() if request.cache is None else request.cache
     prompt_end = decoder.cache_length(cache) + len(request.input_ids)  # sequence length before the answer
     check_prompt_fits(prompt_end, max_context)
-    device = decoder.device
-    last_resort = root_only_tree().to(device)
+    last_resort = root_only_tree()
     lookup = NgramIndex([*request.history, *request.input_ids]) if any(speculator.lookup_lengths) else None
-    chained = ChainedTrees(speculator.lookup_rank, device)
+    chained = ChainedTrees(speculator.lookup_rank)
 
     sampling = request.sampling
     generator = None if sampling.greedy else sampling.generator()

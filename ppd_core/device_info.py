@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import psutil
-import torch
 
 from ppd_core.device_policy import DeviceProperties, cpu_name, memory_source, properties_of  # noqa: F401 - cpu_name: re-exported
 
@@ -67,8 +66,8 @@ def nvml_probe(uuid: str) -> NvmlReading | None:
         pynvml.nvmlShutdown()
 
 
-def memory_of(device: torch.device, properties: DeviceProperties | None = None) -> MemoryReading:
-    """Used and total memory of ``device``, read where its policy says."""
+def memory_of(device, properties: DeviceProperties | None = None) -> MemoryReading:
+    """Used and total memory of ``device`` ("cpu" or a ``torch.device``), read where its policy says."""
     properties = properties or properties_of(device)
     source = memory_source(properties)
     if source == "nvml":
@@ -79,12 +78,19 @@ def memory_of(device: torch.device, properties: DeviceProperties | None = None) 
         memory = psutil.virtual_memory()
         return MemoryReading("RAM" if source == "system" else "unified memory", int(memory.total - memory.available),
                              int(memory.total))
+    import torch  # a GPU's memory, where NVML cannot tell: the torch path only
+
     free, total = torch.cuda.mem_get_info(device)
     return MemoryReading("GPU", int(total - free), int(total))
 
 
-def describe(device: torch.device) -> DeviceInfo:
-    properties = properties_of(device, torch.get_num_threads())
+def describe(device, threads: int | None = None) -> DeviceInfo:
+    """``device`` ("cpu" or a ``torch.device``) with ``threads`` (default: torch's, on a torch device)."""
+    if threads is None:
+        import torch  # a torch device's own thread count
+
+        threads = torch.get_num_threads()
+    properties = properties_of(device, threads)
     driver = ""
     if memory_source(properties) == "nvml":
         reading = nvml_probe(properties.uuid)

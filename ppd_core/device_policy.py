@@ -10,7 +10,7 @@ RTX 4090, an RTX 2060, a Jetson Orin Nano and a CPU are all tested here on a mac
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MIN_CONTEXT = 2048  # a model whose weights leave less room than this for the KV cache is refused
 MEMORY_HEADROOM = 0.9  # use at most this share of the free memory (allocator slack, activations)
@@ -153,16 +153,25 @@ def parse_version(text: str) -> tuple[int, int]:
     return tuple(int("".join(ch for ch in part if ch.isdigit()) or 0) for part in parts)  # type: ignore[return-value]
 
 
+def cpu_properties(threads: int = 1) -> DeviceProperties:
+    """This machine's CPU, read without torch (the GGUF path never imports it)."""
+    import psutil
+
+    return DeviceProperties("cpu", cpu_name(), int(psutil.virtual_memory().total), threads=threads)
+
+
 def properties_of(device, threads: int = 1) -> DeviceProperties:
-    """The properties of a live torch device (``torch.device``); the one impure function here."""
+    """The properties of a live device: "cpu", or a ``torch.device``; the one impure function here (torch is
+    imported only for a torch device)."""
+    if getattr(device, "type", device) != "cuda":
+        if isinstance(device, str):
+            return cpu_properties(threads)
+        import torch
+
+        return replace(cpu_properties(threads), torch_version=parse_version(torch.__version__))
     import torch
 
     version = parse_version(torch.__version__)
-    if device.type != "cuda":
-        import psutil
-
-        return DeviceProperties("cpu", cpu_name(), int(psutil.virtual_memory().total), threads=threads,
-                                torch_version=version)
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     uuid = getattr(props, "uuid", None)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-import torch
+import numpy as np
 
 from ppd_core.device_info import memory_of
 from ppd_core.device_policy import DeviceProperties, policy_summary, properties_of
@@ -67,16 +67,16 @@ def first_index(plain: Sequence[int], ppd: Sequence[int]) -> int | None:
 
 
 def compare_answer(prompt: int, prompt_ids: Sequence[int], plain: Sequence[int], ppd: Sequence[int],
-                   next_logits: Callable[[list[int]], torch.Tensor]) -> AnswerComparison:
+                   next_logits: Callable[[list[int]], np.ndarray]) -> AnswerComparison:
     """Compare two greedy answers; at their first difference, read plain decoding's logits [vocab] after the prompt
     and the shared prefix (``next_logits``: the engine's ``next_token_logits``)."""
     index = first_index(plain, ppd)
     if index is None:
         return AnswerComparison(prompt, len(plain), len(ppd))
-    logits = next_logits(list(prompt_ids) + list(plain[:index])).float()  # [vocab]
+    logits = np.asarray(next_logits(list(prompt_ids) + list(plain[:index])), dtype=np.float32)  # [vocab]
     plain_token = plain[index] if index < len(plain) else None
     ppd_token = ppd[index] if index < len(ppd) else None
-    top = torch.topk(logits, 2).values  # [2]
+    top = np.sort(np.partition(logits, -2)[-2:])[::-1]  # [2] the best two, best first
     gap = float(top[0] - top[1])
     best = int(logits.argmax()) if plain_token is None else plain_token
     margin = gap if ppd_token is None else float(logits[best] - logits[ppd_token])
@@ -163,8 +163,11 @@ def properties_json(properties: DeviceProperties) -> dict:
     return out
 
 
-def probe_environment(device: torch.device, threads: int = 1) -> Environment:
-    """Everything about this machine that decides how ppd runs here (``device``: where the model's tensors live)."""
+def probe_environment(device, threads: int = 1) -> Environment:
+    """Everything about this machine that decides how ppd runs here (``device``: where the model's tensors live:
+    "cpu" or a ``torch.device``). torch is probed too: its CUDA build decides the torch path."""
+    import torch  # noqa: PLC0415 - `ppd doctor` reports torch's build, on any backend
+
     properties = properties_of(device, threads)
     try:
         reading = memory_of(device, properties)
@@ -172,7 +175,7 @@ def probe_environment(device: torch.device, threads: int = 1) -> Environment:
     except Exception as error:  # noqa: BLE001 - a report, not a crash: say what failed
         memory = f"no reading: {type(error).__name__}: {error}"
     cuda = torch.cuda.is_available()
-    gpu = properties_json(properties_of(torch.device("cuda", 0))) if cuda and device.type != "cuda" else None
+    gpu = properties_json(properties_of(torch.device("cuda", 0))) if cuda and getattr(device, "type", device) != "cuda" else None
     return Environment(
         python=sys.version.split()[0], os=platform.platform(), arch=platform.machine(),
         torch=torch.__version__, torch_cuda=torch.version.cuda,

@@ -15,12 +15,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import platformdirs
-import torch
 
 from ppd_core import decoding, hub
 from ppd_core.atomic_files import atomic_write
-from ppd_core.backend_choice import choice_path, choose, device_key
 from ppd_core.backends.llamacpp import chat_model
 from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, measure_record, profile_key
 from ppd_core.calibration.curves import LatencyCurve, read_curve
@@ -33,33 +32,40 @@ from ppd_core.device_info import describe, memory_of
 from ppd_core.device_policy import policy_summary, properties_of
 from ppd_core.diagnostics import NEAR_TIE_LOGITS, AnswerComparison, compare_answer, probe_environment, verdict
 from ppd_core.errors import PpdError
-from ppd_core.loading import (
-    DEFAULT_NAME,
-    LoadedModel,
-    load_model,
-    release_free_heap,
-)
+from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
+from ppd_core.memory import release_free_heap
 from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
 from ppd_core.options import MAX_LOOKUP
 from ppd_core.prompt_tokens import PromptTokenError, PromptTokens, signature_of
 from ppd_core.sampling_params import GREEDY, SamplingParams, recommended
 from ppd_core.static_trees import DEFAULT_TREE, STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
-from ppd_core.text import TextStream, chat_ids
-from ppd_core.training.pipeline import TrainRun, run_training
-from ppd_core.training.trainer import TrainConfig
+from ppd_core.text import TextStream, chat_ids, text_stream
 from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanilla_family
 
 # engine.py is the API app/ uses: app/ imports from ppd_core through this module only.
 __all__ = [
     "Engine", "EngineConfig", "GenerationEvent", "GenerationResult",  # defined here
     "BACKEND_CHOICES", "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "MAX_LOOKUP", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
-    "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream",
+    "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream", "text_stream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
     "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "model_signature", "chains_text",
     "atomic_write", "describe", "memory_of", "chat_model", "LatencyCurve", "read_curve",
     "NEAR_TIE_LOGITS", "AnswerComparison", "compare_answer", "probe_environment", "verdict",  # `ppd doctor`
 ]
+
+# training needs torch: its names load on first use, so a chat on a GGUF never imports it
+LAZY = {"TrainConfig": "ppd_core.training.trainer", "TrainRun": "ppd_core.training.pipeline",
+        "run_training": "ppd_core.training.pipeline"}
+
+
+def __getattr__(name: str):
+    if name in LAZY:
+        import importlib  # noqa: PLC0415
+
+        return getattr(importlib.import_module(LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_PROMPT_TOKENS = {DEFAULT_NAME: ASSETS / "smollm2-135m-instruct.prompt-tokens.safetensors"}
@@ -73,16 +79,16 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     model: str = "default"
     prompt_tokens: str | None = None  # a prompt-token file, or "none"; None: the user's, else the shipped one
-    quant: str = "auto"  # see loading.AUTO_CPU_QUANT (int4 on a CPU with the lean forward)
+    quant: str = "auto"  # a GGUF: its own; a Hugging Face model: none, 4bit or 8bit (bitsandbytes)
     device: str = "auto"
     dtype: str = "auto"
     forward: str = "lean"  # "lean" (Llama-family fast path, where supported) or "transformers"
     tree: str = "auto"  # "auto" (the device profile), a static tree name, or a token budget like "12"
     auto_calibrate: bool = True  # "auto" without a profile: calibrate now (else use the default static tree)
     max_context: int | None = None  # default: the model's
-    threads: int = 0  # CPU threads for torch (process-wide); 0: torch's default, one per core
+    threads: int = 0  # CPU threads (llama.cpp's; torch's process-wide); 0: one per core
     lookup: int | None = None  # n-gram lookup chain per PPD step: None, the profile's choice; 0, none; N, up to N
-    backend: str = "auto"  # "llamacpp" (GGUF files), "torch", or "auto": llama.cpp where it can run the model
+    backend: str = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model; "torch" on a GGUF: de-quantized
     gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
 
 
@@ -155,8 +161,12 @@ def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens
     file made for another model is refused in one line."""
     backend = loaded.backend
     signature = model_signature(loaded)
-    hidden = backend.embedding_rows(torch.tensor([0])).shape[-1]
+    hidden = backend.embedding_rows(np.array([0])).shape[-1]
     if path == NO_PROMPT_TOKENS:
+        return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
+    if not backend.accepts_embeddings:
+        log.warning("%s reads its token embeddings in ways an input row cannot stand in for: guessing from the "
+                    "conversation only (n-gram lookup)", loaded.name)
         return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
     if path is not None:
         tokens = PromptTokens.load(path)
@@ -178,27 +188,6 @@ def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens
     return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
 
 
-def faster_backend(loaded: LoadedModel, config: EngineConfig) -> tuple[LoadedModel, dict]:
-    """``loaded`` (on llama.cpp) or the same model on torch, whichever took a plain step faster here
-    (measured once per device and model file; ``backend_choice``)."""
-    on_torch: list[LoadedModel] = []
-
-    def build_torch():
-        on_torch.append(load_model(config.model, config.quant, config.device, config.dtype, config.forward, "torch"))
-        return on_torch[0].backend
-
-    device = device_key(loaded)
-    record = choose({"llamacpp": lambda: loaded.backend, "torch": build_torch}, choice_path(device, loaded.gguf_file), device)
-    if record["chosen"] == "llamacpp":
-        on_torch.clear()
-        gc.collect()
-        release_free_heap()
-        return loaded, record
-    loaded.backend.close()
-    return (on_torch[0] if on_torch else load_model(config.model, config.quant, config.device, config.dtype,
-                                                    config.forward, "torch")), record
-
-
 def check_tree_name(tree: str) -> None:
     if tree != "auto" and tree not in STATIC_TREES and not (tree.isdigit() and int(tree) >= 1):
         raise PpdError(f"unknown tree {tree!r}; use auto, {', '.join(STATIC_TREES)} or a token budget such as 12")
@@ -210,18 +199,16 @@ class Engine:
     def __init__(self, loaded: LoadedModel, prompt_tokens: PromptTokens, family: TreeFamily, max_context: int):
         self.loaded = loaded
         self.prompt_tokens = prompt_tokens
-        self.family = family.to(loaded.device)
+        self.family = family
         self.max_context = max_context
         self.profile: DeviceProfile | None = None  # the calibration behind ``family``, if any
         self.tree_budget: int | None = None  # a budget asked for instead of the profile's choice
         self.profile_path: Path | None = None  # where the last calibration was saved
         self._kept: KeptCache | None = None
-        self._vanilla = vanilla_family().to(loaded.device)
-        self._prompt_table = None if not prompt_tokens.num_prompt_tokens else prompt_tokens.flat(
-            loaded.backend.dtype, loaded.backend.device)
+        self._vanilla = vanilla_family()
+        self._prompt_table = prompt_tokens.table() if prompt_tokens.num_prompt_tokens else None  # [n * V, hidden]
         self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match class (empty: none)
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
-        self.backend_choice: dict | None = None  # the plain-step timings that chose the backend, if both could run
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
@@ -231,8 +218,6 @@ class Engine:
             raise PpdError(f"lookup must be auto, 0 (off) or a chain length up to {MAX_LOOKUP}, got {config.lookup}")
         if config.threads < 0:
             raise PpdError(f"threads must be positive (or 0 for one per core), got {config.threads}")
-        if config.threads:
-            torch.set_num_threads(config.threads)  # before calibration: profiles are per thread count
         hub_model = hub.parse(config.model)
         if hub_model is not None:  # downloaded here, where the progress is heard; load_model finds it fetched
             hub.fetch(hub_model, progress)
@@ -240,9 +225,10 @@ class Engine:
                 progress("loading the model", 0, 0)
         loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward,
                             config.backend, config.threads, config.gpu_layers)
-        choice = None
-        if config.backend == "auto" and loaded.backend.name == "llamacpp":  # torch can run it too: the faster one
-            loaded, choice = faster_backend(loaded, config)
+        if config.threads and loaded.backend.name == "torch":  # before calibration: profiles are per thread count
+            import torch  # noqa: PLC0415 - the torch backend's process-wide setting
+
+            torch.set_num_threads(config.threads)
         prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
         n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
         if not n and config.tree in STATIC_TREES:
@@ -252,9 +238,10 @@ class Engine:
         family = family_from_spec(static, STATIC_TREES[static], n, V) if n else vanilla_family()
         max_context = min(config.max_context or loaded.max_context, loaded.max_context)
         engine = cls(loaded, prompt_tokens, family, max_context)
-        engine.backend_choice = choice
         engine.set_lookup(config.lookup)
-        if config.tree not in STATIC_TREES:
+        if engine.plain_only:
+            log.warning(loaded.backend.tree_note)
+        elif config.tree not in STATIC_TREES:
             profile = engine.saved_profile()
             if profile is None and config.auto_calibrate:
                 profile = engine.calibrate(progress)
@@ -304,9 +291,8 @@ class Engine:
         if self.prompt_tokens.source is None:
             raise PpdError("these prompt tokens were not read from a file: nowhere to put their acceptance record")
         key = acceptance_key(self.loaded, self.prompt_tokens, prompts, max_new_tokens)
-        table = self.prompt_tokens.flat(self.loaded.backend.dtype, self.loaded.backend.device)
         try:
-            record = measure_record(self.loaded, self.prompt_tokens, table, key, prompts, max_new_tokens,
+            record = measure_record(self.loaded, self.prompt_tokens, key, prompts, max_new_tokens,
                                     progress or (lambda phase, done, total: None))
         finally:
             self.loaded.release_model()  # the acceptance pass needed the transformers model; decoding does not
@@ -314,9 +300,7 @@ class Engine:
 
     def recommended_sampling(self) -> dict:
         """Temperature / top-p / top-k from the model's generation config where it samples; {} for greedy."""
-        config = self.loaded.generation_config
-        values = config.to_diff_dict() if hasattr(config, "to_diff_dict") else dict(vars(config))
-        return recommended(values)
+        return recommended(self.loaded.generation_config)
 
     def export_acceptance(self, path: Path, profile: DeviceProfile | None = None) -> Path:
         """Write the acceptance record the last calibration (or ``profile``'s) used to ``path``, e.g. beside a
@@ -340,8 +324,6 @@ class Engine:
         """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
         self.profile, self.tree_budget = profile, budget
         self.set_lookup(self._lookup)
-        if getattr(self.loaded.backend, "has_kernel_choice", False):  # the matmul kernel calibration measured faster, per size
-            self.loaded.backend.skinny_sizes = frozenset(profile.skinny_sizes)
         if budget is None:
             self.set_tree(profile.family())
             return
@@ -362,7 +344,17 @@ class Engine:
     @property
     def threads(self) -> int:
         """CPU threads a step runs on: llama.cpp's, or torch's (process-wide)."""
-        return self.loaded.kernels.get("threads") or torch.get_num_threads()
+        threads = self.loaded.kernels.get("threads")
+        if threads:
+            return threads
+        import torch  # noqa: PLC0415 - the torch backend's own setting
+
+        return torch.get_num_threads()
+
+    @property
+    def plain_only(self) -> bool:
+        """The model's cache cannot hold a tree (recurrent or hybrid): every answer decodes plainly."""
+        return self.loaded.backend.tree_note is not None
 
     @property
     def tokenizer(self):
@@ -409,16 +401,27 @@ class Engine:
     @property
     def static_overhead_bytes(self) -> int:
         """PPD's extra memory: the prompt embeddings and the trees' masks."""
-        return self.prompt_tokens.num_bytes + sum(t.attention_mask.numel() for t in self.family.trees)
+        return self.prompt_tokens.num_bytes + sum(t.attention_mask.size for t in self.family.trees)
 
     def set_tree(self, family: TreeFamily) -> None:
-        self.family = family.to(self.loaded.device)
+        self.family = vanilla_family() if self.plain_only else family
 
     def chat_ids(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of a conversation in the model's chat template, ready for the answer."""
         if not messages or not any(str(m.get("content", "")).strip() for m in messages if m.get("role") == "user"):
             raise PpdError("the message is empty")
         return chat_ids(self.tokenizer, messages)
+
+    def completion_ids(self, text: str) -> list[int]:
+        """Token ids of raw text to complete (a model without a chat template: ``ppd generate``)."""
+        if not text.strip():
+            raise PpdError("the text is empty")
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the model brings its own chat template (else chats use ChatML, and say so)."""
+        return self.loaded.template_note is None
 
     def stream(
         self,
@@ -440,8 +443,8 @@ class Engine:
         cache, reused = self._take_cache(input_ids) if reuse_cache else (None, 0)
         stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
-        text = TextStream(self.tokenizer)  # incremental: O(new tokens) per step
-        lookup = self.lookup_lengths if mode == "ppd" else ()
+        text = text_stream(self.tokenizer)  # incremental: O(new tokens) per step
+        lookup = self.lookup_lengths if mode == "ppd" and not self.plain_only else ()
         speculator = decoding.Speculator(self.loaded.backend, family, self._prompt_table, lookup)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused])
@@ -499,36 +502,35 @@ class Engine:
             steps.append(event.step)
         return GenerationResult(event.text, event.tokens, event.stats, event.stop_reason, steps)
 
-    @torch.inference_mode()
-    def next_token_logits(self, input_ids: Sequence[int]) -> torch.Tensor:
+    def next_token_logits(self, input_ids: Sequence[int]) -> np.ndarray:
         """Plain decoding's logits [vocab] float32 for the token after ``input_ids``, from a fresh cache."""
-        return self.loaded.backend.prefill(self.loaded.backend.new_cache(), list(input_ids))
+        backend = self.loaded.backend
+        cache = backend.new_cache()
+        try:
+            return backend.prefill(cache, list(input_ids)).rows(slice(0, 1))[0]
+        finally:
+            backend.truncate(cache, 0)
 
     def latency_curve(self, sizes: Sequence[int], contexts: Sequence[int] = (256,)) -> dict[int, dict[int, float]]:
         """Median ms of a PPD step over a tree of each of ``sizes`` tokens after each context length:
         ``{context: {tree tokens: ms}}``, measured as calibration does. The matmul kernel choice calibration
         made (where the forward has one) is kept."""
-        backend = self.loaded.backend
-        kernel_choice = getattr(backend, "has_kernel_choice", False)
-        skinny = backend.skinny_sizes if kernel_choice else None
-        try:
-            return measure_latency(backend, self._prompt_table, self.prompt_tokens.num_prompt_tokens,
-                                   self.prompt_tokens.ensemble_size, sizes, contexts)
-        finally:
-            if kernel_choice:
-                backend.skinny_sizes = skinny
+        return measure_latency(self.loaded.backend, self._prompt_table, self.prompt_tokens.num_prompt_tokens,
+                               self.prompt_tokens.ensemble_size, sizes, contexts)
 
-    @torch.inference_mode()
     def reference_generate(self, input_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """transformers ``generate(do_sample=False)``: the yardstick for exactness and speed."""
+        import torch  # noqa: PLC0415 - transformers' own decoding, on request only
+
         model = self.loaded.model
-        ids = torch.tensor([list(input_ids)], device=self.loaded.device)
-        output = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=sorted(self.loaded.eos_token_ids),
-            pad_token_id=self.tokenizer.pad_token_id or sorted(self.loaded.eos_token_ids)[0],
-        )
+        ids = torch.tensor([list(input_ids)], device=model.device)
+        with torch.inference_mode():
+            output = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=sorted(self.loaded.eos_token_ids),
+                pad_token_id=self.tokenizer.pad_token_id or sorted(self.loaded.eos_token_ids)[0],
+            )
         return output[0, ids.shape[1] :].tolist()

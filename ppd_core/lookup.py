@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from ppd_core.tree import Tree, build_tree, with_chain
 
@@ -223,12 +223,11 @@ class ChainedTrees:
     column ``rank`` of the step's guess table; nodes the chain shares with the tree are not repeated.
     """
 
-    def __init__(self, rank: int, device: torch.device):
+    def __init__(self, rank: int):
         self.rank = rank
-        self.device = device
         self._built: dict[tuple, Tree] = {}
 
-    def step(self, tree: Tree, guesses: torch.Tensor | None, chain: list[int]) -> tuple[Tree, torch.Tensor | None]:
+    def step(self, tree: Tree, guesses: np.ndarray | None, chain: list[int]) -> tuple[Tree, np.ndarray | None]:
         """The tree and guess table [depth, rank + 1] for one step with ``chain`` (tokens at depths 1, 2, ...)."""
         rows = guesses.tolist() if guesses is not None else []
         nodes = set(tree.paths)
@@ -247,9 +246,9 @@ class ChainedTrees:
         if key not in self._built:
             spec = with_chain(tree.spec, attach, rest, self.rank)
             deepest = max(tree.num_prompt_tokens, len(chain))
-            self._built[key] = build_tree(spec, tree.num_prompt_tokens, tree.ensemble_size, deepest).to(self.device)
-        table = torch.zeros(max(len(rows), len(chain)), self.rank + 1, dtype=torch.long, device=self.device)
+            self._built[key] = build_tree(spec, tree.num_prompt_tokens, tree.ensemble_size, deepest)
+        table = np.zeros((max(len(rows), len(chain)), self.rank + 1), dtype=np.int64)  # [depth, rank + 1]
         if guesses is not None:
             table[: guesses.shape[0], : guesses.shape[1]] = guesses
-        table[: len(chain), self.rank] = torch.tensor(chain, dtype=torch.long, device=self.device)
+        table[: len(chain), self.rank] = chain
         return self._built[key], table

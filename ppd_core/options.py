@@ -7,7 +7,7 @@ that act on a choice import the same names from here.
 from __future__ import annotations
 
 BACKEND_CHOICES = ("auto", "llamacpp", "torch")
-QUANT_CHOICES = ("auto", "none", "int4", "int8", "4bit", "8bit")  # int4/int8: lean CPU kernels; 4bit/8bit: bitsandbytes
+QUANT_CHOICES = ("auto", "none", "4bit", "8bit")  # torch: auto = none (the model's own weights); 4bit/8bit: bitsandbytes
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 FORWARD_CHOICES = ("lean", "transformers")
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")

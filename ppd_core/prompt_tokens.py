@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.numpy import save_file
 
 from ppd_core.atomic_files import atomic_output
 from ppd_core.errors import PpdError
@@ -32,18 +32,25 @@ class PromptTokenError(PpdError):
     """A prompt-token file that is missing, corrupt, or made for another model."""
 
 
-def signature_of(rows_of: Callable[[torch.Tensor], torch.Tensor], vocab: int) -> list[float]:
-    """Row norms of a few fixed rows of the input embedding table (``rows_of(ids)`` gives them): a
+def signature_rows(vocab: int) -> np.ndarray:
+    """[SIGNATURE_ROWS] int64: the rows a fingerprint reads, spread over the vocabulary."""
+    return np.linspace(0, vocab - 1, SIGNATURE_ROWS).astype(np.int64)
+
+
+def signature_of(rows_of: Callable[[np.ndarray], np.ndarray], vocab: int) -> list[float]:
+    """Row norms of a few fixed rows of the input embedding table (``rows_of(ids)`` gives them [k, hidden]): a
     dtype-tolerant fingerprint that needs no whole table (llama.cpp keeps it in the GGUF file)."""
-    rows = torch.linspace(0, vocab - 1, SIGNATURE_ROWS).long()
-    norms = rows_of(rows).float().norm(dim=-1)
+    norms = np.linalg.norm(np.asarray(rows_of(signature_rows(vocab)), dtype=np.float32), axis=-1)
     return [round(float(x), 5) for x in norms]
 
 
-def embedding_signature(embedding_weight: torch.Tensor) -> list[float]:
-    """``signature_of`` an embedding table."""
+def embedding_signature(embedding_weight) -> list[float]:
+    """``signature_of`` a torch embedding table [vocab, hidden] (training and the torch backend)."""
+    import torch  # noqa: PLC0415 - a torch table's fingerprint
+
     weight = embedding_weight.detach()
-    return signature_of(lambda rows: weight[rows.to(weight.device)], weight.shape[0])
+    return signature_of(lambda rows: weight[torch.from_numpy(rows).to(weight.device)].float().cpu().numpy(),
+                        weight.shape[0])
 
 
 def signatures_match(a: list[float], b: list[float]) -> bool:
@@ -56,7 +63,7 @@ def signatures_match(a: list[float], b: list[float]) -> bool:
 class PromptTokens:
     """Embeddings [n, V, hidden] plus what they were made for and how they were trained."""
 
-    embeddings: torch.Tensor
+    embeddings: np.ndarray  # [n, V, hidden] float32
     base_model: str
     signature: list[float]
     vocab_size: int
@@ -77,7 +84,7 @@ class PromptTokens:
 
     @property
     def num_bytes(self) -> int:
-        return self.embeddings.numel() * self.embeddings.element_size()
+        return self.embeddings.nbytes
 
     def with_ensemble_size(self, ensemble_size: int) -> PromptTokens:
         """The same tokens with ``ensemble_size`` members: unchanged, or averaged into one."""
@@ -85,26 +92,32 @@ class PromptTokens:
             return self
         if ensemble_size != 1:
             raise PromptTokenError(f"can only shrink an ensemble of {self.ensemble_size} to 1 member, not {ensemble_size}")
-        return dataclasses.replace(self, embeddings=self.embeddings.mean(1, keepdim=True))
+        return dataclasses.replace(self, embeddings=self.embeddings.mean(1, keepdims=True, dtype=np.float32))
 
     @property
     def fingerprint(self) -> str:
         """A short hash of the embeddings: calibration profiles are only valid for these tokens."""
-        data = self.embeddings.detach().float().contiguous().cpu().numpy().tobytes()
+        data = np.ascontiguousarray(self.embeddings, dtype=np.float32).tobytes()
         return hashlib.sha256(data).hexdigest()[:16]
 
-    def flat(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """[n * V, hidden] table indexed by ``k * V + j`` (see ``Tree.prompt_embedding_index``)."""
-        return self.embeddings.reshape(-1, self.hidden_size).to(device=device, dtype=dtype)
+    def table(self) -> np.ndarray:
+        """[n * V, hidden] float32 indexed by ``k * V + j`` (see ``Tree.prompt_embedding_index``)."""
+        return np.ascontiguousarray(self.embeddings.reshape(-1, self.hidden_size), dtype=np.float32)
+
+    def flat(self, dtype, device):
+        """``table`` as a torch tensor of ``dtype`` on ``device`` (training and the torch acceptance pass)."""
+        import torch  # noqa: PLC0415 - the torch path's form
+
+        return torch.from_numpy(self.table()).to(device=device, dtype=dtype)
 
     @staticmethod
     def none(signature: list[float], vocab: int, hidden: int, base_model: str) -> PromptTokens:
         """No prompt tokens, for a model nobody trained them for: its guesses come from n-gram lookup alone."""
-        return PromptTokens(torch.zeros(0, 1, hidden), base_model, signature, vocab, {"trained": False, "none": True})
+        return PromptTokens(np.zeros((0, 1, hidden), np.float32), base_model, signature, vocab, {"trained": False, "none": True})
 
     @staticmethod
     def initialize(
-        embedding_weight: torch.Tensor,
+        embedding_weight,  # a torch table [vocab, hidden]
         init_token_ids: list[int],
         base_model: str,
         num_prompt_tokens: int = 3,
@@ -115,6 +128,8 @@ class PromptTokens:
 
         Ensemble members get a small seeded perturbation so they can diverge in training.
         """
+        import torch  # noqa: PLC0415 - training's start
+
         table = embedding_weight.detach().float()
         base = table[torch.tensor(init_token_ids, device=table.device)].mean(0).cpu()  # [hidden]
         embeddings = base.expand(num_prompt_tokens, ensemble_size, -1).clone()
@@ -123,7 +138,7 @@ class PromptTokens:
             noise = torch.randn(embeddings.shape, generator=generator) * 0.02 * base.norm() / base.numel() ** 0.5
             embeddings += noise
         return PromptTokens(
-            embeddings=embeddings,
+            embeddings=embeddings.numpy(),
             base_model=base_model,
             signature=embedding_signature(embedding_weight),
             vocab_size=embedding_weight.shape[0],
@@ -142,7 +157,7 @@ class PromptTokens:
             "training": json.dumps(self.training),
         }
         with atomic_output(path) as tmp:
-            save_file({"prompt_embeddings": self.embeddings.detach().float().contiguous().cpu()}, str(tmp), metadata)
+            save_file({"prompt_embeddings": np.ascontiguousarray(self.embeddings, dtype=np.float32)}, str(tmp), metadata)
 
     @staticmethod
     def load(path: str | os.PathLike) -> PromptTokens:
@@ -151,7 +166,7 @@ class PromptTokens:
         if not path.is_file():
             raise PromptTokenError(f"prompt-token file not found: {path}")
         try:
-            with safe_open(str(path), framework="pt") as handle:
+            with safe_open(str(path), framework="numpy") as handle:
                 metadata = handle.metadata() or {}
                 tensors = {name: handle.get_tensor(name) for name in handle.keys()}
         except (SafetensorError, OSError, ValueError) as error:
@@ -160,7 +175,7 @@ class PromptTokens:
             embeddings = tensors["prompt_embeddings"]
             base = json.loads(metadata["base_model"])
             tokens = PromptTokens(
-                embeddings=embeddings.float(),
+                embeddings=np.asarray(embeddings, dtype=np.float32),
                 base_model=str(base["name"]),
                 signature=[float(x) for x in base["embedding_signature"]],
                 vocab_size=int(metadata["vocab_size"]),
@@ -172,13 +187,13 @@ class PromptTokens:
             raise PromptTokenError(f"{path} is not a valid prompt-token file (bad metadata: {error})") from None
         if metadata.get("format_version") != FORMAT_VERSION:
             raise PromptTokenError(f"{path} has format version {metadata.get('format_version')}, expected {FORMAT_VERSION}")
-        if embeddings.dim() != 3 or tuple(embeddings.shape) != declared:
+        if embeddings.ndim != 3 or tuple(embeddings.shape) != declared:
             raise PromptTokenError(f"{path}: tensor shape {tuple(embeddings.shape)} disagrees with its metadata {declared}")
-        if not torch.isfinite(embeddings).all():
+        if not np.isfinite(embeddings).all():
             raise PromptTokenError(f"{path} holds non-finite values")
         return tokens
 
-    def check_compatible(self, embedding_weight: torch.Tensor, model_name: str) -> None:
+    def check_compatible(self, embedding_weight, model_name: str) -> None:
         """Refuse tokens trained for another model (hidden size, vocabulary or embedding table)."""
         vocab, hidden = embedding_weight.shape
         self.check_signature(embedding_signature(embedding_weight), vocab, hidden, model_name)

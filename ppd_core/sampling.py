@@ -1,43 +1,55 @@
-"""The adjusted next-token distribution (temperature, top-k, top-p) and sampling from it.
+"""The adjusted next-token distribution (temperature, top-k, top-p) and sampling from it, in NumPy.
 
 The settings (``SamplingParams``) live in ``ppd_core/sampling_params.py``.
 """
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from ppd_core.sampling_params import SamplingParams
 
 
-def adjusted_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def softmax(scaled: np.ndarray) -> np.ndarray:
+    """softmax over the last axis, in float64; -inf entries get probability 0."""
+    shifted = np.exp(scaled - scaled.max(-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+def adjusted_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The distribution sampled from: softmax(logits / T) cut to top-k and top-p, renormalised.
 
-    logits: [..., vocab]; returns float32 probabilities of the same shape.
+    logits: [..., vocab]; returns float64 probabilities of the same shape.
     """
-    scaled = logits.float() / params.temperature
+    scaled = logits.astype(np.float64) / params.temperature
     if params.top_k and params.top_k < scaled.shape[-1]:
-        kth = scaled.topk(params.top_k, dim=-1).values[..., -1:]  # [..., 1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = scaled.softmax(-1)
+        kth = -np.partition(-scaled, params.top_k - 1, axis=-1)[..., params.top_k - 1 : params.top_k]  # [..., 1]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    probs = softmax(scaled)
     if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens ranked above
-        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)  # the top token always stays
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs / probs.sum(-1, keepdim=True)
+        order = np.argsort(-probs, axis=-1, kind="stable")  # [..., vocab] likeliest first
+        sorted_probs = np.take_along_axis(probs, order, -1)
+        before = np.cumsum(sorted_probs, -1) - sorted_probs  # mass of the tokens ranked above
+        sorted_probs = np.where(before >= params.top_p, 0.0, sorted_probs)  # the top token always stays
+        probs = np.zeros_like(probs)
+        np.put_along_axis(probs, order, sorted_probs, -1)
+        probs /= probs.sum(-1, keepdims=True)
     return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from a [vocab] distribution, drawn on the CPU so a seed reproduces it anywhere."""
-    return int(torch.multinomial(probs.float().cpu(), 1, generator=generator))
+def sample(probs: np.ndarray, generator: np.random.Generator) -> int:
+    """One token from a [vocab] distribution (inverse CDF of one uniform draw: a seed reproduces it anywhere)."""
+    cumulative = np.cumsum(probs, dtype=np.float64)
+    token = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
+    return min(token, len(probs) - 1)
 
 
-def typical_threshold(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def typical_threshold(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The typical-acceptance bar min(epsilon, alpha * exp(-entropy)) of each distribution.
 
     probs: [..., vocab], the untruncated softmax(logits / T) (no top-k / top-p); returns [...].
     """
-    entropy = -torch.special.xlogy(probs, probs).sum(-1)  # [...]; 0 * log 0 counts as 0
-    return (params.typical_alpha * torch.exp(-entropy)).clamp_max(params.typical_epsilon)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(probs > 0, probs * np.log(probs), 0.0)  # 0 * log 0 counts as 0
+    entropy = -terms.sum(-1)
+    return np.minimum(params.typical_alpha * np.exp(-entropy), params.typical_epsilon)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ppd_core.errors import PpdError
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
 
 ACCEPTANCE_RULES = ("lossless", "typical")
@@ -38,7 +38,7 @@ class SamplingParams:
             raise PpdError(f"top-k must be 0 (off) or positive, got {self.top_k}")
         if self.acceptance not in ACCEPTANCE_RULES:
             raise PpdError(f"unknown acceptance {self.acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # what torch.Generator.manual_seed takes
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # a 64-bit seed, as the OpenAI API takes
             raise PpdError(f"seed must be a 64-bit integer, got {self.seed}")
 
     @property
@@ -55,15 +55,11 @@ class SamplingParams:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                 "acceptance": self.acceptance, "distribution_preserving": self.lossless}
 
-    def generator(self) -> torch.Generator:
-        import torch  # here only: the settings are read (and checked) before torch is imported
+    def generator(self) -> np.random.Generator:
+        """NumPy's PCG64, seeded by ``seed`` (negative seeds as their 64-bit pattern), else from the OS."""
+        import numpy as np  # here only: the command line reads (and checks) the settings before anything heavy
 
-        generator = torch.Generator()
-        if self.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(self.seed)
-        return generator
+        return np.random.default_rng(None if self.seed is None else self.seed % 2**64)
 
 
 GREEDY = SamplingParams()

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from tokenizers.decoders import DecodeStream
-
 
 def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
     """Token ids of ``messages`` in the model's chat template, ready for the assistant's answer."""
     encoded = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def text_stream(tokenizer):
+    """An incremental decoder for ``tokenizer``'s tokens: its own where it has one (llama.cpp's byte pieces), else
+    ``TextStream``."""
+    own = getattr(tokenizer, "text_stream", None)
+    return own() if own is not None else TextStream(tokenizer)
 
 
 class TextStream:
@@ -33,7 +38,11 @@ class TextStream:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         plain = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._backend = backend if backend is not None and plain else None
-        self._stream = DecodeStream(skip_special_tokens=True) if self._backend is not None else None
+        self._stream = None
+        if self._backend is not None:
+            from tokenizers.decoders import DecodeStream  # noqa: PLC0415 - Hugging Face tokenizers only
+
+            self._stream = DecodeStream(skip_special_tokens=True)
         self._prefix_offset = 0  # window decoding: tokens before this are already text
         self._read_offset = 0
 

@@ -17,11 +17,10 @@ decoding step needs (attention mask, position offsets, guess indices, paths).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 Path = tuple[int, ...]
 
@@ -64,7 +63,7 @@ class TreeSpec:
 
 @dataclass(frozen=True, eq=False)
 class Tree:
-    """Buffers for one tree forward pass (all tensors on CPU; ``to`` moves them).
+    """Buffers for one tree forward pass, as NumPy arrays (a backend converts what it needs at its edge).
 
     Token layout: nodes ``[0, num_nodes)`` (root first, breadth-first), then prompt tokens.
     """
@@ -77,13 +76,13 @@ class Tree:
     row_parents: tuple[int, ...]  # parent row of every token row (nodes and prompt tokens), -1 for the root
     node_paths: tuple[tuple[int, ...], ...]  # node indices from the root to each node
     prompt_counts: tuple[int, ...]  # prompt tokens attached to each node
-    candidate_depths: torch.Tensor  # [num_nodes - 1] depth (1-based) of each candidate
-    candidate_ranks: torch.Tensor  # [num_nodes - 1] rank of each candidate's guess
-    position_offsets: torch.Tensor  # [num_tokens] position id minus cache length
-    prompt_embedding_index: torch.Tensor  # [num_tokens - num_nodes] row of the flattened [n*V] table
-    prompt_slots: torch.Tensor  # [num_nodes, n, V] token index of (node, prompt k, member j); -1 if absent
-    attention_mask: torch.Tensor  # [num_tokens, num_tokens] bool, True where attending is allowed
-    _masks: dict = field(default_factory=dict, repr=False)
+    candidate_depths: np.ndarray  # [num_nodes - 1] int64 depth (1-based) of each candidate
+    candidate_ranks: np.ndarray  # [num_nodes - 1] int64 rank of each candidate's guess
+    position_offsets: np.ndarray  # [num_tokens] int64 position id minus cache length
+    prompt_embedding_index: np.ndarray  # [num_tokens - num_nodes] int64 row of the flattened [n*V] table
+    prompt_slots: np.ndarray  # [num_nodes, n, V] int64 token index of (node, prompt k, member j); -1 if absent
+    attention_mask: np.ndarray  # [num_tokens, num_tokens] bool, True where attending is allowed
+    _masks: dict = field(default_factory=dict, repr=False)  # a backend's converted masks, by its own key
 
     @property
     def num_nodes(self) -> int:
@@ -114,25 +113,6 @@ class Tree:
     @functools.cached_property
     def num_leaves(self) -> int:
         return max((ids[-1] for ids in self.sequences), default=-1) + 1
-
-    def to(self, device: torch.device) -> Tree:
-        """The same tree with its index tensors on ``device``."""
-        moved = {
-            name: getattr(self, name).to(device)
-            for name in ("candidate_depths", "candidate_ranks", "position_offsets", "prompt_embedding_index", "prompt_slots")
-        }
-        return dataclasses.replace(self, **moved, _masks={})
-
-    def additive_mask(self, cache_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Float mask [1, 1, T, cache_length + T]: 0 where allowed, the dtype's minimum elsewhere."""
-        key = (dtype, device)
-        if key not in self._masks:
-            block = torch.zeros(self.num_tokens, self.num_tokens, dtype=dtype)
-            block.masked_fill_(~self.attention_mask, torch.finfo(dtype).min)
-            self._masks[key] = block.to(device)
-        block = self._masks[key]
-        context = torch.zeros(self.num_tokens, cache_length, dtype=dtype, device=device)
-        return torch.cat([context, block], dim=1)[None, None]
 
 
 def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, max_depth: int | None = None) -> Tree:
@@ -169,8 +149,8 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, m
     num_tokens = num_nodes + V * sum(counts)
     offsets = [len(p) for p in paths]
     embedding_index: list[int] = []
-    slots = torch.full((num_nodes, max(n, 1), V), -1, dtype=torch.long)
-    mask = torch.zeros(num_tokens, num_tokens, dtype=torch.bool)
+    slots = np.full((num_nodes, max(n, 1), V), -1, dtype=np.int64)
+    mask = np.zeros((num_tokens, num_tokens), dtype=bool)
     for i, ancestors in enumerate(node_paths):
         mask[i, list(ancestors)] = True  # a node sees its ancestors and itself
 
@@ -197,10 +177,10 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, m
         row_parents=tuple(row_parents),
         node_paths=tuple(node_paths),
         prompt_counts=tuple(counts),
-        candidate_depths=torch.tensor([len(p) for p in paths[1:]], dtype=torch.long),
-        candidate_ranks=torch.tensor([p[-1] for p in paths[1:]], dtype=torch.long),
-        position_offsets=torch.tensor(offsets, dtype=torch.long),
-        prompt_embedding_index=torch.tensor(embedding_index, dtype=torch.long),
+        candidate_depths=np.array([len(p) for p in paths[1:]], dtype=np.int64),
+        candidate_ranks=np.array([p[-1] for p in paths[1:]], dtype=np.int64),
+        position_offsets=np.array(offsets, dtype=np.int64),
+        prompt_embedding_index=np.array(embedding_index, dtype=np.int64),
         prompt_slots=slots,
         attention_mask=mask,
     )
@@ -257,9 +237,6 @@ class TreeFamily:
     @property
     def max_rank(self) -> int:
         return max(t.max_rank for t in self.trees)
-
-    def to(self, device: torch.device) -> TreeFamily:
-        return TreeFamily(name=self.name, trees=tuple(t.to(device) for t in self.trees))
 
 
 def family_from_spec(name: str, spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1) -> TreeFamily:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch
+import numpy as np
 
-from ppd_core.sampling import adjusted_probs, sample, typical_threshold
+from ppd_core.logits import StepLogits
+from ppd_core.sampling import adjusted_probs, sample, softmax, typical_threshold
 from ppd_core.sampling_params import SamplingParams
 
 
@@ -54,19 +55,17 @@ def children_of(parents: Sequence[int]) -> list[list[int]]:
     return children
 
 
-def typical_accept(parents: Sequence[int], node_tokens: Sequence[int], node_logits: torch.Tensor, params: SamplingParams) -> int:
+def typical_accept(parents: Sequence[int], node_tokens: Sequence[int], node_logits: np.ndarray, params: SamplingParams) -> int:
     """The last node of the longest path accepted by typical acceptance (Medusa's rule).
 
     A node is accepted when its parent is and its token's probability under the parent's
     untruncated softmax(logits / T) exceeds min(epsilon, alpha * exp(-entropy)) there.
     Among the deepest accepted nodes the one whose path is likeliest (sum of log-probs) wins.
-    Nodes are in breadth-first order (a parent before its children).
+    Nodes are in breadth-first order (a parent before its children). node_logits: [N, vocab].
     """
-    probs = (node_logits.float() / params.temperature).softmax(-1)  # [N, vocab], untruncated
+    probs = softmax(node_logits.astype(np.float64) / params.temperature)  # [N, vocab], untruncated
     bars = typical_threshold(probs, params).tolist()  # [N]
-    rows = torch.tensor(parents[1:], dtype=torch.long, device=probs.device)  # [N-1]
-    cols = torch.tensor(node_tokens[1:], dtype=torch.long, device=probs.device)  # [N-1]
-    token_probs = [1.0] + probs[rows, cols].tolist()  # [N]: p(node's token | parent)
+    token_probs = [1.0] + probs[list(parents[1:]), list(node_tokens[1:])].tolist()  # [N]: p(node's token | parent)
     depth = [0] * len(parents)
     log_likelihood = [0.0] * len(parents)
     accepted = [True] + [False] * (len(parents) - 1)
@@ -86,22 +85,23 @@ def typical_accept(parents: Sequence[int], node_tokens: Sequence[int], node_logi
 def accept(
     parents: Sequence[int],
     node_tokens: Sequence[int],
-    node_logits: torch.Tensor,  # [N, vocab]
+    logits: StepLogits,  # rows [0, N) are the nodes'
     params: SamplingParams,
-    generator: torch.Generator | None,
+    generator: np.random.Generator | None,
 ) -> tuple[int, int]:
     """The last accepted node and the token the model adds after it (its argmax or a sample)."""
+    count = len(parents)
     if params.greedy:
-        targets = node_logits.argmax(-1).tolist()
+        targets = logits.argmax(slice(0, count)).tolist()
         last = greedy_accept(parents, node_tokens, targets)
         return last, targets[last]
     if params.acceptance == "typical":
-        last = typical_accept(parents, node_tokens, node_logits, params)
-        return last, sample(adjusted_probs(node_logits[last], params), generator)
+        last = typical_accept(parents, node_tokens, logits.rows(slice(0, count)), params)
+        return last, sample(adjusted_probs(logits.rows(slice(last, last + 1))[0], params), generator)
     children = children_of(parents)
     node = 0
     while True:
-        probs = adjusted_probs(node_logits[node], params)  # [vocab]
+        probs = adjusted_probs(logits.rows(slice(node, node + 1))[0], params)  # [vocab]
         token = sample(probs, generator)
         nxt = next((c for c in children[node] if node_tokens[c] == token), None)
         if nxt is None:

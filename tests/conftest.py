@@ -36,13 +36,14 @@ def tiny_llama(seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, max_
 
 @pytest.fixture(scope="session")
 def default_engine():
-    """The embedded default model in fp32 with its shipped prompt tokens (loaded once per test session).
+    """The embedded default model on torch in fp32 with its shipped prompt tokens (loaded once per test session).
 
-    fp32 (``quant="none"``): these tests compare against transformers' own forward and ``generate()``.
+    ``backend="torch"``: transformers' de-quantized copy of the GGUF, so these tests compare against transformers' own
+    forward and ``generate()`` (the default GGUF on llama.cpp is tests/test_llamacpp.py's).
     """
     from ppd_core.engine import Engine, EngineConfig
 
-    return Engine.load(EngineConfig(model="default", quant="none", device="cpu", tree="medium"))
+    return Engine.load(EngineConfig(model="default", quant="none", device="cpu", tree="medium", backend="torch"))
 
 
 def save_tiny_model(folder, default_engine, seed: int = 0):

@@ -5,6 +5,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,46 +77,6 @@ def test_probe_trees_have_the_asked_size(size):
         assert probe_tree(size, 3, ensemble).num_tokens == size
 
 
-def test_latency_keeps_the_faster_matmul_per_size(monkeypatch):
-    """Two kernels (lean fp32): each size is timed with both, the faster over all contexts is chosen and set."""
-    decoder = LeanDecoder(tiny_llama(seed=1))
-    fake_ms = {1: {64: (5.0, 7.0), 96: (5.0, 7.0)},  # size -> context -> (F.linear, weight @ x.T)
-               2: {64: (9.0, 4.0), 96: (9.0, 4.0)},
-               3: {64: (6.0, 6.5), 96: (8.0, 6.5)}}  # F.linear wins at 64 cached, loses overall
-    calls = []
-
-    def fake_step(speculator, cache, tree, guesses, context, warmup, repeats):
-        skinny = tree.num_tokens in speculator.decoder.skinny_sizes
-        calls.append((tree.num_tokens, context, skinny))
-        return fake_ms[tree.num_tokens][context][skinny]
-
-    monkeypatch.setattr(latency, "step_ms", fake_step)
-    table = torch.zeros(3, 64)
-    result = measure_latency(TorchDecoder(decoder), table, 3, 1, [1, 2, 3], contexts=(64, 96))
-    assert decoder.skinny_sizes == {2, 3}
-    assert result == {64: {1: 5.0, 2: 4.0, 3: 6.5}, 96: {1: 5.0, 2: 4.0, 3: 6.5}}
-    assert calls.count((2, 64, True)) == calls.count((2, 64, False)) == 2  # both kernels, twice, interleaved
-    # quantized layers have one kernel: timed once per size, nothing to choose
-    calls.clear()
-    quantized = LeanDecoder(tiny_llama(seed=1), "int8")
-    assert not quantized.has_kernel_choice
-    measure_latency(TorchDecoder(quantized), table, 3, 1, [1, 2], contexts=(64,))
-    assert sorted(calls) == [(1, 64, False), (2, 64, False)]
-
-
-def test_profile_kernel_choice_reaches_the_decoder(tiny_model_dir):
-    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), quant="none", device="cpu", tree="medium"))
-    engine.calibrate(prompts=2, max_new_tokens=8, contexts=(32,), repeats=1)
-    decoder = engine.loaded.decoder
-    assert decoder.has_kernel_choice and set(engine.profile.skinny_sizes) == decoder.skinny_sizes
-    assert decoder.skinny_sizes <= set(engine.profile.latency_ms[32])
-    engine.profile.skinny_sizes = [2, 5]
-    engine.use_profile(engine.profile)
-    assert decoder.skinny_sizes == {2, 5} and "weight @ x.T for 2, 5 rows" in engine.loaded.kernels["linear"]
-    ids = engine.chat_ids([{"role": "user", "content": "Hello"}])
-    assert engine.generate(ids, "ppd", 16).tokens == engine.generate(ids, "vanilla", 16).tokens
-
-
 @pytest.mark.parametrize("costs, measured", [
     ({1: 10, 2: 12, 3: 40, 4: 20, 5: 45, 6: 50, 8: 80}, [1, 2, 3, 4, 5, 6]),  # stops after two sizes in a row past 3.5x
     ({1: 10, 2: 10, 3: 10, 4: 11, 5: 12, 6: 12, 8: 13}, [1, 2, 3, 4, 5, 6, 8]),  # flat (a GPU): every size
@@ -123,7 +84,7 @@ def test_profile_kernel_choice_reaches_the_decoder(tiny_model_dir):
 def test_latency_stops_at_the_sizes_that_cannot_beat_plain_decoding(monkeypatch, costs, measured):
     """With a ceiling of 3.5 tokens per step, a size costing more than 3.5 plain steps cannot win; once two in a row
     do (one alone may be a blocking hiccup, as 3 here), the larger sizes are not measured, at any context."""
-    decoder = LeanDecoder(tiny_llama(seed=1), "int8")
+    decoder = LeanDecoder(tiny_llama(seed=1))
     calls = []
 
     def fake_step(speculator, cache, tree, guesses, context, warmup, repeats):
@@ -131,19 +92,19 @@ def test_latency_stops_at_the_sizes_that_cannot_beat_plain_decoding(monkeypatch,
         return float(costs[tree.num_tokens])
 
     monkeypatch.setattr(latency, "step_ms", fake_step)
-    result = measure_latency(TorchDecoder(decoder), torch.zeros(3, 64), 3, 1, sorted(costs), contexts=(64, 96), ceiling=3.5)
+    result = measure_latency(TorchDecoder(decoder), np.zeros((3, 64), np.float32), 3, 1, sorted(costs), contexts=(64, 96), ceiling=3.5)
     assert sorted(result[64]) == sorted(result[96]) == measured
     assert calls == [(64, size) for size in measured] + [(96, size) for size in measured]
 
 
 def test_step_timing_stops_once_the_median_settles(monkeypatch):
     """At most ``repeats`` timed runs, fewer once one more run moves the median by 2% or less."""
-    decoder = TorchDecoder(LeanDecoder(tiny_llama(seed=1), "int8"))
+    decoder = TorchDecoder(LeanDecoder(tiny_llama(seed=1)))
     tree = probe_tree(2, 3, 1)
-    speculator = latency.Speculator(decoder, latency.TreeFamily("probe", (tree,)), torch.zeros(3, 64))
+    speculator = latency.Speculator(decoder, latency.TreeFamily("probe", (tree,)), np.zeros((3, 64), np.float32))
     cache = decoder.new_cache()
     latency.prefill(decoder, cache, list(range(8)))
-    guesses = torch.zeros(max(tree.depth, 1), max(tree.max_rank + 1, 1), dtype=torch.long)
+    guesses = np.zeros((max(tree.depth, 1), max(tree.max_rank + 1, 1)), dtype=np.int64)
     runs = []
     real_step = latency.tree_step
     monkeypatch.setattr(latency, "tree_step", lambda *args: runs.append(1) or real_step(*args))
@@ -292,12 +253,12 @@ def test_acceptance_is_measured_once_and_travels_beside_the_prompt_tokens(tiny_e
     profile = engine.calibrate(prompts=3, max_new_tokens=24, contexts=(64,), repeats=2)
     assert profile.acceptance_from == str(beside(shipped)) and profile.acceptance == first.acceptance
 
-    # other numerics (fp32 instead of int4): measured anew, and said so
+    # other numerics (bf16 instead of fp32): measured anew, and said so
     monkeypatch.setattr(calibration, "measure_record", measure)
-    fp32 = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", quant="none",
+    bf16 = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", quant="none", dtype="bfloat16",
                                     prompt_tokens=str(shipped)))
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        profile = fp32.calibrate(prompts=3, max_new_tokens=24, contexts=(64,), repeats=1)
+        profile = bf16.calibrate(prompts=3, max_new_tokens=24, contexts=(64,), repeats=1)
     assert "no record for" in caplog.text and "torch/none" in caplog.text
-    assert profile.acceptance_from == str(user_records_dir() / f"{fp32.prompt_tokens.fingerprint}.json")
+    assert profile.acceptance_from == str(user_records_dir() / f"{bf16.prompt_tokens.fingerprint}.json")

@@ -1,17 +1,23 @@
 """Greedy tree decoding on a tiny random model: exactness, oracle guesses, limits."""
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import tiny_llama
+from ppd_core.backends.torch_backend import TorchDecoder
 from ppd_core.decoding import PromptTooLongError, Request, Speculator, clip_tokens, generate
-from ppd_core.loading import pick_decoder
+from ppd_core.hf_loading import pick_decoder
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
-from ppd_core.backends.torch_backend import TorchDecoder
 
 EOS = frozenset({127})
 CHAIN = TreeSpec({(): 3, (0,): 1, (1,): 3, (1, 0): 3, (1, 1): 1, (1, 0, 1): 3, (1, 0, 0): 1})
+
+
+def prompt_table(rows: int, seed: int, scale: float = 1.0) -> np.ndarray:
+    """Random prompt-token rows [rows, 64] float32 (untrained: they guess badly, which decoding must survive)."""
+    return (np.random.default_rng(seed).standard_normal((rows, 64)) * scale).astype(np.float32)
 
 
 def run(model, prompt, family, table, max_new_tokens=60, max_context=256, hook=None, eos=frozenset()):
@@ -33,7 +39,7 @@ def plain_generate(model, prompt, max_new_tokens):
 def test_ppd_equals_plain_decoding(tree_name, ensemble, forward):
     model = tiny_llama(seed=3)
     decoder = pick_decoder(model, forward)
-    table = torch.randn(3 * ensemble, 64, generator=torch.Generator().manual_seed(1)) * 5
+    table = prompt_table(3 * ensemble, seed=1, scale=5)
     family = family_from_spec(tree_name, STATIC_TREES[tree_name], 3, ensemble)
     prompt = list(range(5, 25))
     reference, _ = run(decoder, prompt, vanilla_family(), None)
@@ -45,12 +51,12 @@ def test_ppd_equals_plain_decoding(tree_name, ensemble, forward):
 def oracle(reference, ranks):
     """Put the true future token of depth d at rank ranks[d - 1]; the other ranks get wrong tokens."""
 
-    def hook(produced, guesses):
-        planted = guesses.clone()
+    def hook(produced, guesses):  # guesses: [m, K] int64
+        planted = guesses.copy()
         for d in range(planted.shape[0]):
             position = len(produced) + d
             truth = reference[position] if position < len(reference) else -1
-            planted[d] = torch.tensor([(truth + 1 + r) % 128 for r in range(planted.shape[1])])
+            planted[d] = [(truth + 1 + r) % 128 for r in range(planted.shape[1])]
             if ranks is not None and truth >= 0:
                 planted[d, ranks[d]] = truth
         return planted
@@ -60,7 +66,7 @@ def oracle(reference, ranks):
 
 def test_oracle_at_chosen_ranks_accepts_full_depth():
     model = tiny_llama(seed=4)
-    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    table = prompt_table(3, seed=2)
     family = family_from_spec("chain", CHAIN, 3)
     prompt = list(range(30, 50))
     reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=120)
@@ -75,7 +81,7 @@ def test_oracle_at_chosen_ranks_accepts_full_depth():
 
 def test_oracle_nowhere_accepts_exactly_one():
     model = tiny_llama(seed=4)
-    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    table = prompt_table(3, seed=2)
     family = family_from_spec("large", STATIC_TREES["large"], 3)
     prompt = list(range(30, 50))
     reference, _ = run(model, prompt, vanilla_family(), None)
@@ -86,7 +92,7 @@ def test_oracle_nowhere_accepts_exactly_one():
 
 def test_stops_at_eos_inside_an_accepted_run():
     model = tiny_llama(seed=4)
-    table = torch.randn(3, 64)
+    table = prompt_table(3, seed=0)
     prompt = list(range(30, 50))
     reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=40)
     eos = frozenset({reference[17]})
@@ -97,7 +103,7 @@ def test_stops_at_eos_inside_an_accepted_run():
 
 def test_context_limit_stops_cleanly_and_matches_plain():
     model = tiny_llama(seed=5)
-    table = torch.randn(3, 64)
+    table = prompt_table(3, seed=0)
     prompt = list(range(10, 40))  # 30 tokens; context 50 leaves room for 20
     reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=100, max_context=50)
     tokens, steps = run(model, prompt, family_from_spec("large", STATIC_TREES["large"], 3), table, 100, 50, hook=oracle(reference, (0, 0, 0)))

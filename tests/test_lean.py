@@ -2,17 +2,18 @@
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import tiny_llama
 from ppd_core import kv_cache
-from ppd_core.backends.torch_backend import forward_hidden, logits_of
+from ppd_core.backends.torch_backend import TorchDecoder, forward_hidden, logits_of
+from ppd_core.hf_loading import load_gguf_with_transformers, pick_decoder
 from ppd_core.lean.model import LeanDecoder
-from ppd_core.loading import pick_decoder
+from ppd_core.loading import DEFAULT_NAME, default_model_file
 from ppd_core.tree import TreeSpec, build_tree
-from ppd_core.backends.torch_backend import TorchDecoder
 
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
@@ -53,27 +54,25 @@ def test_lean_logits_equal_transformers(make):
 def test_static_cache_keeps_random_paths_exactly():
     """After keeping an accepted path, the next step's logits equal a sequential forward over context + path."""
     model = tiny_llama(seed=4)
-    lean = LeanDecoder(model)
-    embedding = model.get_input_embeddings()
-    generator = torch.Generator().manual_seed(2)
+    decoder = TorchDecoder(LeanDecoder(model))
+    rng = np.random.default_rng(2)
     spec = TreeSpec({(): 0, (0,): 0, (1,): 0, (2,): 0, (0, 0): 0, (0, 1): 0, (1, 0): 0, (0, 0, 0): 0, (1, 0, 0): 0})
     tree = build_tree(spec, num_prompt_tokens=3)
-    context = torch.randint(0, 128, (12,), generator=generator).tolist()
+    context = rng.integers(0, 128, 12).tolist()
     for trial in range(6):
-        cache = kv_cache.new_cache(lean)
-        TorchDecoder(lean).prefill(cache, context)
-        node_tokens = torch.randint(0, 128, (tree.num_nodes,), generator=generator)
-        with torch.inference_mode():
-            forward_hidden(lean, cache, embedding(node_tokens), tree.position_offsets + len(context),
-                           tree.additive_mask(len(context), torch.float32, torch.device("cpu")))
-        path = tree.node_paths[int(torch.randint(tree.num_nodes, (1,), generator=generator))]
-        kv_cache.keep_tree_entries(cache, len(context), path)
-        assert kv_cache.cache_length(cache) == len(context) + len(path)
+        cache = decoder.new_cache()
+        decoder.prefill(cache, context)
+        node_tokens = rng.integers(0, 128, tree.num_nodes)  # [N] int64
+        step = decoder.tree_logits(cache, tree, node_tokens, None)
+        assert step.num_rows == tree.num_tokens
+        path = tree.node_paths[int(rng.integers(tree.num_nodes))]
+        decoder.keep(cache, len(context), path)
+        assert decoder.cache_length(cache) == len(context) + len(path)
         kept = context + node_tokens[list(path)].tolist()
-        nxt = int(torch.randint(0, 128, (1,), generator=generator))
-        with torch.inference_mode():
-            hidden = forward_hidden(lean, cache, embedding(torch.tensor([nxt])), torch.tensor([len(kept)]), None)
-        torch.testing.assert_close(logits_of(lean, hidden)[0], reference_logits(model, kept + [nxt])[-1], atol=1e-4, rtol=0)
+        nxt = int(rng.integers(0, 128))
+        logits = decoder.prefill(cache, [nxt]).rows(slice(0, 1))[0]  # [vocab] float32 NumPy
+        expected = reference_logits(model, kept + [nxt])[-1].numpy()
+        np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
 
 
 def test_static_cache_grows_past_its_first_capacity():
@@ -103,13 +102,16 @@ def test_unsupported_architecture_falls_back_with_one_line(caplog):
 
 
 @pytest.mark.slow
-def test_default_model_lean_logits_equal_transformers(default_engine):
-    loaded = default_engine.loaded
-    assert loaded.forward == "lean"
-    ids = default_engine.chat_ids([{"role": "user", "content": "Explain in detail how a bicycle works."}])
+def test_default_model_lean_logits_equal_transformers():
+    """The default GGUF through transformers (``--backend torch``: its float32 copy), on the lean forward."""
+    loaded = load_gguf_with_transformers(default_model_file(), DEFAULT_NAME, "none", "cpu")
+    assert loaded.forward == "lean" and loaded.quant == "none" and loaded.dtype == torch.float32
+    ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "Explain in detail how a bicycle works."}],
+                                               add_generation_prompt=True, tokenize=True, return_dict=False)
     expected = reference_logits(loaded.model, ids)
-    cache = kv_cache.new_cache(loaded.decoder)
+    lean = loaded.backend.model
+    cache = kv_cache.new_cache(lean)
     with torch.inference_mode():
-        hidden = forward_hidden(loaded.decoder, cache, loaded.model.get_input_embeddings()(torch.tensor(ids)), torch.arange(len(ids)), None)
-        logits = logits_of(loaded.decoder, hidden)
+        hidden = forward_hidden(lean, cache, loaded.model.get_input_embeddings()(torch.tensor(ids)), torch.arange(len(ids)), None)
+        logits = logits_of(lean, hidden)
     assert (logits - expected).abs().max() <= 1e-4

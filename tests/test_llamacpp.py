@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
-import torch
 
 from ppd_core.backends.llamacpp import LlamaCppDecoder, chat_model
 from ppd_core.decoding import Request, Speculator, generate
@@ -60,17 +60,16 @@ def reference():
     decoder.close()
 
 
-def one_by_one(decoder, cache, tokens) -> list[torch.Tensor]:
-    """Logits after each of ``tokens`` fed one per decode after ``cache``, which is then cut back."""
+def one_by_one(decoder, cache, tokens) -> list[np.ndarray]:
+    """Logits [vocab] after each of ``tokens`` fed one per decode after ``cache``, which is then cut back."""
     length = decoder.cache_length(cache)
-    logits = [decoder.prefill(cache, [token]) for token in tokens]
+    logits = [decoder.prefill(cache, [token]).rows(slice(0, 1))[0] for token in tokens]
     decoder.truncate(cache, length)
     return logits
 
 
-def node_tokens_of(tree, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(100, 40000, (tree.num_nodes,), generator=generator)
+def node_tokens_of(tree, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(100, 40000, size=tree.num_nodes)  # [N] int64
 
 
 @pytest.mark.parametrize("cached", [40, 1200])
@@ -80,20 +79,20 @@ def test_every_tree_node_equals_single_token_decoding_bitwise(llama_engine, deco
     reference.prefill(plain_cache, context)
     tree = build_tree(BRANCHING, 3, 1, max_depth=3)
     nodes = node_tokens_of(tree, cached)
-    prompt_rows = llama_engine.prompt_tokens.flat(torch.float32, torch.device("cpu"))[tree.prompt_embedding_index]
+    prompt_rows = llama_engine.prompt_tokens.table()[tree.prompt_embedding_index]  # [T - N, hidden]
     for rows in (None, prompt_rows):  # a token batch (no prompt rows) and an embedding batch
         cache = decoder.new_cache()
         decoder.prefill(cache, context)
         plain_tree = build_tree(TreeSpec({p: 0 for p in BRANCHING.prompt_counts}), 3, 1, max_depth=3)
-        logits = decoder.tree_logits(cache, tree if rows is not None else plain_tree, nodes, rows)
+        logits = decoder.tree_logits(cache, tree if rows is not None else plain_tree, nodes, rows).rows(slice(None))
         for node, path in enumerate(tree.node_paths):
             expected = one_by_one(reference, plain_cache, [int(nodes[i]) for i in path])[-1]
-            assert torch.equal(logits[node], expected), f"node {node} at {cached} cached tokens"
+            assert np.array_equal(logits[node], expected), f"node {node} at {cached} cached tokens"
 
 
 def test_embedding_batch_equals_token_batch_bitwise(llama_engine, decoder):
     context = context_ids(llama_engine, 300)
-    chain = torch.tensor(llama_engine.chat_ids([{"role": "user", "content": "one two three four five"}])[:6])
+    chain = np.array(llama_engine.chat_ids([{"role": "user", "content": "one two three four five"}])[:6])
     tree = build_tree(TreeSpec({(0,) * d: 0 for d in range(6)}), 0, 1, max_depth=5)
     results = []
     for embed in (False, True):
@@ -102,10 +101,10 @@ def test_embedding_batch_equals_token_batch_bitwise(llama_engine, decoder):
         if embed:  # the same token rows, given as the file's own embedding rows, plus a prompt row the tree ignores
             rows = decoder.embedding_rows(chain[:1])
             with_prompt = build_tree(TreeSpec({**{(0,) * d: 0 for d in range(5)}, (0,) * 5: 1}), 1, 1, max_depth=5)
-            results.append(decoder.tree_logits(cache, with_prompt, chain, rows)[:6])
+            results.append(decoder.tree_logits(cache, with_prompt, chain, rows).rows(slice(0, 6)))
         else:
-            results.append(decoder.tree_logits(cache, tree, chain, None))
-    assert torch.equal(results[0], results[1])
+            results.append(decoder.tree_logits(cache, tree, chain, None).rows(slice(None)))
+    assert np.array_equal(results[0], results[1])
 
 
 def test_parked_rows_keep_later_steps_exact_through_truncation_and_rebuild(reference):
@@ -135,7 +134,7 @@ def test_parked_rows_keep_later_steps_exact_through_truncation_and_rebuild(refer
         reference.prefill(fresh, accepted)
         expected = one_by_one(reference, fresh, [7, 8, 9])
         got = one_by_one(decoder, cache, [7, 8, 9])
-        assert all(torch.equal(a, b) for a, b in zip(got, expected)), f"step {step}"
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected)), f"step {step}"
     assert decoder.rebuilds > 0  # the cells past the context filled with parked rows at least once
     decoder.close()
 

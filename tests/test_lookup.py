@@ -4,8 +4,8 @@ import dataclasses
 import itertools
 import random
 
+import numpy as np
 import pytest
-import torch
 
 from app.system_info import device_panel, guess_sources
 from conftest import tiny_llama
@@ -15,7 +15,7 @@ from ppd_core.lookup import (
     MATCH_CLASSES, MAX_MATCH, ChainedTrees, LookupStats, NgramIndex, best_with_chains, chain_lengths, class_label, match_class,
     replay_steps, with_lookup,
 )
-from ppd_core.loading import pick_decoder
+from ppd_core.hf_loading import pick_decoder
 from ppd_core.sampling_params import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
@@ -184,10 +184,11 @@ def test_chained_trees_merge_shared_candidates_and_stay_valid():
     for name, spec in STATIC_TREES.items():
         family = family_from_spec(name, spec, 3)
         rank = family.max_rank + 1
-        chained = ChainedTrees(rank, torch.device("cpu"))
+        chained = ChainedTrees(rank)
+        numbers = np.random.default_rng(3)
         for _ in range(40):
             tree = family.for_depth(3)
-            guesses = torch.stack([torch.randperm(20)[:rank] for _ in range(3)])  # [3, K] distinct per depth
+            guesses = np.stack([numbers.permutation(20)[:rank] for _ in range(3)])  # [3, K] int64, distinct per depth
             chain = [int(guesses[0, 0]) if rng.random() < 0.5 else 100 + rng.randrange(5)]
             chain += [int(guesses[d, rng.randrange(rank)]) if rng.random() < 0.5 else 100 + rng.randrange(5) for d in (1, 2)]
             chain += [100 + rng.randrange(5) for _ in range(rng.randint(0, 3))]
@@ -206,10 +207,10 @@ def test_chained_trees_merge_shared_candidates_and_stay_valid():
 
 def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
     model = tiny_llama(seed=7)
-    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(4)) * 5
+    table = (np.random.default_rng(4).standard_normal((3, 64)) * 5).astype(np.float32)  # [n * V, hidden]
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]  # repetitive: lookup proposes
-    for quant in (None, "int4"):
-        decoder = pick_decoder(model, "lean", quant)
+    for forward in ("lean", "transformers"):
+        decoder = pick_decoder(model, forward)
 
         def tokens(family, prompt_table, lengths):
             steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table, lengths), Request(prompt, 80, frozenset(), 256)))
@@ -219,7 +220,7 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
         for family, prompt_table in ((vanilla_family(), None), (family_from_spec("medium", STATIC_TREES["medium"], 3), table)):
             for lengths in ((1,) * CLASSES, (0, 2, 3, 4, 4, 4), (6,) * CLASSES):
                 found, from_lookup = tokens(family, prompt_table, lengths)
-                assert found == plain, (quant, family.name, lengths)
+                assert found == plain, (forward, family.name, lengths)
                 assert from_lookup > 0
 
 
@@ -239,7 +240,7 @@ def test_a_step_that_copies_skips_the_positions_it_covered():
 
 def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
     """One draw per emitted token from the same generator: with a seed, copied guesses change nothing but speed."""
-    decoder = pick_decoder(tiny_llama(seed=7), "lean", "int4")
+    decoder = pick_decoder(tiny_llama(seed=7), "lean")
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
     for seed in range(4):
         params = SamplingParams(temperature=0.7, seed=seed)
@@ -302,7 +303,7 @@ def test_the_engine_finds_prompt_tokens_where_ppd_train_saves_them_and_none_turn
     assert engine.prompt_tokens.num_prompt_tokens == 3
     saved = PromptTokens.load(engine.prompt_tokens.source)
     assert engine.prompt_tokens.source.parent == user_prompt_tokens_path("x", []).parent
-    assert torch.equal(engine.prompt_tokens.embeddings, saved.embeddings)
+    assert np.array_equal(engine.prompt_tokens.embeddings, saved.embeddings)
     forced = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", prompt_tokens="none",
                                       auto_calibrate=False))
     assert forced.prompt_tokens.num_prompt_tokens == 0 and forced.family.name == "vanilla"

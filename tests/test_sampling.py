@@ -1,18 +1,19 @@
 """Sampling: lossless PPD keeps the model's distribution; edge cases and bad settings."""
 
-import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import tiny_llama
-from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.sampling import adjusted_probs, typical_threshold
-from ppd_core.sampling_params import SamplingParams
-from ppd_core.verify import accept
-from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
 from ppd_core.backends.torch_backend import TorchDecoder
+from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.logits import HostLogits
+from ppd_core.sampling import adjusted_probs, sample, typical_threshold
+from ppd_core.sampling_params import SamplingParams
+from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
+from ppd_core.verify import accept
 
 VOCAB = 12
 PROMPT = [3, 7, 1, 4, 9, 2]
@@ -27,27 +28,34 @@ def small_model():
     return model
 
 
-@torch.inference_mode()
+def last_logits(model, sequences: list[list[int]]) -> np.ndarray:
+    """The model's own logits [B, vocab] after each sequence (transformers' forward, no cache)."""
+    with torch.inference_mode():
+        return model(torch.tensor(sequences)).logits[:, -1].float().numpy()
+
+
 def exact_distribution(model, params: SamplingParams, length: int) -> dict[tuple, float]:
     """P(first ``length`` tokens) under the model, by enumeration over the small vocabulary."""
     result = {(): 1.0}
     for _ in range(length):
         sequences = list(result)
-        batch = torch.tensor([PROMPT + list(s) for s in sequences])
-        probs = adjusted_probs(model(batch).logits[:, -1], params)  # [B, vocab]
+        probs = adjusted_probs(last_logits(model, [PROMPT + list(s) for s in sequences]), params)  # [B, vocab]
         result = {s + (t,): result[s] * float(probs[i, t]) for i, s in enumerate(sequences) for t in range(VOCAB)}
     return result
 
 
 def likely_guesses(model, params):
     """Guess hook: at every depth, the tokens most likely overall after the prompt (often right, often not)."""
-    with torch.inference_mode():
-        order = adjusted_probs(model(torch.tensor([PROMPT])).logits[0, -1], params).argsort(descending=True)
+    order = np.argsort(-last_logits(model, [PROMPT])[0], kind="stable")  # [vocab]: by logit, as by any T, top-k, top-p
 
-    def hook(produced, guesses):
-        return order[: guesses.shape[1]].expand(guesses.shape[0], -1).clone()
+    def hook(produced, guesses):  # guesses: [m, K] int64
+        return np.tile(order[: guesses.shape[1]], (guesses.shape[0], 1))
 
     return hook
+
+
+def prompt_table(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((3, 32)).astype(np.float32)  # [n * V, hidden]
 
 
 def chi_square_p_value(counts: dict, expected: dict, total: int) -> float:
@@ -71,7 +79,7 @@ def test_lossless_ppd_sampling_matches_the_models_distribution(settings):
     """
     model = small_model()
     family = family_from_spec("wide", TREE, 3)
-    table = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    table = prompt_table()
     expected = exact_distribution(model, SamplingParams(**settings), 3)
     counts: dict[tuple, int] = {}
     accepted = 0
@@ -100,7 +108,7 @@ def test_plain_sampling_matches_the_distribution_too():
 
 def run(model, params, family=None, table=None, new=20):
     family = family or family_from_spec("wide", TREE, 3)
-    table = torch.randn(3, 32, generator=torch.Generator().manual_seed(0)) if table is None else table
+    table = prompt_table() if table is None else table
     steps = generate(Speculator(TorchDecoder(model), family, table), Request(PROMPT, new, frozenset(), 256, params, guess_hook=likely_guesses(model, params)))
     return [t for s in steps for t in s.tokens]
 
@@ -121,16 +129,35 @@ def test_seeded_sampling_is_reproducible():
     assert len({tuple(run(model, SamplingParams(temperature=1.0, seed=s))) for s in range(6)}) > 1
 
 
+def softmax(values: np.ndarray) -> np.ndarray:
+    exp = np.exp(values - values.max())
+    return exp / exp.sum()
+
+
 def test_adjusted_probs_edge_cases():
-    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    logits = np.array([2.0, 1.0, 0.5, -1.0], dtype=np.float32)
     full = adjusted_probs(logits, SamplingParams(temperature=1.0, top_p=1.0))
-    torch.testing.assert_close(full, logits.softmax(-1))
+    np.testing.assert_allclose(full, softmax(logits.astype(np.float64)), rtol=1e-12)
+    np.testing.assert_allclose(adjusted_probs(logits, SamplingParams(temperature=0.5)), softmax(logits / 0.5), rtol=1e-6)
     top2 = adjusted_probs(logits, SamplingParams(temperature=1.0, top_k=2))
-    torch.testing.assert_close(top2, torch.cat([logits[:2].softmax(-1), torch.zeros(2)]))
+    np.testing.assert_allclose(top2, np.concatenate([softmax(logits[:2].astype(np.float64)), np.zeros(2)]), rtol=1e-12)
     # top-p keeps the smallest prefix reaching the mass: 0.61 + 0.22 >= 0.8, so two tokens
     nucleus = adjusted_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))
     assert (nucleus > 0).tolist() == [True, True, False, False]
     assert float(nucleus.sum()) == pytest.approx(1.0)
+    # a batch [2, vocab] is cut row by row
+    rows = adjusted_probs(np.stack([logits, logits[::-1]]), SamplingParams(temperature=1.0, top_k=1))
+    assert rows.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
+
+
+def test_sample_draws_by_the_distribution_and_a_seed_reproduces_it():
+    probs = np.array([0.5, 0.0, 0.3, 0.2])
+    draws = [sample(probs, SamplingParams(temperature=1.0, seed=seed).generator()) for seed in range(4000)]
+    counts = np.bincount(draws, minlength=4) / len(draws)
+    assert counts[1] == 0.0  # a token of probability 0 is never drawn
+    np.testing.assert_allclose(counts, probs, atol=0.03)
+    generator, again = SamplingParams(seed=7).generator(), SamplingParams(seed=7).generator()
+    assert [sample(probs, generator) for _ in range(20)] == [sample(probs, again) for _ in range(20)]
 
 
 @pytest.mark.parametrize(
@@ -154,7 +181,7 @@ def test_typical_acceptance_accepts_more_and_is_labelled_lossy():
     typical = SamplingParams(temperature=0.7, seed=1, acceptance="typical")
     assert lossless.lossless and not typical.lossless
     family = family_from_spec("wide", TREE, 3)
-    table = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    table = prompt_table()
 
     def mean_accepted(params):
         totals = []
@@ -179,9 +206,10 @@ def bar_of(probs: list[float]) -> float:
     return min(0.09, 0.3 * math.exp(-entropy_of(probs)))
 
 
-def logits_for(rows: list[list[float]], temperature: float) -> torch.Tensor:
-    """Logits whose softmax(logits / T) is exactly ``rows``."""
-    return temperature * torch.tensor(rows, dtype=torch.float64).log()  # [N, vocab]
+def logits_for(rows: list[list[float]], temperature: float) -> HostLogits:
+    """A step's logits [N, vocab] whose softmax(logits / T) is exactly ``rows``."""
+    with np.errstate(divide="ignore"):
+        return HostLogits(temperature * np.log(np.array(rows, dtype=np.float64)))
 
 
 def candidate_at(ratio: float, rest: list[float]) -> list[float]:
@@ -215,10 +243,10 @@ def test_typical_accepts_just_above_the_bar_and_rejects_just_below(rest, binding
 def test_typical_threshold_matches_the_hand_computed_bar():
     params = SamplingParams(temperature=1.0)
     for probs in [candidate_at(1.0, PEAKED), candidate_at(1.0, FLAT), [0.5, 0.5, 0.0, 0.0]]:
-        bar = typical_threshold(torch.tensor(probs, dtype=torch.float64), params)
+        bar = typical_threshold(np.array(probs, dtype=np.float64), params)
         assert float(bar) == pytest.approx(bar_of(probs), rel=1e-12)
-    rows = torch.tensor([[0.25] * 4, [1.0, 0.0, 0.0, 0.0]])  # [2, 4]: a bar per row
-    torch.testing.assert_close(typical_threshold(rows, params), torch.tensor([0.3 / 4, 0.09]))  # exp(-ln 4) = 1/4
+    rows = np.array([[0.25] * 4, [1.0, 0.0, 0.0, 0.0]])  # [2, 4]: a bar per row
+    np.testing.assert_allclose(typical_threshold(rows, params), [0.3 / 4, 0.09], rtol=1e-12)  # exp(-ln 4) = 1/4
 
 
 def test_typical_bar_uses_the_untruncated_distribution():
@@ -288,16 +316,17 @@ def test_typical_takes_the_longest_path_then_the_likeliest(p_node9, expected):
 
 
 def test_typical_matches_brute_force_on_random_trees():
-    generator = torch.Generator().manual_seed(3)
+    rng = np.random.default_rng(3)
     vocab = 16
     lengths = []
     for trial in range(300):
-        n = int(torch.randint(2, 14, (1,), generator=generator))
-        parents = [-1] + [int(torch.randint(0, node, (1,), generator=generator)) for node in range(1, n)]
-        choices = [torch.randperm(vocab, generator=generator).tolist() for _ in range(n)]  # siblings' tokens differ
+        n = int(rng.integers(2, 14))
+        parents = [-1] + [int(rng.integers(0, node)) for node in range(1, n)]
+        choices = [rng.permutation(vocab).tolist() for _ in range(n)]  # siblings' tokens differ
         tokens = [0] + [choices[parents[node]][parents[:node].count(parents[node])] for node in range(1, n)]
-        sharpness = float(torch.rand(1, generator=generator)) * 4
-        rows = (torch.randn(n, vocab, generator=generator, dtype=torch.float64) * sharpness).softmax(-1).tolist()
+        sharpness = float(rng.random()) * 4
+        scores = rng.standard_normal((n, vocab)) * sharpness
+        rows = (np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)).tolist()
         temperature = [1.0, 0.5, 1.7][trial % 3]
         params = SamplingParams(temperature=temperature, acceptance="typical", seed=trial)
         last, bonus = accept(parents, tokens, logits_for(rows, temperature), params, params.generator())

@@ -1,7 +1,7 @@
 """Tree buffers checked entry by entry on small hand-written trees."""
 
+import numpy as np
 import pytest
-import torch
 
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, build_tree, family_from_spec, root_only_tree
@@ -37,17 +37,16 @@ def test_mask_entry_by_entry():
         [1, 1, 0, 0, 0, 0, 1, 0],  # (0) prompt 1
         [1, 1, 0, 1, 0, 0, 0, 1],  # (0, 0) prompt 1
     ]
-    assert tree.attention_mask.int().tolist() == expected
+    assert tree.attention_mask.dtype == np.bool_ and tree.attention_mask.astype(int).tolist() == expected
 
 
-def test_additive_mask_has_context_columns():
+def test_buffers_are_numpy_arrays():
+    """Backends convert at their edge: the tree itself holds int64 index arrays and a bool mask."""
     tree = build_tree(HAND, num_prompt_tokens=2)
-    mask = tree.additive_mask(cache_length=5, dtype=torch.float32, device=torch.device("cpu"))
-    assert mask.shape == (1, 1, 8, 13)
-    assert (mask[0, 0, :, :5] == 0).all()
-    allowed = mask[0, 0, :, 5:] == 0
-    assert torch.equal(allowed, tree.attention_mask)
-    assert (mask[0, 0, :, 5:][~tree.attention_mask] == torch.finfo(torch.float32).min).all()
+    for name in ("candidate_depths", "candidate_ranks", "position_offsets", "prompt_embedding_index", "prompt_slots"):
+        array = getattr(tree, name)
+        assert isinstance(array, np.ndarray) and array.dtype == np.int64, name
+    assert tree.max_offset == 3 and not hasattr(tree, "to")
 
 
 def test_ensemble_members_see_only_their_own_chain():
@@ -70,7 +69,7 @@ def test_every_static_tree_is_valid():
             assert tree.depth <= depth
             for node, ancestors in enumerate(tree.node_paths):
                 row = tree.attention_mask[node, : tree.num_nodes]
-                assert set(torch.nonzero(row).flatten().tolist()) == set(ancestors)
+                assert set(np.flatnonzero(row).tolist()) == set(ancestors)
         assert family.num_tokens == spec.num_tokens
 
 

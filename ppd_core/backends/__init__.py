@@ -11,21 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import torch
+import numpy as np
 
+from ppd_core.logits import StepLogits
 from ppd_core.tree import Tree
-
 
 
 class Decoder(Protocol):
     """What decoding needs of a model. A cache is opaque: only its backend reads or edits it."""
 
     name: str  # "torch" or "llamacpp": reported by the readout, the bench and the API
-    device: torch.device  # where logits, guesses and prompt-token rows live
-    dtype: torch.dtype  # prompt-token rows are kept in it
     vocab_size: int
     max_context: int  # positions a cache may hold (prompt and answer)
     bitwise: bool  # tree rows equal plain steps bit for bit on this path (tested); else up to float rounding
+    tree_note: str | None  # why this model decodes plainly only (a recurrent cache holds no tree); None: trees work
+    accepts_embeddings: bool  # an embedding row stands in for its token (prompt-token rows can be decoded)
 
     def new_cache(self) -> Any:
         """An empty cache."""
@@ -33,13 +33,13 @@ class Decoder(Protocol):
     def cache_length(self, cache: Any) -> int:
         """Positions the cache holds (accepted tokens only)."""
 
-    def prefill(self, cache: Any, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append ``token_ids`` after what ``cache`` holds; logits [vocab] float32 of the last one."""
+    def prefill(self, cache: Any, token_ids: Sequence[int]) -> StepLogits:
+        """Append ``token_ids`` after what ``cache`` holds; the logits [1, vocab] of the last one."""
 
-    def tree_logits(self, cache: Any, tree: Tree, node_tokens: torch.Tensor, prompt_rows: torch.Tensor | None) -> torch.Tensor:
-        """One forward pass over ``tree`` rooted right after the cache: node tokens [N], then prompt-token
-        embeddings [T - N, hidden] (or None). Every row sees the cache and its tree ancestors; row i sits at
-        position ``cache_length + tree.position_offsets[i]``. Returns logits [T, vocab] float32. The rows'
+    def tree_logits(self, cache: Any, tree: Tree, node_tokens: np.ndarray, prompt_rows: np.ndarray | None) -> StepLogits:
+        """One forward pass over ``tree`` rooted right after the cache: node tokens [N] int64, then prompt-token
+        embeddings [T - N, hidden] float32 (or None). Every row sees the cache and its tree ancestors; row i sits
+        at position ``cache_length + tree.position_offsets[i]``. Returns the logits of all T rows. The rows'
         keys and values are held until ``keep``."""
 
     def keep(self, cache: Any, start: int, path: Sequence[int]) -> None:
@@ -49,8 +49,9 @@ class Decoder(Protocol):
     def truncate(self, cache: Any, length: int) -> None:
         """Forget every position from ``length`` on."""
 
-    def embedding_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """The model's input embeddings [k, hidden] float32 of ``token_ids`` [k] (fingerprints, training)."""
+    def embedding_rows(self, token_ids: np.ndarray) -> np.ndarray:
+        """The model's input embeddings [k, hidden] float32 of ``token_ids`` [k], as its first layer sees them
+        (fingerprints, prompt-token rows' scale, training)."""
 
     def describe(self) -> dict:
         """What runs the model, for the device panel and reports: backend, kernels, offload."""

@@ -34,14 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from ppd_core.device_policy import llama_extra_buffers, properties_of, rows_bitwise
+from ppd_core.device_policy import cpu_properties, llama_extra_buffers, rows_bitwise
 from ppd_core.errors import PpdError
+from ppd_core.backends.gguf_rows import EmbeddingRows
+from ppd_core.logits import HostLogits
 from ppd_core.tree import Tree
 
 log = logging.getLogger(__name__)
 
+LIVE_MODELS: set[int] = set()  # decoders whose llama.cpp model is loaded (tests count leaks with it)
 # llama.cpp allows 256 sequences; its output buffer holds one vocabulary row per sequence (24 MB here at 128)
 SEQ_MAX = 128
 PARK = SEQ_MAX - 1  # parked cells: rejected rows and truncated positions, seen by no query
@@ -57,7 +59,6 @@ DEFAULT_MAX_CONTEXT = 8192  # positions held at most (the model's own if smaller
 # llama.cpp fills its whole KV cache at creation, so this is the memory a typical chat costs (37 MB here, 113 MB
 # for all 8192 positions)
 INITIAL_CONTEXT = 2048
-EMBEDDING_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")  # token_embd types whose rows this module de-quantizes
 
 
 class LlamaCppError(PpdError):
@@ -121,21 +122,30 @@ class LlamaCppDecoder:
 
     def __init__(self, gguf_file: Path, threads: int = 0, gpu_layers: int | None = None,
                  max_context: int | None = None, kv_type: str = "q8_0", spare_cells: int = SPARE_CELLS,
-                 initial_context: int = INITIAL_CONTEXT):
+                 initial_context: int = INITIAL_CONTEXT, architecture: str | None = None):
         llama = self.llama = import_llama_cpp()
         llama.llama_backend_init()
         quiet_logs(llama)
         self.gguf_file = Path(gguf_file)
+        self.model = self.context = self._token_batch = self._embedding_batch = self._embeddings = None
+        try:
+            self._load(llama, threads, gpu_layers, max_context, kv_type, spare_cells, initial_context, architecture)
+        except BaseException:
+            self.close()  # nothing of a failed load stays in memory
+            raise
+
+    def _load(self, llama, threads, gpu_layers, max_context, kv_type, spare_cells, initial_context, architecture) -> None:
         model_params = llama.llama_model_default_params()
         offload = llama.llama_supports_gpu_offload()
         model_params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
         self.gpu_layers = model_params.n_gpu_layers if offload else 0
-        self.bitwise = rows_bitwise(properties_of(torch.device("cpu")), self.name, "gguf", self.gpu_layers)
+        self.bitwise = rows_bitwise(cpu_properties(), self.name, "gguf", self.gpu_layers)
         self.system = system_info(llama)
         model_params.use_extra_bufts = llama_extra_buffers(self.system)
         self.model = llama.llama_model_load_from_file(str(self.gguf_file).encode(), model_params)
         if not self.model:
             raise LlamaCppError(f"llama.cpp could not load {self.gguf_file.name}")
+        LIVE_MODELS.add(id(self))
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.vocab_size = llama.llama_vocab_n_tokens(self.vocab)
         self.hidden = llama.llama_model_n_embd(self.model)
@@ -155,16 +165,19 @@ class LlamaCppDecoder:
         params.n_threads = params.n_threads_batch = self.threads
         params.no_perf = True
         self.spare_cells = spare_cells
-        self.context = None
+        # a recurrent or hybrid cache (Mamba, RWKV, Jamba...) cannot hold a tree's branches: plain decoding there
+        recurrent = llama.llama_model_is_recurrent(self.model) or getattr(llama, "llama_model_is_hybrid", lambda m: False)(self.model)
+        self.tree_note = (f"{self.gguf_file.name} keeps a recurrent state, which cannot hold a tree of guesses: "
+                          "plain decoding") if recurrent else None
         self._resident: LlamaCache | None = None  # the cache whose cells the context holds
         self._open(min(initial_context, self.max_context))
-        self.device = torch.device("cpu")  # logits come back to the host; llama.cpp runs where it offloaded
-        self.dtype = torch.float32
         self._token_batch = llama.llama_batch_init(BATCH_ROWS, 0, SEQ_MAX)
         self._embedding_batch = None  # made on the first step with prompt-token rows
         self.rebuilds = 0  # re-decodes that dropped parked cells
         self.grows = 0  # contexts made larger for a longer conversation
-        self._embeddings = EmbeddingRows(self.gguf_file)
+        self._embeddings = EmbeddingRows(self.gguf_file, architecture)
+        # prompt-token rows go in as embeddings: only where an embedding row is what its token gives the model
+        self.accepts_embeddings = self._embeddings.matches_tokens
 
     def metadata(self, key: str) -> str | None:
         """A GGUF metadata value of the model, as text (None where the file has no such key)."""
@@ -184,6 +197,16 @@ class LlamaCppDecoder:
         if self.model:
             llama.llama_model_free(self.model)
             self.model = None
+            LIVE_MODELS.discard(id(self))
+        if self._embeddings is not None:
+            self._embeddings.close()
+            self._embeddings = None
+
+    def __del__(self) -> None:  # a decoder dropped without close() still frees llama.cpp's memory
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the library may be gone already
+            pass
 
     # --- the protocol -------------------------------------------------------------------------
 
@@ -193,16 +216,16 @@ class LlamaCppDecoder:
     def cache_length(self, cache: LlamaCache) -> int:
         return len(cache.tokens)
 
-    def prefill(self, cache: LlamaCache, token_ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, cache: LlamaCache, token_ids: Sequence[int]) -> HostLogits:
         self._make_resident(cache, len(token_ids))
         in_order = cache.clean == len(cache.tokens) == cache.cells  # no parked cell: the new cells extend the prefix
-        logits = self._decode_tokens(cache, list(token_ids), len(cache.tokens))  # [vocab]
+        logits = self._decode_tokens(cache, list(token_ids), len(cache.tokens))  # [1, vocab]
         cache.tokens.extend(token_ids)
         if in_order:
             cache.clean = len(cache.tokens)
         return logits
 
-    def tree_logits(self, cache: LlamaCache, tree: Tree, node_tokens: torch.Tensor, prompt_rows: torch.Tensor | None) -> torch.Tensor:
+    def tree_logits(self, cache: LlamaCache, tree: Tree, node_tokens: np.ndarray, prompt_rows: np.ndarray | None) -> HostLogits:
         T, start = tree.num_tokens, len(cache.tokens)
         if T > TREE_ROWS or tree.num_leaves > MAX_LEAVES:
             raise LlamaCppError(f"a tree of {T} rows and {tree.num_leaves} leaves exceeds llama.cpp's {TREE_ROWS} rows "
@@ -210,7 +233,7 @@ class LlamaCppDecoder:
         self._make_resident(cache, T)
         self._widen(cache, tree.num_leaves)
         nodes = node_tokens.tolist()
-        positions = (tree.position_offsets.cpu().numpy() + start).astype(np.int32)  # [T]
+        positions = (tree.position_offsets + start).astype(np.int32)  # [T]
         if prompt_rows is None:
             batch = self._token_batch
             tokens_view(batch)[:T] = nodes
@@ -218,7 +241,7 @@ class LlamaCppDecoder:
             batch = self._embedding_rows_batch()
             rows = embeddings_view(batch, self.hidden)
             rows[: tree.num_nodes] = self._embeddings.rows(nodes)
-            rows[tree.num_nodes : T] = prompt_rows.float().cpu().numpy()
+            rows[tree.num_nodes : T] = prompt_rows
         fill_batch(batch, positions, tree.sequences, outputs=np.ones(T, dtype=np.int8))
         logits = self._run(batch, T, T)  # [T, vocab]
         cache.cells += T
@@ -262,8 +285,8 @@ class LlamaCppDecoder:
             cache.clean = min(cache.clean, length)
         del cache.tokens[length:]
 
-    def embedding_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self._embeddings.rows(token_ids.tolist()))
+    def embedding_rows(self, token_ids: np.ndarray) -> np.ndarray:
+        return self._embeddings.rows(np.asarray(token_ids).tolist())  # [k, hidden]
 
     def describe(self) -> dict:
         return {"backend": self.name, "gpu_layers": self.gpu_layers, "threads": self.threads,
@@ -331,9 +354,9 @@ class LlamaCppDecoder:
             self.llama.llama_memory_seq_cp(self.memory, 0, seq, -1, -1)
         cache.width = max(cache.width, leaves)
 
-    def _decode_tokens(self, cache: LlamaCache, tokens: list[int], start: int, logits: bool = True) -> torch.Tensor | None:
+    def _decode_tokens(self, cache: LlamaCache, tokens: list[int], start: int, logits: bool = True) -> HostLogits | None:
         """Decode a chain of tokens at positions ``start, ...`` on sequences 0..width-1, a batch at a time;
-        the last token's logits [vocab]."""
+        the last token's logits [1, vocab]."""
         batch, seqs = self._token_batch, [list(range(cache.width))] * BATCH_ROWS
         result = None
         for begin in range(0, len(tokens), BATCH_ROWS):
@@ -347,7 +370,7 @@ class LlamaCppDecoder:
             out = self._run(batch, count, int(outputs.sum()))
             cache.cells += count
             if last and logits:
-                result = out[0]
+                result = out
         return result
 
     def _embedding_rows_batch(self):
@@ -355,17 +378,15 @@ class LlamaCppDecoder:
             self._embedding_batch = self.llama.llama_batch_init(BATCH_ROWS, self.hidden, SEQ_MAX)
         return self._embedding_batch
 
-    def _run(self, batch, rows: int, outputs: int) -> torch.Tensor:
+    def _run(self, batch, rows: int, outputs: int) -> HostLogits:
         """``llama_decode`` of the batch's first ``rows`` rows; the logits of its ``outputs`` rows [outputs, vocab]."""
         batch.n_tokens = rows
         status = self.llama.llama_decode(self.context, batch)
         if status != 0:
             raise LlamaCppError(f"llama_decode failed with status {status} ({rows} rows)")
-        if not outputs:
-            return torch.empty(0, self.vocab_size)
         pointer = self.llama.llama_get_logits(self.context)
-        logits = np.ctypeslib.as_array(pointer, shape=(outputs, self.vocab_size))
-        return torch.from_numpy(logits.copy())
+        logits = np.ctypeslib.as_array(pointer, shape=(outputs, self.vocab_size))  # llama.cpp's buffer
+        return HostLogits(logits.copy())  # the next decode overwrites the buffer
 
 
 def tokens_view(batch) -> np.ndarray:
@@ -387,40 +408,6 @@ def fill_batch(batch, positions: np.ndarray, sequences: Sequence[Sequence[int]],
         target = batch.seq_id[row]
         for j, seq in enumerate(ids):
             target[j] = seq
-
-
-class EmbeddingRows:
-    """Rows of a GGUF file's ``token_embd``, de-quantized as llama.cpp's ``get_rows`` does (fp32)."""
-
-    def __init__(self, gguf_file: Path):
-        from ppd_core.lean.gguf_index import tensor_index  # noqa: PLC0415 - header parse only when rows are needed
-
-        self.gguf_file = gguf_file
-        self.tensor = tensor_index(gguf_file).get("token_embd.weight")
-        self._file = None
-
-    @property
-    def available(self) -> bool:
-        return self.tensor is not None and self.tensor.kind in EMBEDDING_TYPES
-
-    def rows(self, token_ids: Sequence[int]) -> np.ndarray:
-        """[k, hidden] float32."""
-        if not self.available:
-            kind = self.tensor.kind if self.tensor is not None else "missing"
-            raise LlamaCppError(f"{self.gguf_file.name}'s token embedding is {kind}: prompt tokens need one of "
-                                f"{', '.join(EMBEDDING_TYPES)} on the llama.cpp backend")
-        from gguf import GGMLQuantizationType  # noqa: PLC0415
-        from gguf.quants import dequantize  # noqa: PLC0415
-
-        if self._file is None:
-            self._file = open(self.gguf_file, "rb")  # noqa: SIM115 - held for the decoder's life
-        row_bytes = self.tensor.n_bytes // self.tensor.rows
-        out = []
-        for token in token_ids:
-            self._file.seek(self.tensor.offset + int(token) * row_bytes)
-            out.append(np.frombuffer(self._file.read(row_bytes), dtype=np.uint8))
-        raw = np.stack(out)  # [k, row bytes]
-        return dequantize(raw, GGMLQuantizationType[self.tensor.kind]).astype(np.float32, copy=False)
 
 
 # llama.cpp warns that the cells (context + spare cells for parked rows) outnumber the model's trained

@@ -1,7 +1,9 @@
 """The torch backend: the lean forward (``ppd_core.lean``) or a transformers model, with ``kv_cache``.
 
 A tree step feeds embeddings (token rows from the embedding table, prompt-token rows as trained) with
-the tree's additive mask and explicit positions; ``kv_cache`` keeps the accepted path.
+the tree's additive mask and explicit positions; ``kv_cache`` keeps the accepted path. NumPy in, NumPy out:
+arrays become tensors here. On a GPU the logits stay there (``DeviceLogits``): each step copies back the
+argmax per row and the next guesses, not ``[rows, vocab]`` floats.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ppd_core import kv_cache
-from ppd_core.device_policy import properties_of, rows_bitwise
 from ppd_core.kv_cache import Cache
 from ppd_core.lean.model import LeanDecoder
+from ppd_core.logits import HostLogits, StepLogits
 from ppd_core.tree import Tree
 
 if TYPE_CHECKING:
@@ -27,11 +30,10 @@ def forward_hidden(
     inputs_embeds: torch.Tensor,  # [T, hidden]
     position_ids: torch.Tensor,  # [T]
     attention_mask: torch.Tensor | None,  # [1, 1, T, cached + T] additive, or None for causal
-    exact_rows: int | None = None,  # leading rows (a tree's nodes) that must equal plain steps bitwise
 ) -> torch.Tensor:
     """Run the decoder body (no LM head) and return the last hidden states [T, hidden]."""
     if isinstance(model, LeanDecoder):
-        return model(inputs_embeds, position_ids, attention_mask, cache, exact_rows)
+        return model(inputs_embeds, position_ids, attention_mask, cache)
     output = model.base_model(
         inputs_embeds=inputs_embeds[None],
         position_ids=position_ids[None],
@@ -51,6 +53,8 @@ class TorchDecoder:
     """``Decoder`` over a ``LeanDecoder`` or a transformers model."""
 
     name = "torch"
+    tree_note = None  # a transformers cache holds any tree
+    accepts_embeddings = True  # prompt-token rows go in as inputs_embeds
 
     def __init__(self, model: PreTrainedModel | LeanDecoder):
         self.model = model
@@ -59,24 +63,9 @@ class TorchDecoder:
         self.dtype = weight.dtype
         self.vocab_size = weight.shape[0]
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
-        # the lean forward's packed int4/int8 CPU kernels with row-by-row tree attention; fp32 and GPU matmuls
-        # are not row-invariant
-        quant = getattr(model, "quant", None) if isinstance(model, LeanDecoder) else None
-        self.bitwise = rows_bitwise(properties_of(self.device), self.name, quant or "none")
-
-    @property
-    def has_kernel_choice(self) -> bool:
-        """The lean fp32 forward has two matmul kernels; calibration times both per step size."""
-        return bool(getattr(self.model, "has_kernel_choice", False))
-
-    @property
-    def skinny_sizes(self) -> frozenset[int]:
-        return getattr(self.model, "skinny_sizes", frozenset())
-
-    @skinny_sizes.setter
-    def skinny_sizes(self, sizes: frozenset[int]) -> None:
-        if hasattr(self.model, "skinny_sizes"):
-            self.model.skinny_sizes = frozenset(sizes)
+        # fp32 / bf16 / fp16 matmuls and GPU kernels pick other reduction orders for other row counts: a tree row's
+        # logits equal a plain step's up to rounding (greedy output up to near-ties), never bit for bit
+        self.bitwise = False
 
     def new_cache(self) -> Cache:
         return kv_cache.new_cache(self.model)
@@ -85,24 +74,30 @@ class TorchDecoder:
         return kv_cache.cache_length(cache)
 
     @torch.inference_mode()
-    def prefill(self, cache: Cache, token_ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, cache: Cache, token_ids: Sequence[int]) -> StepLogits:
         past = kv_cache.cache_length(cache)
         ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)  # [P]
         positions = torch.arange(past, past + len(ids), device=self.device)  # [P]
         hidden = forward_hidden(self.model, cache, self.model.get_input_embeddings()(ids), positions, None)
-        return logits_of(self.model, hidden[-1:])[0]  # [vocab]
+        return self._step_logits(logits_of(self.model, hidden[-1:]))  # [1, vocab]
 
     @torch.inference_mode()
-    def tree_logits(self, cache: Cache, tree: Tree, node_tokens: torch.Tensor, prompt_rows: torch.Tensor | None) -> torch.Tensor:
+    def tree_logits(self, cache: Cache, tree: Tree, node_tokens: np.ndarray, prompt_rows: np.ndarray | None) -> StepLogits:
         cached = kv_cache.cache_length(cache)
-        embeds = self.model.get_input_embeddings()(node_tokens)  # [N, hidden]
+        tokens = torch.from_numpy(node_tokens).to(self.device)  # [N]
+        embeds = self.model.get_input_embeddings()(tokens)  # [N, hidden]
         if prompt_rows is not None:
-            embeds = torch.cat([embeds, prompt_rows.to(embeds.dtype)])  # [T, hidden]
-        positions = tree.position_offsets + cached  # [T]
-        mask = tree.additive_mask(cached, embeds.dtype, self.device) if tree.num_tokens > 1 else None
+            rows = torch.from_numpy(prompt_rows).to(self.device, embeds.dtype)  # [T - N, hidden]
+            embeds = torch.cat([embeds, rows])  # [T, hidden]
+        positions = torch.from_numpy(tree.position_offsets).to(self.device) + cached  # [T]
+        mask = additive_mask(tree, cached, embeds.dtype, self.device) if tree.num_tokens > 1 else None
         # one LM-head call over all rows: on a CPU a matmul of 2..16 rows costs about what one of 2 does
-        hidden = forward_hidden(self.model, cache, embeds, positions, mask, tree.num_nodes)  # [T, hidden]
-        return logits_of(self.model, hidden)  # [T, vocab]
+        hidden = forward_hidden(self.model, cache, embeds, positions, mask)  # [T, hidden]
+        return self._step_logits(logits_of(self.model, hidden))  # [T, vocab]
+
+    def _step_logits(self, logits: torch.Tensor) -> StepLogits:
+        """[rows, vocab] float32: NumPy on the CPU (no copy), left on a GPU."""
+        return HostLogits(logits.numpy()) if logits.device.type == "cpu" else DeviceLogits(logits)
 
     def keep(self, cache: Cache, start: int, path: Sequence[int]) -> None:
         kv_cache.keep_tree_entries(cache, start, path)
@@ -111,8 +106,9 @@ class TorchDecoder:
         kv_cache.truncate(cache, length)
 
     @torch.inference_mode()
-    def embedding_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(token_ids.to(self.device)).float()
+    def embedding_rows(self, token_ids: np.ndarray) -> np.ndarray:
+        ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64)).to(self.device)  # [k]
+        return self.model.get_input_embeddings()(ids).float().cpu().numpy()  # [k, hidden]
 
     def close(self) -> None:
         """Nothing outside Python: the weights go with the last reference."""
@@ -120,3 +116,34 @@ class TorchDecoder:
     def describe(self) -> dict:
         kernels = self.model.kernels if isinstance(self.model, LeanDecoder) else {"linear": "transformers modules", "compiled": False}
         return {"backend": self.name, "forward": "lean" if isinstance(self.model, LeanDecoder) else "transformers", **kernels}
+
+
+def additive_mask(tree: Tree, cache_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The tree's float mask [1, 1, T, cache_length + T]: 0 where allowed, the dtype's minimum elsewhere."""
+    key = ("torch", dtype, device)
+    if key not in tree._masks:  # the tree block once per tree, dtype and device
+        block = torch.zeros(tree.num_tokens, tree.num_tokens, dtype=dtype)
+        block.masked_fill_(~torch.from_numpy(tree.attention_mask), torch.finfo(dtype).min)
+        tree._masks[key] = block.to(device)
+    block = tree._masks[key]
+    context = torch.zeros(tree.num_tokens, cache_length, dtype=dtype, device=device)
+    return torch.cat([context, block], dim=1)[None, None]
+
+
+class DeviceLogits:
+    """``StepLogits`` kept on a GPU: answers are computed there and only they cross to the host."""
+
+    def __init__(self, values: torch.Tensor):
+        self.values = values  # [rows, vocab] float32
+        self.num_rows = values.shape[0]
+
+    def argmax(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        return self.values[rows].argmax(-1).cpu().numpy().astype(np.int64)
+
+    def rows(self, rows: slice | np.ndarray) -> np.ndarray:
+        return self.values[rows].cpu().numpy()
+
+    def top_of_mean(self, slots: np.ndarray, k: int) -> np.ndarray:
+        index = torch.from_numpy(slots.reshape(-1)).to(self.values.device)
+        mean = self.values[index].view(*slots.shape, -1).mean(1)  # [m, vocab]
+        return mean.topk(min(k, mean.shape[-1]), dim=-1).indices.cpu().numpy().astype(np.int64)  # [m, k]

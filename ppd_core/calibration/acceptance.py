@@ -15,12 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-import torch
+import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.distillation import student_logits, teacher_pass, teacher_targets, valid_cuts
-from ppd_core.greedy_answers import greedy_batch
 from ppd_core.lookup import LookupStats
 from ppd_core.text import chat_ids
 from ppd_core.tree import vanilla_family
@@ -57,6 +55,8 @@ def conversation_answers(tokenizer, conversations: Sequence[Sequence[str]], answ
 
 def batched_answers(model, max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]) -> Answerer:
     """Greedy answers from the transformers model, a batch per turn."""
+    from ppd_core.greedy_answers import greedy_batch  # noqa: PLC0415 - torch: the transformers model's path
+
     return lambda prompts: greedy_batch(model, prompts, max_new_tokens, pad_id, eos_ids)
 
 
@@ -104,9 +104,10 @@ class AcceptanceStats:
     def top1(self) -> list[float]:
         return [row[0] / max(t, 1) for row, t in zip(self.hits, self.trials)]
 
-    def add(self, ranks: torch.Tensor) -> None:
+    def add(self, ranks: np.ndarray) -> None:
         """``ranks`` [C, n]: rank of the model's token among the guesses, or -1 when outside the top k."""
-        eligible = torch.ones(ranks.shape[0], dtype=torch.bool)
+        ranks = np.asarray(ranks)
+        eligible = np.ones(ranks.shape[0], dtype=bool)
         for depth in range(ranks.shape[1]):
             self.trials[depth] += int(eligible.sum())
             found = ranks[:, depth]
@@ -115,19 +116,20 @@ class AcceptanceStats:
             eligible &= found >= 0
 
 
-def guess_ranks(student: torch.Tensor, teacher: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Ranks [C, n] of the teacher's argmax among the student's top k; -1 where absent."""
+def guess_ranks(student, teacher, top_k: int):
+    """Ranks [C, n] of the teacher's argmax among the student's top k; -1 where absent (torch tensors)."""
+    import torch  # noqa: PLC0415 - the transformers model's path
+
     truth = teacher.argmax(-1)  # [C, n]
     ranked = student.topk(top_k, dim=-1).indices  # [C, n, K]
     found = ranked == truth[..., None]  # [C, n, K]
     return torch.where(found.any(-1), found.float().argmax(-1), torch.full_like(truth, -1))
 
 
-@torch.inference_mode()
 def measure_acceptance(
     model,
     tokenizer,
-    prompt_table: torch.Tensor,  # [n * V, hidden]
+    prompt_table,  # [n * V, hidden] torch tensor
     num_prompt_tokens: int,
     ensemble_size: int,
     conversations: Sequence[Sequence[str]],
@@ -138,6 +140,18 @@ def measure_acceptance(
     progress: Callable[[int, int], None] | None = None,
 ) -> AcceptanceStats:
     """p_d(r) over the transformers model's greedy answers to every turn of ``conversations``."""
+    import torch  # noqa: PLC0415 - the transformers model's path
+
+    from ppd_core.distillation import student_logits, teacher_pass, teacher_targets, valid_cuts  # noqa: PLC0415
+
+    with torch.inference_mode():
+        return _measure(model, tokenizer, prompt_table, num_prompt_tokens, ensemble_size, conversations, eos_ids,
+                        max_new_tokens, top_k, chunk, progress, (student_logits, teacher_pass, teacher_targets, valid_cuts))
+
+
+def _measure(model, tokenizer, prompt_table, num_prompt_tokens, ensemble_size, conversations, eos_ids, max_new_tokens,
+             top_k, chunk, progress, distillation) -> AcceptanceStats:
+    student_logits, teacher_pass, teacher_targets, valid_cuts = distillation
     n = num_prompt_tokens
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     answers = conversation_answers(tokenizer, conversations, batched_answers(model, max_new_tokens, pad, eos_ids))
@@ -149,7 +163,7 @@ def measure_acceptance(
         for start in range(0, len(cuts), chunk):
             part = cuts[start : start + chunk]
             student = student_logits(model, cache, prompt_table, part, n, ensemble_size)  # [C, n, vocab]
-            stats.add(guess_ranks(student, teacher_targets(teacher, part, n), top_k).cpu())
+            stats.add(guess_ranks(student, teacher_targets(teacher, part, n), top_k).cpu().numpy())
         if progress:
             progress(done, len(answers))
     return stats

@@ -38,8 +38,8 @@ def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
     prompt tokens. A rebuilt llama.cpp (another CPU feature set, CUDA, Metal) or another offload is another curve."""
     signature = signature_of(loaded.backend.embedding_rows, loaded.backend.vocab_size)
     kernels = loaded.kernels
-    info = describe(loaded.device)
-    threads = kernels.get("threads") or info.threads  # llama.cpp's own, else torch's
+    info = describe(loaded.device, kernels.get("threads"))  # llama.cpp's threads, else torch's
+    threads = info.threads
     device = profile_fields(properties_of(loaded.device, threads), info.driver, offloaded=kernels.get("gpu_layers") == -1)
     return {
         "device": device,
@@ -61,7 +61,7 @@ def acceptance_key(loaded: LoadedModel, prompt_tokens: PromptTokens, prompts: in
             "dtype": key["dtype"], "prompts": prompts, "max_new_tokens": max_new_tokens}
 
 
-def measure_record(loaded: LoadedModel, prompt_tokens: PromptTokens, table, key: dict, prompts: int, max_new_tokens: int,
+def measure_record(loaded: LoadedModel, prompt_tokens: PromptTokens, key: dict, prompts: int, max_new_tokens: int,
                    report: Progress) -> AcceptanceRecord:
     """Answer the calibration prompts greedily and count how often the guesses were right."""
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
@@ -72,7 +72,9 @@ def measure_record(loaded: LoadedModel, prompt_tokens: PromptTokens, table, key:
     lookup = lookup_stats(conversation_answers(loaded.tokenizer, conversations, answer))  # on decoding's own answers
     stats = AcceptanceStats([], [])
     if n:  # the prompt tokens' guesses, on the transformers model (built here if decoding did not need it)
-        stats = measure_acceptance(loaded.model, loaded.tokenizer, table, n, V, conversations, eos, max_new_tokens,
+        model = loaded.model
+        table = prompt_tokens.flat(model.get_input_embeddings().weight.dtype, model.device)  # [n * V, hidden]
+        stats = measure_acceptance(model, loaded.tokenizer, table, n, V, conversations, eos, max_new_tokens,
                                    progress=lambda d, t: report("acceptance", d, t))
     return AcceptanceRecord(key, stats, lookup, now())
 
@@ -139,7 +141,7 @@ def calibrate(
     then names the curve, not this device."""
     started = time.perf_counter()
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
-    table = prompt_tokens.flat(loaded.backend.dtype, loaded.backend.device)
+    table = prompt_tokens.table() if n else None  # [n * V, hidden]
     report = progress or (lambda phase, done, total: None)
 
     key = acceptance_key(loaded, prompt_tokens, prompts, max_new_tokens)
@@ -151,13 +153,13 @@ def calibrate(
     else:
         log.warning("guess acceptance: no record for %s with %s/%s: measuring it (once)", loaded.name, key["backend"],
                     key["quant"])
-        record = measure_record(loaded, prompt_tokens, table, key, prompts, max_new_tokens, report)
+        record = measure_record(loaded, prompt_tokens, key, prompts, max_new_tokens, report)
         source = save_record(record, candidate_files(None, prompt_tokens.fingerprint)[-1])
     stats, lookup = record.acceptance, record.lookup
     if curve is not None:
         latency = curve.latency_ms
     else:
-        on_gpu = loaded.device.type == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
+        on_gpu = loaded.device_kind == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
         sizes = GPU_SIZES if on_gpu else CPU_SIZES
         ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
         latency = measure_latency(  # on the forward that decodes (lean or transformers); sizes that cannot win: skipped
@@ -200,7 +202,6 @@ def calibrate(
             }
             for budget, e in sorted(choice.by_budget.items())
         ],
-        skinny_sizes=[] if curve else sorted(getattr(loaded.backend, "skinny_sizes", ())),  # chosen by measure_latency
         lookup_acceptance=[[round(p, 6) for p in row] for row in lookup.probs],
         lookup_trials=list(lookup.trials),
         lookup_lengths=lengths,

@@ -3,7 +3,8 @@
 Each probe is a real ``tree_step`` (forward with the tree mask, LM head, verification, KV
 compaction, next guesses) over a tree of the given number of tokens, after a context of
 realistic length; the cache is cut back to the context after every probe. Medians of
-repeated runs after a warm-up; CUDA work is synchronised before the clock is read.
+repeated runs after a warm-up. A step ends with its answers on the host (the accepted
+tokens and the next guesses), so a GPU's work is done when the clock is read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-import torch
+import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.decoding import DecodeState, Speculator, prefill, tree_step
@@ -40,14 +41,9 @@ def probe_tree(size: int, num_prompt_tokens: int, ensemble_size: int) -> Tree:
     return build_tree(TreeSpec(spec), max(num_prompt_tokens, 1), ensemble_size)
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure_latency(
     decoder: Decoder,
-    prompt_table: torch.Tensor | None,  # [n * V, hidden]
+    prompt_table: np.ndarray | None,  # [n * V, hidden]
     num_prompt_tokens: int,
     ensemble_size: int,
     sizes: Sequence[int],
@@ -62,30 +58,20 @@ def measure_latency(
     ``ceiling``: the most tokens per step any tree with its lookup chains can yield. Sizes ascend; once two sizes in
     a row cost more than ``ceiling`` plain steps (at the first context), no larger tree can beat plain decoding, and
     the larger sizes are not measured (on a CPU, where each row costs most of a step, that is most of them).
-
-    Where the forward has two matmul kernels (the lean fp32 forward: ``F.linear`` or
-    ``weight @ x.T``), both are timed per size, interleaved, and the faster over all contexts
-    is set on ``decoder.skinny_sizes`` and reported. Which wins depends on the CPU: on one AMD EPYC
-    ``weight @ x.T`` won for a few rows, on an Intel Xeon it was 3x slower for 2 rows.
     """
-    device, vocab, max_context = decoder.device, decoder.vocab_size, decoder.max_context
-    choices = (False, True) if getattr(decoder, "has_kernel_choice", False) else (None,)
-    generator = torch.Generator().manual_seed(0)
-    measured: dict[tuple[int, int, bool | None], float] = {}  # (context, size, skinny) -> ms
+    vocab, max_context = decoder.vocab_size, decoder.max_context
+    generator = np.random.default_rng(0)
+    measured: dict[tuple[int, int], float] = {}  # (context, size) -> ms
     total, done, sizes = len(contexts) * len(sizes), 0, sorted(sizes)
     for first, context in enumerate(contexts):
         context = min(context, max_context - max(sizes) - 4)
         cache = decoder.new_cache()
-        prefill(decoder, cache, torch.randint(vocab, (context,), generator=generator).tolist())
+        prefill(decoder, cache, generator.integers(vocab, size=context).tolist())
         for size in list(sizes):
-            tree = probe_tree(size, num_prompt_tokens, ensemble_size).to(device)
-            guesses = torch.randint(vocab, (max(tree.depth, 1), max(tree.max_rank + 1, 1)), generator=generator).to(device)
+            tree = probe_tree(size, num_prompt_tokens, ensemble_size)
+            guesses = generator.integers(vocab, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))  # [depth, K]
             speculator = Speculator(decoder, TreeFamily(f"probe-{size}", (tree,)), prompt_table)
-            for skinny in choices * (2 if len(choices) > 1 else 1):  # interleaved: drifts hit both kernels
-                if skinny is not None:
-                    decoder.skinny_sizes = frozenset({size} if skinny else ())
-                ms = step_ms(speculator, cache, tree, guesses, context, warmup, repeats)
-                measured[context, size, skinny] = min(ms, measured.get((context, size, skinny), float("inf")))
+            measured[context, size] = step_ms(speculator, cache, tree, guesses, context, warmup, repeats)
             done += 1
             if first == 0 and ceiling is not None and beyond_reach(measured, context, sizes, size, ceiling):
                 sizes = [s for s in sizes if s <= size]  # the larger trees cannot win: not measured
@@ -94,37 +80,30 @@ def measure_latency(
                 progress(done, total)
             if size == sizes[-1]:
                 break
-    chosen = {size: min(choices, key=lambda k: sum(ms for (c, s, v), ms in measured.items() if s == size and v == k))
-              for size in sizes}
-    if choices != (None,):
-        decoder.skinny_sizes = frozenset(size for size, skinny in chosen.items() if skinny)
+        decoder.truncate(cache, 0)
     result: dict[int, dict[int, float]] = {}
-    for (context, size, skinny), ms in measured.items():
-        if skinny == chosen[size]:
-            result.setdefault(context, {})[size] = round(ms, 3)
+    for (context, size), ms in measured.items():
+        result.setdefault(context, {})[size] = round(ms, 3)
     return result
 
 
 def beyond_reach(measured: dict, context: int, sizes: Sequence[int], size: int, ceiling: float) -> bool:
     """Whether ``size`` and the size before it both cost more than ``ceiling`` one-token steps (every kernel)."""
     def ratio(s: int) -> float:
-        return min(ms for (c, z, _), ms in measured.items() if c == context and z == s) / base
+        return measured[context, s] / base
 
-    base = min(ms for (c, z, _), ms in measured.items() if c == context and z == sizes[0])
+    base = measured[context, sizes[0]]
     index = sizes.index(size)
     return index >= 2 and ratio(size) > ceiling and ratio(sizes[index - 1]) > ceiling
 
 
-def step_ms(speculator: Speculator, cache, tree: Tree, guesses: torch.Tensor, context: int, warmup: int, repeats: int) -> float:
+def step_ms(speculator: Speculator, cache, tree: Tree, guesses: np.ndarray, context: int, warmup: int, repeats: int) -> float:
     """Median milliseconds of a real ``tree_step`` after ``context`` cached tokens (the cache is cut back after each):
     at most ``repeats`` runs after the warm-up, fewer once the median holds still (within ``STABLE``)."""
-    device = guesses.device
     times = []
     for run in range(warmup + repeats):
-        synchronize(device)
         start = time.perf_counter()
         tree_step(speculator, DecodeState(cache, root=0, guesses=guesses), tree)
-        synchronize(device)
         if run >= warmup:
             times.append(time.perf_counter() - start)
         speculator.decoder.truncate(cache, context)

@@ -47,7 +47,6 @@ class DeviceProfile:
     expected_speedup: float
     ensemble_size: int
     budgets: list[dict] = field(default_factory=list)  # every budget tried: tokens/step, ms/step, tokens/s
-    skinny_sizes: list[int] = field(default_factory=list)  # step sizes where ``weight @ x.T`` measured faster (lean fp32)
     lookup_acceptance: list[list[float]] = field(default_factory=list)  # P(first j chain tokens right | match class c): [c][j]
     lookup_trials: list[int] = field(default_factory=list)  # answer positions with a match of class c
     lookup_lengths: list[int] = field(default_factory=list)  # chosen chain length by match class (0: none)

@@ -87,7 +87,7 @@ def train(
     """Train ``initial``'s embeddings on ``records`` (answers); resumes from ``checkpoint`` if present."""
     model = loaded.model
     n, V = config.num_prompt_tokens, config.ensemble_size
-    embeddings = torch.nn.Parameter(initial.embeddings.clone().to(loaded.device, torch.float32))  # [n, V, hidden]
+    embeddings = torch.nn.Parameter(torch.from_numpy(initial.embeddings.copy()).to(loaded.device, torch.float32))  # [n, V, hidden]
     optimizer = torch.optim.AdamW([embeddings], lr=config.lr, weight_decay=0.0)
     total_steps = max(1, int(config.epochs * len(records) / config.accumulate))
     step, losses, seconds = 0, [], 0.0
@@ -132,7 +132,7 @@ def train(
             })
 
     trained = PromptTokens(
-        embeddings=embeddings.detach().cpu().clone(),
+        embeddings=embeddings.detach().float().cpu().numpy().copy(),
         base_model=initial.base_model,
         signature=initial.signature,
         vocab_size=initial.vocab_size,
