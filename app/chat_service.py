@@ -7,6 +7,7 @@ without a browser.
 from __future__ import annotations
 
 import html
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ class ChatService:
 
     def __init__(self, engine: Engine | None, calibration_options: dict | None = None, max_waiting: int = 8,
                  spec: str = "default", loader: Callable[[str, Progress], Engine] | None = None,
-                 train_options: list[str] | None = None):
+                 train_options: list[str] | None = None, calibrate_in_background: bool = False):
         self.startup = Startup(ready=engine is not None)  # ``ppd chat`` serves the page while the model loads
         self._engine = engine
         self.spec = spec  # the loaded model, as --model names it
@@ -145,6 +146,8 @@ class ChatService:
         self.last_comparison: Comparison | None = None
         self._comparisons = 0  # alternates which mode a comparison runs first
         self.queue = ModelQueue(max_waiting)
+        self.calibrates_in_background = calibrate_in_background  # a model without a profile: calibrate beside answers
+        self.background: str | None = None  # what runs in the background (a first launch's calibration), for the page
 
     @property
     def ready(self) -> bool:
@@ -158,10 +161,49 @@ class ChatService:
         return self._engine
 
     def attach(self, engine: Engine) -> None:
-        """The model (``spec``) is loaded: answers may start."""
+        """The model (``spec``) is loaded: answers may start (and, where asked, its calibration runs beside them)."""
         self._engine = engine
         self.startup.ready = True
         remember(self.spec)
+        if self.calibrates_in_background:
+            self.calibrate_in_background()
+
+    def calibrate_in_background(self) -> threading.Thread | None:
+        """A model with no profile for this device: answers start at once, decoding plainly, while its calibration
+        runs between them (between two latency probes it gives the model to any answer waiting); the page says so
+        until it is done. None where there is nothing to calibrate."""
+        engine = self._engine
+        if engine is None or engine.profile is not None or engine.plain_only or engine.tree_budget is not None:
+            return None
+        if engine.family.name != "vanilla":  # a static tree was asked for
+            return None
+        self.background = BACKGROUND_CALIBRATION.format(progress="")
+        thread = threading.Thread(target=self._calibrate_beside_answers, args=(engine,), daemon=True,
+                                  name="ppd-background-calibration")
+        thread.start()
+        return thread
+
+    def _calibrate_beside_answers(self, engine: Engine) -> None:
+        ticket = [self.queue.hold()]
+
+        def progress(phase: str, done: int, total: int) -> None:
+            self.background = BACKGROUND_CALIBRATION.format(progress=f" ({phase} {done}/{total})" if total else "")
+            if self.queue.waiting:  # an answer waits: it goes first, then the calibration goes on
+                self.queue.leave(ticket[0])
+                ticket[0] = self.queue.hold()
+            if self._engine is not engine:  # another model was loaded meanwhile
+                raise _Abandoned
+
+        try:
+            engine.calibrate(progress, **self.calibration_options)
+            self.last_comparison = None  # measured with the previous tree
+            self.background = None
+        except _Abandoned:
+            self.background = None
+        except Exception as error:  # noqa: BLE001 - one line on the page; answers go on decoding plainly
+            self.background = f"The calibration failed ({' '.join(str(error).split())}); answers decode plainly."
+        finally:
+            self.queue.leave(ticket[0])
 
     def switch(self, spec: str) -> None:
         """Load ``spec`` in place of the loaded model, freeing that one's memory first (one model in memory); runs on
@@ -320,6 +362,14 @@ class ChatService:
             profile = self.engine.calibrate(progress, **self.calibration_options)
         self.last_comparison = None  # measured with the previous tree
         return profile
+
+
+BACKGROUND_CALIBRATION = ("Calibrating this device in the background{progress}: answers decode plainly until it is "
+                          "done.")
+
+
+class _Abandoned(Exception):
+    """The model being calibrated in the background was replaced."""
 
 
 def _answers(count: int) -> str:

@@ -414,11 +414,12 @@ def run_chat(args: argparse.Namespace) -> int:
     from app.ui import build_app
 
     def load(spec: str, progress) -> object:  # the model options, with another model (the page switches models)
-        return load_engine(argparse.Namespace(**{**vars(args), "model": spec}), progress=progress)
+        # a first launch on this device calibrates beside the first answers (ChatService.calibrate_in_background)
+        return load_engine(argparse.Namespace(**{**vars(args), "model": spec}), auto_calibrate=False, progress=progress)
 
-    # the page first: it shows the model's loading and the first launch's calibration, and sends once it is ready;
-    # one model and one line for it, for the page and the API
-    service = ChatService(None, max_waiting=args.max_queue, spec=args.model, loader=load)
+    # the page first: it shows the model's loading, and sends once it is ready; one model and one line for it, for the
+    # page and the API
+    service = ChatService(None, max_waiting=args.max_queue, spec=args.model, loader=load, calibrate_in_background=True)
     app = build_app(service)
     launch = dict(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth,
                   prevent_thread_lock=True)
@@ -430,7 +431,7 @@ def run_chat(args: argparse.Namespace) -> int:
     app.launch(**launch)
     print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit); the page shows the model loading",
           file=sys.stderr)
-    try:  # the first launch on a device calibrates it
+    try:
         service.attach(service.startup.run(lambda progress: load(args.model, progress)))
     except BaseException:
         app.close()  # a model that cannot load: one line here (and on the page until now), then exit

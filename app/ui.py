@@ -305,9 +305,11 @@ class Handlers:
             picker = gr.update(choices=available(service.spec), value=service.spec, interactive=True)
         else:
             sampling, picker = (gr.update(),) * 3, gr.update(interactive=True)
-        return (service.switch_note, gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
+        return (service.switch_note or (f"*{service.background}*" if service.background else ""),
+                gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
                 latency_figure(engine.profile) if engine.profile else None,
-                gr.Timer(active=service.switching or training_running), *sampling, picker, training, train)
+                gr.Timer(active=service.switching or training_running or service.background is not None), *sampling,
+                picker, training, train)
 
     def training_panel(self) -> tuple:
         """(status line, train button, whether a training runs): the offer to train PPD tokens for a model that has

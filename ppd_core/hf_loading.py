@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
@@ -75,6 +76,29 @@ def pick_quant(quant: str, target: torch.device) -> str:
     if quant in BITSANDBYTES and importlib.util.find_spec("bitsandbytes") is None:  # an optional extra
         raise ModelLoadError(f"--quant {quant} needs bitsandbytes, which is not installed: pip install 'ppd[quant]'")
     return quant
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The torch choices, resolved and checked before anything loads."""
+
+    device: torch.device
+    dtype: torch.dtype
+    quant: str  # "none", "4bit" or "8bit"
+    quant_is_default: bool  # --quant auto
+    forward: str  # "lean" or "transformers"
+
+
+def pick_numerics(quant: str, device: str, dtype: str, forward: str) -> Numerics:
+    """``Numerics`` from the command line's names; ModelLoadError (one line) for a choice that cannot run here."""
+    if forward not in FORWARD_CHOICES:
+        raise ModelLoadError(f"unknown forward {forward!r}; choose one of {', '.join(FORWARD_CHOICES)}")
+    target = pick_device(device)
+    properties = properties_of(target)
+    numerics = Numerics(target, pick_dtype(properties, dtype), pick_quant(quant, target), quant == "auto", forward)
+    for note in version_notes(properties):
+        log.warning(note)
+    return numerics
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -173,32 +197,25 @@ def pick_decoder(model: torch.nn.Module, forward: str) -> LeanDecoder | torch.nn
     return decoder
 
 
-def load_hf(model: str, quant: str = "auto", device: str = "auto", dtype: str = "auto", forward: str = "lean") -> LoadedModel:
+def load_hf(model: str, quant: str = "auto", device: str = "auto", dtype: str = "auto",
+            forward: str = "lean") -> LoadedModel:
     """A Hugging Face model directory, or ``hf:OWNER/REPO`` (downloaded first), on torch; ModelLoadError (one line)
-    where it cannot be loaded here."""
+    where it cannot be loaded here (the choices are checked before anything is downloaded)."""
     hub_model = hub.parse(model)
     if hub_model is not None and hub_model.file:
-        raise ModelLoadError(f"{model} is a GGUF file: it runs on llama.cpp (or load_gguf_with_transformers)")
+        raise ModelLoadError(f"{model} is a GGUF file: it runs on llama.cpp (or, de-quantized, with --backend torch)")
+    numerics = pick_numerics(quant, device, dtype, forward)
     folder = hub.fetch(hub_model) if hub_model else Path(model).expanduser()
     if not folder.exists():
         raise ModelLoadError(f"model not found: {folder}")
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json: not a Hugging Face model directory")
-    name = hub_model.name if hub_model else folder.name
-    return load_folder(folder, name, quant, device, dtype, forward)
+    return load_folder(folder, hub_model.name if hub_model else folder.name, numerics)
 
 
-def load_folder(folder: Path, name: str, quant: str, device: str, dtype: str, forward: str,
-                gguf_file: Path | None = None) -> LoadedModel:
+def load_folder(folder: Path, name: str, numerics: Numerics, gguf_file: Path | None = None) -> LoadedModel:
     """The model in the Hugging Face directory ``folder`` (``gguf_file``: the GGUF it was converted from)."""
-    if forward not in FORWARD_CHOICES:
-        raise ModelLoadError(f"unknown forward {forward!r}; choose one of {', '.join(FORWARD_CHOICES)}")
-    target = pick_device(device)
-    properties = properties_of(target)
-    torch_dtype = pick_dtype(properties, dtype)
-    resolved = pick_quant(quant, target)
-    for note in version_notes(properties):
-        log.warning(note)
+    target, torch_dtype, resolved = numerics.device, numerics.dtype, numerics.quant
     try:
         config = AutoConfig.from_pretrained(folder)
         needed = estimated_bytes(config, torch_dtype, resolved, folder)
@@ -230,8 +247,8 @@ def load_folder(folder: Path, name: str, quant: str, device: str, dtype: str, fo
     return LoadedModel(
         tokenizer=tokenizer, name=name, source=str(gguf_file or folder), device=target, dtype=torch_dtype,
         quant=resolved, config=network.config, generation_config=network.generation_config.to_diff_dict(),
-        backend=TorchDecoder(pick_decoder(network, forward)), gguf_file=gguf_file, quant_is_default=quant == "auto",
-        context_limit=context, network=network,
+        backend=TorchDecoder(pick_decoder(network, numerics.forward)), gguf_file=gguf_file,
+        quant_is_default=numerics.quant_is_default, context_limit=context, network=network,
     )
 
 
@@ -241,9 +258,10 @@ def load_folder(folder: Path, name: str, quant: str, device: str, dtype: str, fo
 def load_gguf_with_transformers(gguf_file: Path, name: str, quant: str = "auto", device: str = "auto",
                                 dtype: str = "auto", forward: str = "lean") -> LoadedModel:
     """``gguf_file`` on torch (``--backend torch``): transformers' float32 copy (cached), after one warning line
-    saying what it costs; then as a Hugging Face directory (any --dtype, --quant 4bit / 8bit, --forward)."""
-    folder = dequantized_copy(gguf_file, name)
-    return load_folder(folder, name, quant, device, dtype, forward, gguf_file)
+    saying what it costs; then as a Hugging Face directory (any --dtype, --quant 4bit / 8bit, --forward). The choices
+    are checked first: a wrong one costs no conversion."""
+    numerics = pick_numerics(quant, device, dtype, forward)
+    return load_folder(dequantized_copy(gguf_file, name), name, numerics, gguf_file)
 
 
 def training_network(gguf_file: Path, name: str | None = None) -> torch.nn.Module:
@@ -272,7 +290,8 @@ def dequantized_copy(gguf_file: Path, name: str) -> Path:
 def dequantization_note(name: str, parameters: int) -> str:
     """The one line said before a GGUF goes through transformers: its float32 size in memory and on disk."""
     size = gigabytes(parameters * FLOAT32_BYTES)
-    return f"transformers de-quantizes {name} to float32: about {size} GB of memory (and {size} GB on disk for the cached copy)"
+    return (f"transformers de-quantizes {name} to float32: about {size} GB of memory "
+            f"(and {size} GB on disk for the cached copy)")
 
 
 def gigabytes(count: int) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ppd_core import atomic_files, loading
+from ppd_core import atomic_files, hf_loading
 from ppd_core.atomic_files import atomic_directory, atomic_output, atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,16 +185,16 @@ def test_atomic_directory_keeps_a_target_that_appeared_meanwhile(tmp_path):
 def fake_conversion(tmp_path, monkeypatch):
     """The cache in tmp_path, and a conversion that takes 0.5 s and records its calls."""
     cache = tmp_path / "cache"
-    monkeypatch.setattr(loading.platformdirs, "user_cache_dir", lambda *args, **kwargs: str(cache))
+    monkeypatch.setattr(hf_loading.platformdirs, "user_cache_dir", lambda *args, **kwargs: str(cache))
     calls, started = [], threading.Event()
 
-    def convert(folder, gguf_name, staging):
-        calls.append((folder, gguf_name))
+    def convert(gguf_file, staging):
+        calls.append(gguf_file)
         started.set()
         time.sleep(0.5)
-        (staging / "config.json").write_text(json.dumps({"from": str(folder / gguf_name)}))
+        (staging / "config.json").write_text(json.dumps({"from": str(gguf_file)}))
 
-    monkeypatch.setattr(loading, "_convert_gguf", convert)
+    monkeypatch.setattr(hf_loading, "_convert_gguf", convert)
     return cache / "gguf", calls, started
 
 
@@ -210,10 +210,10 @@ def test_concurrent_conversions_of_one_gguf_convert_once(tmp_path, fake_conversi
     results, finished = {}, {}
 
     def run(name):
-        results[name] = loading.converted_gguf_dir(folder, "model.gguf")
+        results[name] = hf_loading.converted_gguf_dir(folder / "model.gguf")
         finished[name] = time.monotonic()
 
-    caplog.set_level(logging.WARNING, logger=loading.__name__)
+    caplog.set_level(logging.WARNING, logger=hf_loading.__name__)
     first = threading.Thread(target=run, args=("first",))
     first.start()
     assert started.wait(10)
@@ -229,7 +229,7 @@ def test_concurrent_conversions_of_one_gguf_convert_once(tmp_path, fake_conversi
     assert any("waiting" in record.getMessage() for record in caplog.records)
     assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == [results["first"].name]
 
-    assert loading.converted_gguf_dir(folder, "model.gguf") == results["first"]  # a cache hit
+    assert hf_loading.converted_gguf_dir(folder / "model.gguf") == results["first"]  # a cache hit
     assert len(calls) == 1
 
 
@@ -237,8 +237,8 @@ def test_a_new_conversion_removes_stale_ones_of_the_same_file(tmp_path, fake_con
     cache, calls, _ = fake_conversion
     folder = make_gguf(tmp_path / "models")
     other = make_gguf(tmp_path / "elsewhere", b"another model, same file name")
-    old = loading.converted_gguf_dir(folder, "model.gguf")
-    kept = loading.converted_gguf_dir(other, "model.gguf")
+    old = hf_loading.converted_gguf_dir(folder / "model.gguf")
+    kept = hf_loading.converted_gguf_dir(other / "model.gguf")
     leftover = cache / f".{old.name}.1234-abcdef.staging"  # a killed conversion's staging folder
     leftover.mkdir()
     unrelated = cache / "model-q4-0123456789abcdef"
@@ -246,7 +246,7 @@ def test_a_new_conversion_removes_stale_ones_of_the_same_file(tmp_path, fake_con
 
     stat_before = (folder / "model.gguf").stat()
     os.utime(folder / "model.gguf", ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns + 10**9))  # edited
-    new = loading.converted_gguf_dir(folder, "model.gguf")
+    new = hf_loading.converted_gguf_dir(folder / "model.gguf")
 
     assert new != old and len(calls) == 3
     assert not old.exists() and not leftover.exists()

@@ -2,6 +2,7 @@
 one (`make test` or `make gpu-check` runs them). Each checks on the real device what test_device_policy.py
 checks on property records and on the CPU."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -46,11 +47,18 @@ def test_lean_forward_on_cuda_matches_the_cpu():
     assert lean.attention == attention_plan(properties_of(CUDA))
     prompt = list(range(5, 45))
     with torch.inference_mode():
-        expected = cpu_model(torch.tensor([prompt])).logits[0, -1]
+        expected = cpu_model(torch.tensor([prompt])).logits[0, -1].numpy()
     decoder = TorchDecoder(lean)
-    logits = decoder.prefill(decoder.new_cache(), prompt).cpu()
-    assert (logits - expected).abs().max() <= 0.05 * expected.abs().max()  # bf16 / fp16 rounding
-    assert logits.argmax() == expected.argmax()
+    step = decoder.prefill(decoder.new_cache(), prompt)  # kept on the GPU: only what is asked for crosses
+    logits = step.rows(slice(0, 1))[0]  # [vocab] float32 NumPy
+    assert np.abs(logits - expected).max() <= 0.05 * np.abs(expected).max()  # bf16 / fp16 rounding
+    assert step.argmax().tolist() == [int(expected.argmax())] == [int(logits.argmax())]
+    top = step.top_of_mean(np.array([[0]]), 5)[0]  # [5] int64: row 0's five likeliest tokens, best first
+    np.testing.assert_array_equal(logits[top], np.sort(logits)[::-1][:5])  # ties (bf16) in either order
+
+
+def table_of(seed: int = 1) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((3, 64)) * 5).astype(np.float32)  # [n * V, hidden]: cast on the GPU
 
 
 def test_prefill_and_tree_steps_never_fall_back_to_the_math_kernel():
@@ -59,7 +67,7 @@ def test_prefill_and_tree_steps_never_fall_back_to_the_math_kernel():
 
     _, lean = lean_on_cuda(3)
     decoder = TorchDecoder(lean)
-    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)).to(CUDA, decoder.dtype) * 5
+    table = table_of()
     family = family_from_spec("large", STATIC_TREES["large"], 3, 1)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
         steps = list(generate(Speculator(decoder, family, table), Request([(5 + i) % 128 for i in range(150)], 32, frozenset(), 256)))
@@ -71,7 +79,7 @@ def test_greedy_ppd_equals_plain_on_cuda():
     _, lean = lean_on_cuda(3)
     decoder = TorchDecoder(lean)
     assert not decoder.bitwise
-    table = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)).to(CUDA, decoder.dtype) * 5
+    table = table_of()
     prompt = list(range(5, 25))
 
     def tokens(family):

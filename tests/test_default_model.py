@@ -1,7 +1,6 @@
 """The real embedded default model (SmolLM2-135M-Instruct): PPD is exactly plain greedy decoding."""
 
 import pytest
-import torch
 
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, family_from_spec
@@ -36,12 +35,12 @@ def test_ppd_equals_plain_and_transformers_generate(default_engine, plain_answer
 def planted(reference, ranks, vocab):
     """Guess hook: the true token of depth d at rank ranks[d - 1] (or nowhere), wrong tokens elsewhere."""
 
-    def hook(produced, guesses):
-        out = guesses.clone()
+    def hook(produced, guesses):  # guesses: [m, K] int64
+        out = guesses.copy()
         for d in range(out.shape[0]):
             position = len(produced) + d
             truth = reference[position] if position < len(reference) else 0
-            out[d] = torch.tensor([(truth + 1 + r) % vocab for r in range(out.shape[1])])
+            out[d] = [(truth + 1 + r) % vocab for r in range(out.shape[1])]
             if ranks is not None and position < len(reference):
                 out[d, ranks[d]] = truth
         return out

@@ -12,7 +12,6 @@ from conftest import tiny_llama
 from app.cli import main
 from ppd_core.engine import Engine, EngineConfig
 from app.system_info import weights_label
-from ppd_core.lean.quant import QuantLinear
 from ppd_core.loading import ModelLoadError, default_model_file, load_model
 
 
@@ -31,31 +30,26 @@ def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_gguf_file_path_loads():
-    loaded = load_model(str(default_model_file()), quant="int4", device="cpu")
+def test_gguf_file_path_loads_on_torch_when_asked():
+    loaded = load_model(str(default_model_file()), quant="none", device="cpu", backend="torch")
     assert loaded.model.config.num_hidden_layers == 30 and loaded.dtype == torch.float32
-    # int4 layers taken from the file's Q4_1 blocks, said in the device panel
-    assert loaded.quant == "int4" and not loaded.quant_is_default
-    assert all(isinstance(layer.w13, QuantLinear) for layer in loaded.decoder.layers)
-    assert weights_label(loaded) == "int4 weights, int8 LM head"
+    assert (loaded.quant, loaded.forward, loaded.gguf_file) == ("none", "lean", default_model_file())
+    assert weights_label(loaded) == "not quantized"
 
 
-def test_auto_quant_follows_the_cpu_default(tiny_model_dir, monkeypatch):
+def test_auto_quant_is_the_models_own_weights_on_torch(tiny_model_dir):
     automatic = load_model(str(tiny_model_dir), device="cpu")
-    assert (automatic.quant, automatic.quant_is_default, automatic.forward) == ("int4", True, "lean")
-    assert weights_label(automatic) == "int4 weights, int8 LM head; the CPU default, --quant none for full precision"
-    monkeypatch.setattr("ppd_core.loading.AUTO_CPU_QUANT", "none")
-    automatic = load_model(str(tiny_model_dir), device="cpu")
-    assert (automatic.quant, automatic.quant_is_default) == ("none", True)
+    assert (automatic.quant, automatic.quant_is_default, automatic.forward) == ("none", True, "lean")
+    assert weights_label(automatic).startswith("not quantized")
     generic = load_model(str(tiny_model_dir), device="cpu", forward="transformers")
     assert (generic.quant, generic.forward) == ("none", "transformers") and weights_label(generic) == "not quantized"
-    chosen = load_model(str(tiny_model_dir), quant="int8", device="cpu")
-    assert chosen.quant == "int8" and not chosen.quant_is_default and weights_label(chosen) == "int8 weights"
+    with pytest.raises(ModelLoadError, match="unknown quantization 'int8'"):  # the lean CPU int4 / int8 kernels are gone
+        load_model(str(tiny_model_dir), quant="int8", device="cpu")
 
 
 @pytest.mark.slow
 def test_bitsandbytes_4bit_on_cpu_is_exact():
-    engine = Engine.load(EngineConfig(quant="4bit", device="cpu", tree="medium"))
+    engine = Engine.load(EngineConfig(quant="4bit", device="cpu", tree="medium", backend="torch"))
     assert engine.loaded.num_bytes < 250 * 2**20  # NF4: about 166 MB against 540 MB in fp32
     ids = engine.chat_ids([{"role": "user", "content": "Name three planets."}])
     assert engine.generate(ids, "ppd", 32).tokens == engine.generate(ids, "vanilla", 32).tokens

@@ -15,12 +15,16 @@ loads llama.cpp there (its AMX matmul segfaults: ``ppd_core.device_policy.llama_
 the ``top_k`` sampler with ``top_k`` 1, ``repeat_penalty`` 1.0), ``max_tokens`` new tokens, ``cache_prompt`` true
 (the server keeps the previous prompt's cells and processes only what differs: the chat template's common head).
 Each is timed over HTTP, prompt processing included; tokens/s = new tokens / wall time, summed over the requests.
+Before timing, one native ``/completion`` request with the same fields checks that the server applies them (its
+``generation_settings`` echo; kept in the JSON as ``sampling_applied``).
 
 **ppd, side by side.** ppd's own decoding (``--ppd-modes``; plain decoding by default) answers the same questions in
 this process through its Python API (``ppd_core.engine``, the GGUF on its llama.cpp backend with the same threads),
 interleaved per question (which one goes first alternates), timed the same way: the chat template, the answer and
 its text. Its KV cache is kept between questions (``reuse_cache``), so it too processes only what differs from the
-previous prompt. Both warm up on one short answer first. The JSON has both tokens/s, their ratio and the commands.
+previous prompt (one engine per mode, so two modes never share a cache). Each side warms up on one short answer
+first. ``ppd`` mode calibrates first where this device has no profile yet (minutes). The JSON has every side's
+tokens/s, the ratios to the server and the exact commands and calls.
 """
 
 from __future__ import annotations
@@ -160,10 +164,16 @@ class ServerAnswerer:
         return answer["choices"][0]["message"]["content"] or "", answer["usage"]["completion_tokens"]
 
 
-def server_system_info(log: Path) -> str | None:
-    """The build's CPU features as the server printed them at start (``system_info: ...``)."""
-    return next((line.split("system_info:", 1)[1].strip() for line in log.read_text(errors="replace").splitlines()
-                 if "system_info:" in line), None)
+def sampling_check(url: str) -> dict:
+    """The sampler settings the server applies to such a request, as its native ``/completion`` echoes them
+    (``generation_settings``); exits if they are not greedy top-k 1 alone."""
+    body = {key: value for key, value in server_request("Hi", 1).items() if key not in ("messages", "max_tokens")}
+    echoed = httpx.post(f"{url}/completion", json={**body, "prompt": "Hi", "n_predict": 1}, timeout=600)
+    settings = echoed.raise_for_status().json()["generation_settings"]
+    applied = {key: settings.get(key) for key in ("samplers", "top_k", "temperature", "repeat_penalty")}
+    if applied["samplers"] != ["top_k"] or applied["top_k"] != 1:
+        raise SystemExit(f"llama-server did not take the greedy settings: {applied}")
+    return applied
 
 
 # ---- ppd, in this process: the one function coupled to ppd's API ----
@@ -173,23 +183,22 @@ PPD_CALLS = ("engine = Engine.load(EngineConfig(model=GGUF, backend='llamacpp', 
              "'user', 'content': QUESTION}}]), {mode!r}, {tokens}, reuse_cache=True); result.text, len(result.tokens)")
 
 
-def ppd_answerer(gguf: Path, threads: int, modes: list[str]) -> dict[str, Answerer]:
-    """ppd's decoding of each mode ("vanilla": plain, "ppd") through ``ppd_core.engine`` (see ``PPD_CALLS``)."""
+def ppd_answerer(gguf: Path, threads: int, mode: str) -> Answerer:
+    """ppd's decoding in ``mode`` ("vanilla": plain, "ppd") through ``ppd_core.engine`` (see ``PPD_CALLS``). One
+    engine per mode: each keeps its own previous conversation's cache, as the server keeps its previous prompt."""
     from ppd_core.engine import Engine, EngineConfig  # noqa: PLC0415 - only when ppd runs too
 
     engine = Engine.load(EngineConfig(model=str(gguf), backend="llamacpp", threads=threads,
-                                      auto_calibrate="ppd" in modes))
+                                      auto_calibrate=mode == "ppd"))
 
-    def answerer(mode: str) -> Answerer:
-        def answer(question: str, max_new_tokens: int) -> tuple[str, int]:
-            ids = engine.chat_ids([{"role": "user", "content": question}])
-            result = engine.generate(ids, mode, max_new_tokens, reuse_cache=True)
-            answer.prompt_tokens += len(ids)
-            return result.text, len(result.tokens)
-        answer.prompt_tokens = 0  # the chat template's tokens, to compare with the server's
-        return answer
+    def answer(question: str, max_new_tokens: int) -> tuple[str, int]:
+        ids = engine.chat_ids([{"role": "user", "content": question}])
+        result = engine.generate(ids, mode, max_new_tokens, reuse_cache=True)
+        answer.prompt_tokens += len(ids)
+        return result.text, len(result.tokens)
 
-    return {mode: answerer(mode) for mode in modes}
+    answer.prompt_tokens = 0  # the chat template's tokens, to compare with the server's
+    return answer
 
 
 # ---- the run ----
@@ -245,7 +254,7 @@ def main() -> int:
     questions = first_turns(args.limit)
     port = free_port()
     command = server_command(server, gguf, args.threads, args.kv_cache, args.context, args.repack, port, args.server_arg)
-    ppd = ppd_answerer(gguf, args.threads, modes) if modes else {}  # loaded before the server starts: one at a time
+    ppd = {mode: ppd_answerer(gguf, args.threads, mode) for mode in modes}  # loaded before the server starts
 
     log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
     with log.open("w") as output:
@@ -255,6 +264,8 @@ def main() -> int:
     totals: dict[str, Totals] = {}
     try:
         wait_ready(url, process, log)
+        applied = sampling_check(url)
+        build_info = httpx.get(f"{url}/props", timeout=60).json().get("build_info")
         peer = ServerAnswerer(url)
         sides = {"llama_server": peer, **{f"ppd_{mode}": answer for mode, answer in ppd.items()}}
         totals = {name: Totals() for name in sides}
@@ -272,7 +283,6 @@ def main() -> int:
     finally:
         process.terminate()
         process.wait(timeout=60)
-    system_info = server_system_info(log)
     log.unlink()
 
     shown = ["llama-server", *(arg if arg != str(gguf) else gguf.name for arg in command[1:])]
@@ -280,7 +290,8 @@ def main() -> int:
     server_json = {**totals["llama_server"].to_json(), "command": " ".join(shown), "binary": str(server),
                    "built_with": None if configure is None else " ".join(configure),
                    "source": None if configure is None else f"llama-cpp-python {llama_cpp_python_version()} sdist, vendor/llama.cpp",
-                   "system_info": system_info, "request": server_request("QUESTION", args.max_new_tokens),
+                   "build_info": build_info, "request": server_request("QUESTION", args.max_new_tokens),
+                   "sampling_applied": applied,
                    "prompt_tokens": peer.prompt_tokens, "prompt_tokens_processed": peer.processed}
     result = {
         "command": " ".join(["python", "benchmarks/scripts/llama_server_bench.py", *sys.argv[1:]]),
@@ -296,10 +307,11 @@ def main() -> int:
         same = sum(a == b for a, b in zip(side.answers, totals["llama_server"].answers))
         server_tok_s = totals["llama_server"].to_json()["tok_s"]
         result[f"ppd_{mode}"] = {**side.to_json(), "calls": PPD_CALLS.format(
-            threads=args.threads, calibrate="ppd" in modes, mode=mode, tokens=args.max_new_tokens),
+            threads=args.threads, calibrate=mode == "ppd", mode=mode, tokens=args.max_new_tokens),
                                  "prompt_tokens": sides[f"ppd_{mode}"].prompt_tokens,
                                  "same_text_as_llama_server": f"{same}/{len(questions)}",
                                  "over_llama_server": round(side.to_json()["tok_s"] / server_tok_s, 4) if server_tok_s else None}
+    result["ratios"] = {f"ppd_{mode}_over_llama_server": result[f"ppd_{mode}"]["over_llama_server"] for mode in modes}
     report(result, args.json)
     return 0
 

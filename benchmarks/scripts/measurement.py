@@ -28,10 +28,10 @@ def profile_latency(path: str | Path) -> dict[int, dict[int, float]]:
 def report(result: dict, path: str | Path | None) -> None:
     """Print ``result`` as indented JSON and write the same text to ``path`` when one is given."""
     text = json.dumps(result, indent=1)
-    print(text)
-    if path:
+    if path:  # first: a closed stdout must not lose the file
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text + "\n")
+    print(text)
 
 
 def cpu_model() -> str:

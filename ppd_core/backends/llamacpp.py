@@ -161,7 +161,7 @@ class LlamaCppDecoder:
         # tree's rejected rows and the cache copies between sequences then work the same (the window is in the mask)
         params.swa_full = True
         params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        params.type_k = params.type_v = {"q8_0": llama.GGML_TYPE_Q8_0, "f16": llama.GGML_TYPE_F16}[kv_type]
+        params.type_k = params.type_v = {"q8_0": llama.GGML_TYPE_Q8_0, "f16": llama.GGML_TYPE_F16, "f32": llama.GGML_TYPE_F32}[kv_type]
         params.n_threads = params.n_threads_batch = self.threads
         params.no_perf = True
         self.spare_cells = spare_cells
@@ -176,8 +176,26 @@ class LlamaCppDecoder:
         self.rebuilds = 0  # re-decodes that dropped parked cells
         self.grows = 0  # contexts made larger for a longer conversation
         self._embeddings = EmbeddingRows(self.gguf_file, architecture)
+        if self.bitwise:  # the policy allows it; this file's kernels must show it (not every type's do)
+            self.bitwise = self.rows_match_single_steps()
         # prompt-token rows go in as embeddings: only where an embedding row is what its token gives the model
         self.accepts_embeddings = self._embeddings.matches_tokens
+
+    def rows_match_single_steps(self, context: int = 96, rows: int = 8) -> bool:
+        """Whether a batch of ``rows`` chained rows gets, bit for bit, the logits single-token steps give them
+        after ``context`` cached tokens. On this project's CPU the matrix kernels of Q4_0, Q4_1, Q5_0, Q5_1 and
+        Q8_0 files are row-invariant; some K-quant, IQ and F16 files' are not (logits 0.3-0.9 apart): there greedy
+        PPD equals plain decoding only up to near-ties, and the device panel says so."""
+        tokens = np.linspace(100, self.vocab_size - 1, context + rows).astype(np.int64).tolist()
+        chain = self.new_cache()
+        self.prefill(chain, tokens[:context])
+        batch = self._decode_tokens(chain, tokens[context:], context, all_rows=True)  # [rows, vocab]
+        single = self.new_cache()
+        self.prefill(single, tokens[:context])
+        steps = [self.prefill(single, [token]).values[0] for token in tokens[context:]]
+        self.llama.llama_memory_clear(self.memory, True)
+        self._evict()
+        return bool(np.array_equal(batch.values, np.stack(steps)))
 
     def metadata(self, key: str) -> str | None:
         """A GGUF metadata value of the model, as text (None where the file has no such key)."""
@@ -354,9 +372,10 @@ class LlamaCppDecoder:
             self.llama.llama_memory_seq_cp(self.memory, 0, seq, -1, -1)
         cache.width = max(cache.width, leaves)
 
-    def _decode_tokens(self, cache: LlamaCache, tokens: list[int], start: int, logits: bool = True) -> HostLogits | None:
+    def _decode_tokens(self, cache: LlamaCache, tokens: list[int], start: int, logits: bool = True,
+                       all_rows: bool = False) -> HostLogits | None:
         """Decode a chain of tokens at positions ``start, ...`` on sequences 0..width-1, a batch at a time;
-        the last token's logits [1, vocab]."""
+        the last token's logits [1, vocab] (``all_rows``: every row's, for a chain of at most one batch)."""
         batch, seqs = self._token_batch, [list(range(cache.width))] * BATCH_ROWS
         result = None
         for begin in range(0, len(tokens), BATCH_ROWS):
@@ -366,6 +385,8 @@ class LlamaCppDecoder:
             outputs = np.zeros(count, dtype=np.int8)
             last = begin + count == len(tokens)
             outputs[-1] = logits and last
+            if all_rows:
+                outputs[:] = 1
             fill_batch(batch, np.arange(start + begin, start + begin + count, dtype=np.int32), seqs[:count], outputs)
             out = self._run(batch, count, int(outputs.sum()))
             cache.cells += count
