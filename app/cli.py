@@ -224,8 +224,8 @@ def model_threads(args: argparse.Namespace) -> int:
     """--threads, else 0 (one per core) except for `ppd chat`, which leaves a core to the browser and server, and
     `ppd calibrate`, which calibrates for the chat (profiles are per thread count on a CPU).
 
-    Measured on the 2-core AMD EPYC with Chromium showing the app (int4, plain decoding; README,
-    "The chat app"): the app streamed 20.1 tokens/s with 1 thread against 14.4 with 2.
+    Measured on the 2-core AMD EPYC with Chromium showing the app (torch int4 then, plain decoding): the app
+    streamed 20.1 tokens/s with 1 thread against 14.4 with 2.
     """
     check_threads(args)
     if args.threads is not None:
@@ -598,7 +598,6 @@ def run_train(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(model_threads(args))
-    quiet_transformers()
     # training differentiates through the transformers model: auto means its own weights here
     loaded = load_model(args.model, "none" if args.quant == "auto" else args.quant, args.device, args.dtype)
     config = TrainConfig(
@@ -658,14 +657,6 @@ class StatusFile:
         self.written = now
         atomic_write(self.path, json.dumps({"phase": phase, "done": done, "total": total,
                                             "phase_seconds": round(now - self.phase_started, 1)}) + "\n")
-
-
-def quiet_transformers() -> None:
-    """Before the model loads (not before: importing transformers takes seconds on a small machine)."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:

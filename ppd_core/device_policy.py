@@ -87,15 +87,11 @@ def profile_fields(properties: DeviceProperties, driver: str = "", offloaded: bo
 
 
 def rows_bitwise(properties: DeviceProperties, backend: str, quant: str, gpu_layers: int = 0) -> bool:
-    """Whether a tree step's rows get exactly the logits a 1-token step gives them, so greedy PPD equals plain
-    decoding bit for bit. Tested on the CPU: llama.cpp with nothing offloaded (Q8_0 cache, flash attention)
-    and the lean forward's packed int4 / int8 kernels (row by row attention). fp32 matmuls and GPU kernels
+    """Whether a tree step's rows can get exactly the logits a 1-token step gives them, so greedy PPD equals plain
+    decoding bit for bit: llama.cpp on a CPU with nothing offloaded (Q8_0 cache, flash attention; each file's
+    kernels are then probed at load: ``LlamaCppDecoder.rows_match_single_steps``). torch's matmuls and GPU kernels
     pick other reduction orders for other row counts: there output is equal up to floating-point near-ties."""
-    if properties.kind != "cpu":
-        return False
-    if backend == "llamacpp":
-        return gpu_layers == 0
-    return quant in ("int4", "int8")
+    return properties.kind == "cpu" and backend == "llamacpp" and gpu_layers == 0
 
 
 def attention_plan(properties: DeviceProperties) -> AttentionPlan:

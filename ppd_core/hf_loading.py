@@ -49,6 +49,14 @@ GGUF_BITS_PER_WEIGHT = 4.5  # a guess for a file whose header cannot be read: ab
 # --- choices ----------------------------------------------------------------------------------
 
 
+def quiet_transformers() -> None:
+    """transformers' own progress bars and notices off: ppd reports loading in its own lines."""
+    import transformers  # noqa: PLC0415 - already imported above; its logging module
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def pick_device(device: str) -> torch.device:
     if device not in DEVICE_CHOICES:
         raise ModelLoadError(f"unknown device {device!r}; choose one of {', '.join(DEVICE_CHOICES)}")
@@ -201,6 +209,7 @@ def load_hf(model: str, quant: str = "auto", device: str = "auto", dtype: str = 
             forward: str = "lean") -> LoadedModel:
     """A Hugging Face model directory, or ``hf:OWNER/REPO`` (downloaded first), on torch; ModelLoadError (one line)
     where it cannot be loaded here (the choices are checked before anything is downloaded)."""
+    quiet_transformers()
     hub_model = hub.parse(model)
     if hub_model is not None and hub_model.file:
         raise ModelLoadError(f"{model} is a GGUF file: it runs on llama.cpp (or, de-quantized, with --backend torch)")
@@ -275,6 +284,7 @@ def training_network(gguf_file: Path, name: str | None = None) -> torch.nn.Modul
 def dequantized_copy(gguf_file: Path, name: str) -> Path:
     """The cached float32 copy of ``gguf_file``, made now if there is none; refused in one line where the float32
     model would not fit in the free memory. Logs ``dequantization_note`` first."""
+    quiet_transformers()
     gguf_file = Path(gguf_file)
     target = conversion_folder(gguf_file)
     cached = (target / "config.json").is_file()

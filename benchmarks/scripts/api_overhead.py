@@ -1,34 +1,33 @@
 """The OpenAI-compatible API's overhead: the same answers through HTTP and through the engine directly.
 
-    python benchmarks/scripts/api_overhead.py [--questions 8] [--max-tokens 128] [--tree auto] [--threads N] [--json FILE]
+    python benchmarks/scripts/api_overhead.py [--questions 8] [--max-tokens 128] [--tree auto] [--threads N]
+        [--model FILE.gguf] [--json FILE]
 
-Starts the API in this process on the default model (as ``ppd serve`` does: uvicorn on
-127.0.0.1, the decoding on the API's own thread), then answers the first turns of the first
+Starts the API in this process on the model (default: the default GGUF on llama.cpp) as ``ppd serve`` does
+(uvicorn on 127.0.0.1, the decoding on the API's own thread), then answers the first turns of the first
 ``--questions`` MT-Bench questions greedily, one at a time, each twice: once as a non-streamed
 request through the official ``openai`` client and once with ``Engine.generate`` (what ``ppd
 generate`` runs), alternating which goes first. Speed is answer tokens over wall time: from
 sending the request to having the parsed response for the API, around the call for the engine.
-Prints one JSON object (and writes it to ``--json``).
+Prints one JSON object (and writes it to ``--json``). (``benchmarks/measurements/api-overhead.json`` was measured on
+the former torch int4 forward.)
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
 
-import torch
-
 from app.api import create_api, make_server
 from app.bench import read_questions
 from app.chat_service import ChatService
 from app.cli import DEFAULT_QUESTIONS
 from ppd_core.engine import Engine, EngineConfig
-from measurement import report
+from measurement import cpu_model, report
 
 
 def free_port() -> int:
@@ -42,12 +41,13 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--tree", default="auto")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: one per core, as `ppd serve`)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for the model (default: one per core, as `ppd serve`)")
+    parser.add_argument("--model", default="default", help="a GGUF file or Hugging Face model (default: the default GGUF)")
     parser.add_argument("--json", type=Path, default=None, dest="json_path")
     args = parser.parse_args()
     import openai
 
-    engine = Engine.load(EngineConfig(device="cpu", tree=args.tree, threads=args.threads))
+    engine = Engine.load(EngineConfig(model=args.model, tree=args.tree, threads=args.threads))
     service = ChatService(engine)
     port = free_port()
     server = make_server(create_api(service), "127.0.0.1", port)
@@ -93,8 +93,9 @@ def main() -> None:
     api, generate = total("api"), total("generate")
     result = {
         "command": "python benchmarks/scripts/api_overhead.py " + " ".join(sys.argv[1:]),
-        "device": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "model": engine.loaded.name, "quant": engine.loaded.quant, "forward": engine.loaded.forward,
+        "device": f"{cpu_model()}, {engine.threads} threads",
+        "model": engine.loaded.name, "backend": engine.loaded.backend.name, "quant": engine.loaded.quant,
+        "forward": engine.loaded.forward,
         "tree": engine.family.name, "max_tokens": args.max_tokens, "requests": len(rows),
         "speed": "answer tokens per second over wall time, sequential requests, non-streamed, greedy",
         "api": api, "generate": generate,
@@ -103,6 +104,7 @@ def main() -> None:
         "rows": rows,
     }
     report(result, args.json_path)
+    engine.close()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """The chat app's streamed speed against the engine alone, with Chromium open on the same machine.
 
-    python benchmarks/scripts/app_vs_generate.py [--rounds 3] [--threads 2]
+    python benchmarks/scripts/app_vs_generate.py [--rounds 3] [--threads 2] [--model FILE.gguf] [--tree auto]
 
 Each round answers the same message twice from a fresh conversation, alternating which goes
 first: once typed into the app in Chromium (speed from the app's readout, which the engine
 measures, and the wall time from click to the final readout) and once with ``Engine.generate``
-in the same process with no page open (what ``ppd generate`` does). Prints one JSON object.
+in the same process with no page open (what ``ppd generate`` does). Default: the default GGUF on llama.cpp.
+Needs Playwright and Chromium at /usr/bin/chromium. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import socket
 import statistics
 import time
 from pathlib import Path
-
-import torch
 
 from app.chat_service import ChatService
 from app.history import ConversationStore
@@ -58,15 +57,14 @@ def app_round(page) -> tuple[float, int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for the model (default: one per core)")
+    parser.add_argument("--model", default="default", help="a GGUF file or Hugging Face model (default: the default GGUF)")
     parser.add_argument("--tree", default="auto")
     parser.add_argument("--store", default="/tmp/ppd-bench-conversations")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     from playwright.sync_api import sync_playwright
 
-    engine = Engine.load(EngineConfig(device="cpu", tree=args.tree))
+    engine = Engine.load(EngineConfig(model=args.model, tree=args.tree, threads=args.threads))
     service = ChatService(engine)
     app = build_app(service, ConversationStore(Path(args.store)))
     port = free_port()
@@ -94,7 +92,8 @@ def main() -> None:
     app_speed = statistics.mean(r["app_tok_s"] for r in rows)
     engine_speed = statistics.mean(r["engine_tok_s"] for r in rows)
     print(json.dumps({
-        "threads": torch.get_num_threads(), "quant": engine.loaded.quant, "tree": engine.family.name, "rounds": rows,
+        "threads": engine.threads, "model": engine.loaded.name, "backend": engine.loaded.backend.name,
+        "quant": engine.loaded.quant, "tree": engine.family.name, "rounds": rows,
         "app_tok_s": round(app_speed, 2), "engine_tok_s": round(engine_speed, 2),
         "app_over_engine": round(app_speed / engine_speed, 3),
         "app_wall_tok_s": round(statistics.mean(r["app_tokens"] / r["app_wall_s"] for r in rows), 2),

@@ -1,28 +1,32 @@
 """Would lookup in the user's earlier conversations add guesses? A replay on MT-Bench first turns.
 
-    python benchmarks/scripts/history_lookup.py [--limit 80] [--max-new-tokens 128] [--json FILE]
+    python benchmarks/scripts/history_lookup.py [--limit 80] [--max-new-tokens 128] [--model FILE.gguf]
+        [--profile FILE] [--json FILE]
 
-The default model (int4, greedy, plain decoding) answers the first turn of each question, in
-order. Each answer is then replayed as ``LookupStats`` does in calibration, once with the index
-over its own conversation (what ppd does) and once over the earlier conversations too (the
-prompts and answers of all questions before it, as a saved-chat history would hold them; the
+The model (default: the default GGUF on llama.cpp; greedy, plain decoding) answers the first turn of
+each question, in order. Each answer is then replayed as ``LookupStats`` does in calibration, once
+with the index over its own conversation (what ppd does) and once over the earlier conversations too
+(the prompts and answers of all questions before it, as a saved-chat history would hold them; the
 most recent occurrence wins, so the conversation's own text is preferred), and once with the
 earlier conversations consulted only where the conversation has no match at all. The replays are
 turned into expected tokens per step and speedup with the chain lengths chosen for each from
-the shipped int4 profile's latency curve (``chain_lengths`` / ``with_lookup``, as calibration
-does). Prints one JSON object (and writes it to ``--json``).
+``--profile``'s latency curve (default: the shipped llama.cpp profile; ``chain_lengths`` /
+``with_lookup``, as calibration does). Prints one JSON object (and writes it to ``--json``).
+(``benchmarks/measurements/history-lookup.json`` was measured on the former torch int4 forward, replayed
+on its int4 profile.)
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from app.bench import read_questions
 from app.cli import DEFAULT_QUESTIONS
 from ppd_core.calibration.latency import step_seconds
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, with_lookup
-from measurement import INT4_PROFILE, profile_latency, report
+from measurement import DEFAULT_PROFILE, profile_latency, report
 
 
 def expectation(stats: LookupStats, seconds) -> dict:
@@ -51,9 +55,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", type=int, default=80)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--model", default="default", help="a GGUF file or Hugging Face model (default: the default GGUF)")
+    parser.add_argument("--profile", default=str(DEFAULT_PROFILE), help="the profile whose latency curve is replayed")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    engine = Engine.load(EngineConfig(model="default", quant="int4", device="cpu", tree="auto", auto_calibrate=False))
+    engine = Engine.load(EngineConfig(model=args.model, tree="auto", auto_calibrate=False))
     conversations = []
     for question in read_questions(DEFAULT_QUESTIONS, args.limit):
         prompt = engine.chat_ids([{"role": "user", "content": question.turns[0]}])
@@ -65,16 +71,18 @@ def main() -> None:
         with_history.add_answer(history + prompt, answer)
         add_with_fallback(fallback, history, prompt, answer)
         history += prompt + answer
-    seconds = step_seconds(profile_latency(INT4_PROFILE))
+    seconds = step_seconds(profile_latency(args.profile))
     result = {
-        "command": f"python benchmarks/scripts/history_lookup.py --limit {args.limit} --max-new-tokens {args.max_new_tokens}",
-        "model": "default, int4, greedy plain decoding", "questions": len(conversations),
-        "latency_from": INT4_PROFILE.name,
+        "command": f"python benchmarks/scripts/history_lookup.py --limit {args.limit} --max-new-tokens {args.max_new_tokens} "
+                   f"--model {args.model} --profile {args.profile}",
+        "model": f"{engine.loaded.name} ({engine.loaded.quant}), greedy plain decoding on {engine.loaded.backend.name}",
+        "questions": len(conversations), "latency_from": Path(args.profile).name,
         "conversation_only": expectation(own, seconds),
         "conversation_and_earlier_conversations": expectation(with_history, seconds),
         "earlier_conversations_only_where_the_conversation_has_no_match": expectation(fallback, seconds),
     }
     report(result, args.json)
+    engine.close()
 
 
 if __name__ == "__main__":

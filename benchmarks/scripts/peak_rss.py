@@ -1,13 +1,16 @@
-"""Peak resident memory of `ppd generate` per quantization mode, and of `ppd chat` serving one answer.
+"""Peak resident memory of `ppd generate` per backend and quantization mode, and of `ppd chat` serving one answer.
 
-    python benchmarks/scripts/peak_rss.py [--modes auto,int4,none,int8] [--json FILE]
+    python benchmarks/scripts/peak_rss.py [--modes auto,torch] [--no-chat] [--json FILE]
 
-`ppd generate` runs under ``/usr/bin/time -f %M`` (the kernel's peak RSS of the process), a 64-token
-answer per mode (``auto``: the default backend, llama.cpp on the default GGUF; the others ``--quant``
-on torch) and a 256-token answer for auto and int4. `ppd chat` is started on a free port (the
-calibration profile must already exist, or the figure includes the first launch's calibration); once
-it answers ``/health`` its VmRSS is read, then one 256-token greedy answer is asked through
-``/v1/chat/completions`` and VmRSS and VmHWM (its peak) are read. Prints one JSON object (and writes it to ``--json``).
+`ppd generate` on the default model runs under ``/usr/bin/time -f %M`` (the kernel's peak RSS of the process),
+a 64-token and a 256-token answer per mode: ``auto``, the default (llama.cpp on the default GGUF, in its own
+quantization); ``torch``, ``--backend torch`` (transformers' de-quantized float32 copy of the GGUF; converted and
+cached on first use); ``torch-8bit`` / ``torch-4bit``, that with ``--quant 8bit`` / ``4bit`` (bitsandbytes, where
+it runs). `ppd chat` (default options) is started on a free port (the calibration profile must already exist, or the
+figure includes the first launch's calibration); once it answers ``/health`` its VmRSS is read, then one 256-token
+greedy answer is asked through ``/v1/chat/completions`` and VmRSS and VmHWM (its peak) are read. Prints one JSON object (and writes it to ``--json``).
+(``benchmarks/measurements/peak-rss-generate.json`` was measured with the former ``--quant int4/none/int8`` modes
+of the torch forward.)
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from measurement import report
 
 
 PPD = [sys.executable, "-m", "app.cli"]
+MODES = {"auto": [], "torch": ["--backend", "torch"], "torch-8bit": ["--backend", "torch", "--quant", "8bit"],
+         "torch-4bit": ["--backend", "torch", "--quant", "4bit"]}  # mode -> its `ppd generate` options
 SHORT = ["generate", "Name three planets.", "--tree", "small", "--max-new-tokens", "64", "--json"]
 LONG = ["generate", "Write a long story about a dragon.", "--max-new-tokens", "256", "--json"]
 
@@ -75,19 +80,23 @@ def chat_figures() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--modes", default="auto,int4,none,int8")  # auto: the default backend (llama.cpp on a GGUF)
+    parser.add_argument("--modes", default="auto,torch", help=f"comma-separated, of: {', '.join(MODES)}")
+    parser.add_argument("--no-chat", action="store_true", help="leave out the `ppd chat` figure")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if unknown := [mode for mode in modes if mode not in MODES]:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     if shutil.which("/usr/bin/time") is None:
         sys.exit("needs GNU time at /usr/bin/time")
     result = {
-        "command": "python benchmarks/scripts/peak_rss.py --modes " + args.modes,
+        "command": "python benchmarks/scripts/peak_rss.py " + " ".join(sys.argv[1:]),
         "device": f"{cpu_name()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "generate_64_tokens_peak_rss_mb": {
-            mode: peak_mb([*PPD, *SHORT] + ([] if mode == "auto" else ["--quant", mode])) for mode in args.modes.split(",")},
-        "generate_256_tokens_peak_rss_mb": {"auto": peak_mb([*PPD, *LONG]), "int4": peak_mb([*PPD, *LONG, "--quant", "int4"])},
-        "chat": chat_figures(),
+        "generate_64_tokens_peak_rss_mb": {mode: peak_mb([*PPD, *SHORT, *MODES[mode]]) for mode in modes},
+        "generate_256_tokens_peak_rss_mb": {mode: peak_mb([*PPD, *LONG, *MODES[mode]]) for mode in modes},
     }
+    if not args.no_chat:
+        result["chat"] = chat_figures()
     report(result, args.json)
 
 

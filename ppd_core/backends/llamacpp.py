@@ -66,7 +66,13 @@ class LlamaCppError(PpdError):
 
 
 def import_llama_cpp():
-    """The ``llama_cpp`` module, or LlamaCppError saying why it cannot be used."""
+    """The ``llama_cpp`` module, or LlamaCppError saying why it cannot be used.
+
+    ggml's tiled K-quant matrix multiply (on by default since 2026) gives a batch of rows other logits than one
+    row at a time: 0.3-0.9 apart on the default model re-quantized to Q4_K_M, Q5_K_M or Q6_K. It is turned off here,
+    before ggml reads the switch at its first multiply, so a tree row gets the logits a plain step gives it.
+    (ppd's build also leaves out llamafile's GEMM, which does the same to F16, Q5_0 and IQ4_NL rows: Makefile.)"""
+    os.environ.setdefault("GGML_CPU_TILED_MM", "0")
     try:
         import llama_cpp  # noqa: PLC0415 - optional: the torch backend runs without it
     except (ImportError, OSError) as error:  # OSError: a wheel whose shared library does not load
@@ -135,17 +141,14 @@ class LlamaCppDecoder:
             raise
 
     def _load(self, llama, threads, gpu_layers, max_context, kv_type, spare_cells, initial_context, architecture) -> None:
-        model_params = llama.llama_model_default_params()
+        model_params = self._model_params = llama.llama_model_default_params()
         offload = llama.llama_supports_gpu_offload()
         model_params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
         self.gpu_layers = model_params.n_gpu_layers if offload else 0
         self.bitwise = rows_bitwise(cpu_properties(), self.name, "gguf", self.gpu_layers)
         self.system = system_info(llama)
         model_params.use_extra_bufts = llama_extra_buffers(self.system)
-        self.model = llama.llama_model_load_from_file(str(self.gguf_file).encode(), model_params)
-        if not self.model:
-            raise LlamaCppError(f"llama.cpp could not load {self.gguf_file.name}")
-        LIVE_MODELS.add(id(self))
+        self._load_model()
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.vocab_size = llama.llama_vocab_n_tokens(self.vocab)
         self.hidden = llama.llama_model_n_embd(self.model)
@@ -178,8 +181,33 @@ class LlamaCppDecoder:
         self._embeddings = EmbeddingRows(self.gguf_file, architecture)
         if self.bitwise:  # the policy allows it; this file's kernels must show it (not every type's do)
             self.bitwise = self.rows_match_single_steps()
+            if not self.bitwise and self._model_params.use_extra_bufts:
+                # the weights repacked for batched kernels (Q4_0, Q4_K, IQ4_NL on x86) can round a batch otherwise:
+                # the plain layout's kernels instead, where they are row-invariant (exact output before speed)
+                self._model_params.use_extra_bufts = False
+                self._reload_model()
+                self.bitwise = self.rows_match_single_steps()
         # prompt-token rows go in as embeddings: only where an embedding row is what its token gives the model
         self.accepts_embeddings = self._embeddings.matches_tokens
+
+    def _load_model(self) -> None:
+        self.model = self.llama.llama_model_load_from_file(str(self.gguf_file).encode(), self._model_params)
+        if not self.model:
+            raise LlamaCppError(f"llama.cpp could not load {self.gguf_file.name}")
+        LIVE_MODELS.add(id(self))
+
+    def _reload_model(self) -> None:
+        """The model loaded again with ``_model_params`` (its context, vocabulary and batches made anew)."""
+        llama = self.llama
+        llama.llama_free(self.context)
+        self.context = None
+        llama.llama_model_free(self.model)
+        self.model = None
+        LIVE_MODELS.discard(id(self))
+        self._load_model()
+        self.vocab = llama.llama_model_get_vocab(self.model)
+        self._resident = None
+        self._open(self.positions)
 
     def rows_match_single_steps(self, context: int = 96, rows: int = 8) -> bool:
         """Whether a batch of ``rows`` chained rows gets, bit for bit, the logits single-token steps give them
@@ -309,7 +337,7 @@ class LlamaCppDecoder:
     def describe(self) -> dict:
         return {"backend": self.name, "gpu_layers": self.gpu_layers, "threads": self.threads,
                 "kv_cache": self.kv_type, "flash_attention": True, "llama_cpp_python": self.llama.__version__,
-                "system": self.system}
+                "system": self.system, "repacked_weights": bool(self._model_params.use_extra_bufts)}
 
     # --- the context ----------------------------------------------------------------------------
 

@@ -63,8 +63,8 @@ def batched_answers(model, max_new_tokens: int, pad_id: int, eos_ids: Sequence[i
 def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int],
                     progress: Callable[[int], None] | None = None) -> Answerer:
     """Greedy answers from the decoding backend itself, plain decoding, one prompt at a time (``progress`` gets
-    the number answered so far): lookup is replayed on exactly the text decoding will see (llama.cpp's or
-    int4's answers differ from fp32's)."""
+    the number answered so far): lookup is replayed on exactly the text decoding will see (llama.cpp's answers
+    differ from transformers' fp32 ones)."""
     speculator = Speculator(decoder, vanilla_family())
     answered = itertools.count(1)
 
