@@ -8,7 +8,6 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 
 from app.api import create_api, make_server
 from app.chat_service import ChatService
@@ -43,11 +42,10 @@ def start(app, host: str):
 def served():
     """The default model behind the API on 127.0.0.1 with no key (the `ppd serve` default).
 
-    int4 with the small static tree (the cheapest PPD steps here), and one torch thread: with two,
-    a CPU shared with other work slows every step several-fold (threads wait for each other).
+    On llama.cpp in the file's own quantization, with the small static tree (the cheapest PPD steps here), and
+    one thread: with two, a CPU shared with other work slows every step several-fold (threads wait for each other).
     """
-    threads = torch.get_num_threads()
-    engine = Engine.load(EngineConfig(model="default", quant="int4", device="cpu", tree="small", threads=1))
+    engine = Engine.load(EngineConfig(model="default", device="cpu", tree="small", threads=1))
     service = ChatService(engine)
     app = create_api(service)
     server, thread, port = start(app, "127.0.0.1")
@@ -55,7 +53,7 @@ def served():
     yield client, service, app, f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(15)
-    torch.set_num_threads(threads)  # process-wide: leave it as the other tests expect
+    engine.close()
 
 
 EXPECTED: dict = {}
@@ -94,7 +92,7 @@ def test_models_and_health(served):
     models = client.models.list().data
     assert [m.id for m in models] == [service.engine.loaded.name]
     meta = models[0].model_extra["ppd"]
-    assert meta["quant"] == service.engine.loaded.quant == "int4"
+    assert meta["quant"] == service.engine.loaded.quant == "gguf" and meta["backend"] == "llamacpp"
     assert meta["prompt_tokens"]["count"] == service.engine.prompt_tokens.num_prompt_tokens
     assert meta["tree"]["name"] == "small" and meta["max_context"] == service.engine.max_context
     health = httpx.get(f"{url}/health").json()
@@ -331,23 +329,22 @@ def test_serve_on_a_non_loopback_host_needs_a_key_or_no_auth(capsys, monkeypatch
     assert main(["serve", "--api-key", " ", "--port", str(free_port())]) == 2
 
 
-@pytest.mark.slow
-def test_openai_client_on_the_llama_cpp_backend():
-    """The same API on the llama.cpp backend: /v1/models says so, and a streamed greedy answer equals the
-    engine's own."""
-    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="small", threads=2))
+def test_openai_client_on_the_torch_backend(default_engine):
+    """The same API on the torch backend (the default GGUF de-quantized by transformers; the module's server runs
+    llama.cpp): /v1/models says so, and a streamed greedy answer equals the engine's own."""
+    engine = default_engine
     server, thread, port = start(create_api(ChatService(engine)), "127.0.0.1")
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
-        assert client.models.list().data[0].model_extra["ppd"]["backend"] == "llamacpp"
+        meta = client.models.list().data[0].model_extra["ppd"]
+        assert (meta["backend"], meta["quant"]) == ("torch", "none")
         stream = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=32, stream=True)
         text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
-        expected = engine.generate(engine.chat_ids(QUESTION), "vanilla", 32).text
+        expected = engine.generate(engine.chat_ids(QUESTION), "ppd", 32).text  # not bitwise here: PPD's own answer
         assert text == expected and "Paris" in expected
     finally:
         server.should_exit = True
         thread.join(15)
-        engine.loaded.backend.close()
 
 
 def malformed_requests() -> list[tuple[str, bytes]]:

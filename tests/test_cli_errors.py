@@ -56,7 +56,8 @@ def fake_chat_app(monkeypatch):
         def block_thread(self):
             launched["served until Ctrl+C"] = True
 
-    monkeypatch.setattr("app.cli.load_engine", lambda args, **_: "engine")
+    calibrated = types.SimpleNamespace(profile="calibrated")  # nothing to calibrate beside the first answers
+    monkeypatch.setattr("app.cli.load_engine", lambda args, **_: calibrated)
     monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: FakeApp()))
     monkeypatch.delenv("PPD_AUTH", raising=False)
     return launched
@@ -242,12 +243,14 @@ def test_generate_bad_input(capsys, no_model_load):
 
 
 def test_chat_leaves_a_core_to_the_browser(monkeypatch):
-    monkeypatch.setattr("torch.get_num_threads", lambda: 8)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)  # the cores it may use
+    monkeypatch.setattr("os.cpu_count", lambda: 8)  # where there is no sched_getaffinity
     assert model_threads(types.SimpleNamespace(command="chat", threads=None)) == 7
     assert model_threads(types.SimpleNamespace(command="calibrate", threads=None)) == 7  # the profile the chat uses
-    assert model_threads(types.SimpleNamespace(command="generate", threads=None)) == 0  # torch's default
+    assert model_threads(types.SimpleNamespace(command="generate", threads=None)) == 0  # one per core
     assert model_threads(types.SimpleNamespace(command="chat", threads=3)) == 3
-    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
     assert model_threads(types.SimpleNamespace(command="chat", threads=None)) == 1
 
 

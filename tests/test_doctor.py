@@ -40,9 +40,13 @@ def read_report(out):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["llamacpp", "torch"])
-def test_doctor_passes_on_the_bitwise_cpu_paths(capsys, tmp_path, backend):
+def test_doctor_passes_on_the_cpu_paths(capsys, tmp_path, backend):
+    """llama.cpp on the CPU is the bitwise path: every answer identical. torch runs transformers' float32 copy of
+    the GGUF, whose tree matmuls round differently from single steps (its bitwise int4 / int8 CPU kernels are
+    gone): there the doctor passes under the near-tie rule."""
     out = tmp_path / "report"
-    # on the CPU even where a GPU is (`make test` on one): these are the bitwise paths
+    bitwise = backend == "llamacpp"
+    # on the CPU even where a GPU is (`make test` on one)
     code, stdout, stderr = run_cli(capsys, "doctor", *SMALL, "--backend", backend, "--device", "cpu", "--gpu-layers", "0",
                                    "--out", out)
     assert code == 0, stderr
@@ -55,11 +59,16 @@ def test_doctor_passes_on_the_bitwise_cpu_paths(capsys, tmp_path, backend):
     assert env["cuda_available"] is torch.cuda.is_available() and env["device"]["kind"] == "cpu"
     assert env["compute_dtype"] == "float32" and "CPU" in env["llama_cpp"]["system_info"]
     assert env["llama_cpp"]["gpu_offload"] is bool(__import__("llama_cpp").llama_supports_gpu_offload())
-    assert engine["backend"] == backend and engine["bitwise"] is True and engine["threads"] == 1
+    assert engine["backend"] == backend and engine["bitwise"] is bitwise and engine["threads"] == 1
     assert (engine["tree"]["name"], engine["calibrated"]) == ("medium", False)
     exact = report["exactness"]
-    assert (exact["prompts"], exact["identical"], exact["bitwise"]) == (2, 2, True)
-    assert all(a["identical"] and a["plain_tokens"] == a["ppd_tokens"] == 24 for a in exact["answers"])
+    assert (exact["prompts"], exact["bitwise"]) == (2, bitwise)
+    if bitwise:
+        assert exact["identical"] == 2
+        assert all(a["identical"] and a["plain_tokens"] == a["ppd_tokens"] == 24 for a in exact["answers"])
+    else:  # answers may part only at a near-tie (the verdict's rule, checked on its own below)
+        assert "not bitwise: answers may part only at near-ties" in summary
+        assert all(a["identical"] or a["difference"]["ppd_margin"] < NEAR_TIE_LOGITS for a in exact["answers"])
     latency = report["latency"]
     assert list(latency["ms"]) == ["1", "2", "4", "8", "16"] and latency["context"] == 256  # a CPU: up to 16
     assert all(ms > 0 for ms in latency["ms"].values()) and latency["ratio"]["1"] == 1.0
@@ -67,7 +76,7 @@ def test_doctor_passes_on_the_bitwise_cpu_paths(capsys, tmp_path, backend):
     assert bench["plain"]["new_tokens"] == bench["ppd"]["new_tokens"] == 48
     assert bench["plain"]["mean_accepted"] == 1.0 and bench["ppd"]["mean_accepted"] >= 1.0
     assert bench["speedup"] == pytest.approx(bench["ppd"]["tok_s"] / bench["plain"]["tok_s"], rel=1e-3)
-    assert "## ppd doctor: PASS" in summary and "**Exactness:** 2/2 identical" in summary
+    assert "## ppd doctor: PASS" in summary and f"**Exactness:** {exact['identical']}/2 identical" in summary
     assert "| 1 | " in summary and f"torch {torch.__version__}" in summary and summary.rstrip().endswith("**PASS**")
 
 

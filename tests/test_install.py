@@ -3,6 +3,7 @@ faked Jetson / RTX ones, the torch check, and the optional extras missing (one l
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,21 +30,32 @@ def dry_run(tmp_path: Path, *variables: str, tools: tuple[str, ...] = (), path: 
 
 
 def llama_line(plan: str) -> str:
-    return next(line for line in plan.splitlines() if line.startswith("CMAKE_ARGS="))
+    """The llama-cpp-python build command (its CMake options first), continuation lines joined."""
+    return next(line for line in plan.replace("\\\n", "").splitlines() if "CMAKE_ARGS=" in line)
+
+
+def wheel_folder(plan: str) -> str:
+    """Where the set-up builds llama-cpp-python's wheel and installs it from."""
+    built = re.search(r"pip wheel .*?-w (\S+)", llama_line(plan)).group(1)
+    assert f"--no-deps {built}/llama_cpp_python-*.whl" in plan  # installed from that very folder
+    return built
 
 
 def test_this_machine_builds_for_its_cpu_in_a_plain_venv(tmp_path):
     """No GPU here (nvcc may be installed: this machine has one), so llama.cpp is built for the CPU."""
     plan = dry_run(tmp_path, "TEGRA_RELEASE=/nonexistent")
     assert "--system-site-packages" not in plan
-    assert "GGML_CUDA" not in plan and "--no-cache-dir" not in plan
+    assert "GGML_CUDA" not in plan and "-DGGML_LLAMAFILE=OFF" in llama_line(plan)  # row-invariant kernels
+    # a wheel of its own, kept per build options and CPU (never pip's cache, which does not tell them apart)
+    assert "--no-cache-dir" in llama_line(plan) and "/.cache/ppd-build/llama-cpp-python-0.3.36-" in wheel_folder(plan)
     assert 'pip install -q -e ".[test,train]"' in plan and '".[quant]" || echo' in plan  # bitsandbytes may fail
 
 
 def test_rtx_machine_builds_llama_cpp_with_cuda(tmp_path):
     plan = dry_run(tmp_path, "TEGRA_RELEASE=/nonexistent", tools=("nvcc", "nvidia-smi"))
     assert f"-DGGML_CUDA=on -DCMAKE_CUDA_COMPILER={tmp_path / 'bin' / 'nvcc'}" in llama_line(plan)
-    assert "--no-cache-dir" in plan  # a cached CPU wheel is never taken for a CUDA build
+    cpu_plan = dry_run(tmp_path, "TEGRA_RELEASE=/nonexistent", "NVCC=")
+    assert wheel_folder(plan) != wheel_folder(cpu_plan)  # a kept CPU wheel is never taken for a CUDA build
     assert "--system-site-packages" not in plan
 
 

@@ -59,7 +59,9 @@ def test_bitsandbytes_4bit_on_cpu_is_exact():
     "kwargs, message",
     [
         ({"model": "/no/such/model"}, "model not found"),
-        ({"quant": "8bit", "device": "cpu"}, "8-bit runs on CUDA only"),
+        ({"quant": "8bit", "device": "cpu"}, "a GGUF runs in its own quantization on llama.cpp: --quant 8bit is for"),
+        ({"quant": "4bit"}, "a GGUF runs in its own quantization on llama.cpp: --quant 4bit is for"),
+        ({"quant": "8bit", "device": "cpu", "backend": "torch"}, "8-bit runs on CUDA only"),  # checked before converting
         ({"quant": "2bit"}, "unknown quantization"),
     ],
 )
@@ -70,8 +72,11 @@ def test_load_errors(kwargs, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without a GPU")
 def test_missing_gpu_is_a_clear_error():
+    with pytest.raises(ModelLoadError, match="^--device cuda: this llama-cpp-python build has no GPU support") as refused:
+        load_model(device="cuda")  # the default GGUF, on llama.cpp
+    assert "\n" not in str(refused.value)
     with pytest.raises(ModelLoadError, match="no CUDA GPU was found"):
-        load_model(device="cuda")
+        load_model(device="cuda", backend="torch")  # checked before transformers converts the file
 
 
 def test_not_a_model_directory(tmp_path):

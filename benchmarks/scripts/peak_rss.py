@@ -2,15 +2,18 @@
 
     python benchmarks/scripts/peak_rss.py [--modes auto,torch] [--no-chat] [--json FILE]
 
-`ppd generate` on the default model runs under ``/usr/bin/time -f %M`` (the kernel's peak RSS of the process),
-a 64-token and a 256-token answer per mode: ``auto``, the default (llama.cpp on the default GGUF, in its own
-quantization); ``torch``, ``--backend torch`` (transformers' de-quantized float32 copy of the GGUF; converted and
-cached on first use); ``torch-8bit`` / ``torch-4bit``, that with ``--quant 8bit`` / ``4bit`` (bitsandbytes, where
-it runs). `ppd chat` (default options) is started on a free port (the calibration profile must already exist, or the
-figure includes the first launch's calibration); once it answers ``/health`` its VmRSS is read, then one 256-token
-greedy answer is asked through ``/v1/chat/completions`` and VmRSS and VmHWM (its peak) are read. Prints one JSON object (and writes it to ``--json``).
-(``benchmarks/measurements/peak-rss-generate.json`` was measured with the former ``--quant int4/none/int8`` modes
-of the torch forward.)
+`ppd generate` on the default model runs under ``/usr/bin/time -f %M`` (the kernel's peak RSS of the process):
+per mode, a 64-token answer on the small static tree and a 256-token one on the calibrated tree (``--tree auto``;
+where the mode has no profile yet it calibrates first and the figure includes that, so run ``ppd calibrate`` with
+the same options before). Modes: ``auto``, the default (llama.cpp on the default GGUF, in its own quantization);
+``torch``, ``--backend torch`` (transformers' de-quantized float32 copy of the GGUF, converted and cached on first
+use); ``torch-8bit`` / ``torch-4bit``, that with ``--quant 8bit`` / ``4bit`` (bitsandbytes, where it runs).
+
+`ppd chat` (default options) is started on a free port (the calibration profile must already exist, or the figure
+includes the first launch's calibration); once it answers ``/health`` its VmRSS is read, then one 256-token greedy
+answer is asked through ``/v1/chat/completions`` and VmRSS and VmHWM (its peak) are read. Prints one JSON object
+(and writes it to ``--json``). (``benchmarks/measurements/peak-rss-generate.json`` was measured with the former
+``--quant int4/none/int8`` modes of the torch forward.)
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ class LlamaCppDecoder:
                           "plain decoding") if recurrent else None
         self._resident: LlamaCache | None = None  # the cache whose cells the context holds
         self._open(min(initial_context, self.max_context))
-        self._token_batch = llama.llama_batch_init(BATCH_ROWS, 0, SEQ_MAX)
+        self._token_batch = Batch(llama)
         self._embedding_batch = None  # made on the first step with prompt-token rows
         self.rebuilds = 0  # re-decodes that dropped parked cells
         self.grows = 0  # contexts made larger for a longer conversation
@@ -235,7 +235,7 @@ class LlamaCppDecoder:
         llama = self.llama
         for batch in (self._token_batch, self._embedding_batch):
             if batch is not None:
-                llama.llama_batch_free(batch)
+                batch.free()
         self._token_batch = self._embedding_batch = None
         if self.context:
             llama.llama_free(self.context)
@@ -282,13 +282,12 @@ class LlamaCppDecoder:
         positions = (tree.position_offsets + start).astype(np.int32)  # [T]
         if prompt_rows is None:
             batch = self._token_batch
-            tokens_view(batch)[:T] = nodes
+            batch.tokens[:T] = node_tokens
         else:
             batch = self._embedding_rows_batch()
-            rows = embeddings_view(batch, self.hidden)
-            rows[: tree.num_nodes] = self._embeddings.rows(nodes)
-            rows[tree.num_nodes : T] = prompt_rows
-        fill_batch(batch, positions, tree.sequences, outputs=np.ones(T, dtype=np.int8))
+            batch.embeddings[: tree.num_nodes] = self._embeddings.rows(nodes)
+            batch.embeddings[tree.num_nodes : T] = prompt_rows
+        batch.fill(positions, tree.sequences, outputs=1)
         logits = self._run(batch, T, T)  # [T, vocab]
         cache.cells += T
         cache.pending = (tree, nodes)
@@ -409,13 +408,13 @@ class LlamaCppDecoder:
         for begin in range(0, len(tokens), BATCH_ROWS):
             chunk = tokens[begin : begin + BATCH_ROWS]
             count = len(chunk)
-            tokens_view(batch)[:count] = chunk
+            batch.tokens[:count] = chunk
             outputs = np.zeros(count, dtype=np.int8)
             last = begin + count == len(tokens)
             outputs[-1] = logits and last
             if all_rows:
                 outputs[:] = 1
-            fill_batch(batch, np.arange(start + begin, start + begin + count, dtype=np.int32), seqs[:count], outputs)
+            batch.fill(np.arange(start + begin, start + begin + count, dtype=np.int32), seqs[:count], outputs)
             out = self._run(batch, count, int(outputs.sum()))
             cache.cells += count
             if last and logits:
@@ -424,13 +423,13 @@ class LlamaCppDecoder:
 
     def _embedding_rows_batch(self):
         if self._embedding_batch is None:
-            self._embedding_batch = self.llama.llama_batch_init(BATCH_ROWS, self.hidden, SEQ_MAX)
+            self._embedding_batch = Batch(self.llama, self.hidden)
         return self._embedding_batch
 
     def _run(self, batch, rows: int, outputs: int) -> HostLogits:
         """``llama_decode`` of the batch's first ``rows`` rows; the logits of its ``outputs`` rows [outputs, vocab]."""
-        batch.n_tokens = rows
-        status = self.llama.llama_decode(self.context, batch)
+        batch.raw.n_tokens = rows
+        status = self.llama.llama_decode(self.context, batch.raw)
         if status != 0:
             raise LlamaCppError(f"llama_decode failed with status {status} ({rows} rows)")
         pointer = self.llama.llama_get_logits(self.context)
@@ -438,25 +437,33 @@ class LlamaCppDecoder:
         return HostLogits(logits.copy())  # the next decode overwrites the buffer
 
 
-def tokens_view(batch) -> np.ndarray:
-    return np.ctypeslib.as_array(batch.token, shape=(BATCH_ROWS,))
+class Batch:
+    """A ``llama_batch`` of ``BATCH_ROWS`` rows with NumPy views of its arrays, made once (a step writes into them)."""
 
+    def __init__(self, llama, hidden: int = 0):
+        self.llama = llama
+        self.raw = llama.llama_batch_init(BATCH_ROWS, hidden, SEQ_MAX)
+        raw, view = self.raw, np.ctypeslib.as_array
+        self.tokens = None if hidden else view(raw.token, shape=(BATCH_ROWS,))  # [rows] token ids
+        self.embeddings = view(raw.embd, shape=(BATCH_ROWS, hidden)) if hidden else None  # [rows, hidden] float32
+        self.positions = view(raw.pos, shape=(BATCH_ROWS,))
+        self.outputs = view(raw.logits, shape=(BATCH_ROWS,))  # int8: whether a row's logits come back
+        self.sequence_counts = view(raw.n_seq_id, shape=(BATCH_ROWS,))
+        self.sequence_ids = [view(raw.seq_id[row], shape=(SEQ_MAX,)) for row in range(BATCH_ROWS)]
 
-def embeddings_view(batch, hidden: int) -> np.ndarray:
-    return np.ctypeslib.as_array(batch.embd, shape=(BATCH_ROWS, hidden))
+    def fill(self, positions: np.ndarray, sequences: Sequence[Sequence[int]], outputs: np.ndarray | int) -> None:
+        """Positions, sequence ids and output flags of the first ``len(positions)`` rows."""
+        rows = len(positions)
+        self.positions[:rows] = positions
+        self.outputs[:rows] = outputs
+        for row, ids in enumerate(sequences):
+            self.sequence_counts[row] = len(ids)
+            self.sequence_ids[row][: len(ids)] = ids
 
-
-def fill_batch(batch, positions: np.ndarray, sequences: Sequence[Sequence[int]], outputs: np.ndarray) -> None:
-    """Positions, sequence ids and output flags of the batch's first ``len(positions)`` rows."""
-    rows = len(positions)
-    np.ctypeslib.as_array(batch.pos, shape=(BATCH_ROWS,))[:rows] = positions
-    np.ctypeslib.as_array(batch.logits, shape=(BATCH_ROWS,))[:rows] = outputs
-    counts = np.ctypeslib.as_array(batch.n_seq_id, shape=(BATCH_ROWS,))
-    for row, ids in enumerate(sequences):
-        counts[row] = len(ids)
-        target = batch.seq_id[row]
-        for j, seq in enumerate(ids):
-            target[j] = seq
+    def free(self) -> None:
+        if self.raw is not None:
+            self.llama.llama_batch_free(self.raw)
+            self.raw = None
 
 
 # llama.cpp warns that the cells (context + spare cells for parked rows) outnumber the model's trained
