@@ -38,6 +38,7 @@ from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
 from ppd_core.options import MAX_LOOKUP
 from ppd_core.prompt_tokens import PromptTokenError, PromptTokens, signature_of
 from ppd_core.sampling_params import GREEDY, SamplingParams, recommended
+from ppd_core.snapshot import ModelSnapshot, PromptTokensInfo
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
 from ppd_core.text import TextStream, chat_ids, text_stream
@@ -46,6 +47,7 @@ from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanil
 # engine.py is the API app/ uses: app/ imports from ppd_core through this module only.
 __all__ = [
     "Engine", "EngineConfig", "GenerationEvent", "GenerationResult",  # defined here
+    "ModelSnapshot",
     "BACKEND_CHOICES", "DEVICE_CHOICES", "DTYPE_CHOICES", "FORWARD_CHOICES", "MAX_LOOKUP", "QUANT_CHOICES", "STATIC_TREES",  # command-line choices
     "GREEDY", "GenerationStats", "PpdError", "SamplingParams", "TextStream", "text_stream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
@@ -361,6 +363,22 @@ class Engine:
     @property
     def tokenizer(self):
         return self.loaded.tokenizer
+
+    def snapshot(self) -> ModelSnapshot:
+        """What the page, the API and the device panel show of this model, as it is now."""
+        loaded, tokens = self.loaded, self.prompt_tokens
+        return ModelSnapshot(
+            name=loaded.name, backend=loaded.backend.name, kernels=dict(loaded.kernels), quant=loaded.quant,
+            dtype=str(loaded.dtype).removeprefix("torch."), device=str(loaded.device), device_kind=loaded.device_kind,
+            forward=loaded.forward, weights_bytes=loaded.num_bytes, max_context=self.max_context, threads=self.threads,
+            bitwise=loaded.backend.bitwise, exactness=self.exactness(),
+            plain_only=loaded.backend.tree_note if self.plain_only else None, template_note=loaded.template_note,
+            prompt_tokens=PromptTokensInfo(tokens.num_prompt_tokens, tokens.ensemble_size,
+                                           bool(tokens.training.get("trained")), tokens.base_model, tokens.num_bytes),
+            tree=self.tree_summary(), calibration=self.calibration_expectation(), profile=self.profile,
+            expected_speedup=self.expected_speedup(), device_policy=self.device_policy(),
+            recommended_sampling=self.recommended_sampling(),
+        )
 
     def tree_summary(self) -> dict:
         """The tree PPD decodes with: its name and sizes (the deepest tree, used when guesses reach every depth)."""
