@@ -1,31 +1,22 @@
-"""Figures for the UI and the benchmark: the calibrated latency curve."""
+"""The calibrated latency curve as data for Gradio's native line plot (pandas, which gradio already imports: no
+plotting library in the chat process)."""
 
 from __future__ import annotations
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from ppd_core.engine import DeviceProfile
 
-from ppd_core.engine import DeviceProfile  # noqa: E402
+COLUMNS = ["tree tokens", "step latency (ms)", "series"]
 
 
-def latency_figure(profile: DeviceProfile):
-    """Step latency against tree tokens per context length, with the chosen tree size marked."""
-    figure, axis = plt.subplots(figsize=(6, 3.4))
-    for context, curve in sorted(profile.latency_ms.items()):
-        sizes = sorted(curve)
-        axis.plot(sizes, [curve[s] for s in sizes], marker="o", markersize=3, label=f"{context} cached tokens")
+def latency_points(profile: DeviceProfile) -> pd.DataFrame:
+    """Step latency against tree tokens per context length, plus the chosen tree size as a series of its own."""
+    rows = [(size, curve[size], f"{context} cached tokens")
+            for context, curve in sorted(profile.latency_ms.items()) for size in sorted(curve)]
     chosen = {row["budget"]: row["ms_per_step"] for row in profile.budgets}.get(profile.budget)
-    chains = " + lookup chains" if any(profile.lookup_lengths) else ""
-    speedup = profile.expected_speedup_with_lookup if chains else profile.expected_speedup
     if chosen is not None:
-        axis.scatter([profile.budget], [chosen], s=120, facecolors="none", edgecolors="red", linewidths=2, zorder=5,
-                     label=f"chosen: {profile.budget} tokens{chains}, {speedup:.2f}x expected")
-    axis.set_xlabel("tokens in the tree (one forward pass)")
-    axis.set_ylabel("step latency (ms)")
-    axis.set_title(profile.key["device"]["name"][:60], fontsize=9)
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    return figure
+        chains = " + lookup chains" if any(profile.lookup_lengths) else ""
+        speedup = profile.expected_speedup_with_lookup if chains else profile.expected_speedup
+        rows.append((profile.budget, chosen, f"chosen: {profile.budget} tokens{chains}, {speedup:.2f}x expected"))
+    return pd.DataFrame(rows, columns=COLUMNS)

@@ -30,7 +30,7 @@ import psutil
 from app.chat_service import SPEED_DEFINITION, AnswerUpdate, ChatService, ChatSettings
 from app.history import Conversation, ConversationStore
 from app.model_catalog import available
-from app.plots import latency_figure
+from app.plots import COLUMNS, latency_points
 from app.system_info import device_panel
 from ppd_core.engine import PpdError, chains_text
 
@@ -234,14 +234,15 @@ def device_block() -> gr.Markdown:
 class CalibrationPanel:
     button: gr.Button
     summary: gr.Markdown
-    curve: gr.Plot
+    curve: gr.LinePlot
 
 
 def calibration_panel() -> CalibrationPanel:
     with gr.Accordion("Calibration", open=False):
         button = gr.Button("Calibrate for this device", elem_id="calibrate")
         summary = gr.Markdown("", elem_id="calibration")
-        curve = gr.Plot(label="Step latency against tree size")
+        curve = gr.LinePlot(x=COLUMNS[0], y=COLUMNS[1], color=COLUMNS[2], label="Step latency against tree size",
+                            elem_id="latency-curve")
     return CalibrationPanel(button, summary, curve)
 
 
@@ -307,7 +308,7 @@ class Handlers:
             sampling, picker = (gr.update(),) * 3, gr.update(interactive=True)
         return (service.switch_note or (f"*{service.background}*" if service.background else ""),
                 gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
-                latency_figure(engine.profile) if engine.profile else None,
+                latency_points(engine.profile) if engine.profile else None,
                 gr.Timer(active=service.switching or training_running or service.background is not None), *sampling,
                 picker, training, train)
 
@@ -510,7 +511,7 @@ class Handlers:
         except PpdError as error:  # ppd busy
             gr.Warning(str(error))
             return gr.update(), str(error), gr.update()
-        return latency_figure(profile), calibration_summary(profile), device_panel(self.service.engine)
+        return latency_points(profile), calibration_summary(profile), device_panel(self.service.engine)
 
 
 # ---- wiring ----

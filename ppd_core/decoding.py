@@ -177,6 +177,7 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
             lengths = speculator.lookup_lengths
             chain, match = lookup.propose(max(lengths))
             chain = chain[: lengths[match_class(match)]] if chain else []  # the length for this match
+            chain = chain[: max(0, decoder.max_tree_rows - tree.num_tokens)]  # rows the backend runs in one step
             if chain:
                 tree, state.guesses = chained.step(tree, state.guesses, chain)
         if prompt_end + len(produced) - 1 + tree.max_offset >= max_context:

@@ -4,15 +4,15 @@
         [--backend auto|llamacpp|torch] [--profile FILE] [--json FILE]
 
 The model (default: the default GGUF on llama.cpp; greedy, plain decoding; ``--backend torch``: transformers'
-de-quantized float32 copy) answers the first `--limit` MT-Bench questions, both turns (the second after its own first answer, as `ppd bench --turns 2` asks it). The
-answers are replayed as calibration replays its own (``LookupStats``, step by step), with the chain lengths
-chosen over all answers by ``chain_lengths`` (so fitted on the very answers they are scored on: an optimistic
-figure): once with the step latency `--profile` measured (default: the shipped llama.cpp profile), once with a step
-cost that does not grow with the tree (up to 16 tokens, as on a GPU that is far from busy). Then *foresight*:
-every step carries exactly the chain tokens that turn out right, where copying them pays on the measured
-curve: no lookup policy can beat it on these answers and this curve. Prints one JSON object (and writes it to
-``--json``). (``benchmarks/measurements/lookup-ceiling.json`` was measured on the former torch int4 forward and
-its profile; ``lookup-ceiling-llamacpp-avx512.json`` on llama.cpp.)
+de-quantized float32 copy) answers the first `--limit` MT-Bench questions, both turns (the second after its own
+first answer, as `ppd bench --turns 2` asks it). The answers are replayed as calibration replays its own
+(``LookupStats``, step by step), with the chain lengths chosen over all answers by ``chain_lengths`` (so fitted on
+the very answers they are scored on: an optimistic figure): once with the step latency `--profile` measured
+(default: the shipped llama.cpp profile), once with a step cost that does not grow with the tree (up to 16 tokens,
+as on a GPU that is far from busy). Then *foresight*: every step carries exactly the chain tokens that turn out
+right, where copying them pays on the measured curve: no lookup policy can beat it on these answers and this curve.
+Prints one JSON object (and writes it to ``--json``). (``benchmarks/measurements/lookup-ceiling.json`` was measured
+on the former torch int4 forward and its profile; ``lookup-ceiling-llamacpp-avx512.json`` on llama.cpp.)
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def main() -> None:
     result = {
         "command": f"python benchmarks/scripts/lookup_ceiling.py --limit {args.limit} --max-new-tokens {args.max_new_tokens} "
                    f"--model {args.model} --backend {args.backend} --profile {args.profile}",
-        "model": f"{engine.loaded.name} ({engine.loaded.quant}), greedy plain decoding on {engine.loaded.backend.name}", "questions": args.limit,
+        "model": f"{engine.loaded.name} ({engine.loaded.quant}), greedy plain decoding on {engine.loaded.backend.name}",
+        "questions": args.limit,
         "answers": len(stats.matches), "latency_from": args.profile,
         "step_cost_measured_here": expectation(stats, measured),
         "step_cost_flat_up_to_16_tokens": expectation(stats, flat),

@@ -26,6 +26,7 @@ class Decoder(Protocol):
     bitwise: bool  # tree rows equal plain steps bit for bit on this path (tested); else up to float rounding
     tree_note: str | None  # why this model decodes plainly only (a recurrent cache holds no tree); None: trees work
     accepts_embeddings: bool  # an embedding row stands in for its token (prompt-token rows can be decoded)
+    max_tree_rows: int  # the most rows one step may have
 
     def new_cache(self) -> Any:
         """An empty cache."""

@@ -11,7 +11,7 @@ llama.cpp owns the kernels, threads and devices (CPU, CUDA, Metal); this module 
   query's keys across threads, so long contexts round differently).
 * **Rejected rows are parked, never freed.** A freed cell would take the next token ahead of
   accepted cells and the attention sums would run in another order. Parked cells keep only
-  ``PARK``, a sequence no query uses. Since no cell is ever freed between rebuilds, llama.cpp
+  ``park``, a sequence no query uses. Since no cell is ever freed between rebuilds, llama.cpp
   places every new cell after all others, so accepted cells stay in position order. When parked
   cells fill the context, the cells after the first parked one are freed and the accepted tokens
   re-decoded in order (``LlamaCache.clean`` tracks that prefix).
@@ -44,15 +44,12 @@ from ppd_core.tree import Tree
 log = logging.getLogger(__name__)
 
 LIVE_MODELS: set[int] = set()  # decoders whose llama.cpp model is loaded (tests count leaks with it)
-# llama.cpp allows 256 sequences; its output buffer holds one vocabulary row per sequence (24 MB here at 128)
-SEQ_MAX = 128
-PARK = SEQ_MAX - 1  # parked cells: rejected rows and truncated positions, seen by no query
-KEEP = SEQ_MAX - 2  # marks a step's accepted path while its cells change hands
-MAX_LEAVES = SEQ_MAX - 2  # sequence ids left for a tree's leaves
+# rows llama.cpp computes at once (it splits longer batches): a tree's limit. Its compute buffer holds this many
+# rows of logits and its output buffer one row per sequence (each 6.3 MB at 32 for the default's 49k vocabulary):
+# on a CPU a step costs about a plain step per two rows (16 rows: 8.5 plain steps on the AVX2 EPYC), so no tree of
+# more than 32 rows can pay there; a GPU's flat curve takes wide trees
+TREE_ROWS = {"cpu": 32, "gpu": 128}
 BATCH_ROWS = 512  # rows per llama_decode (prefill is split into batches this long)
-# rows llama.cpp computes at once (it splits longer batches): a tree's limit; the compute buffer holds this
-# many rows of logits (25 MB here at 128; 99 MB at 512)
-TREE_ROWS = 128
 SPARE_CELLS = 1024  # cells beyond the context for parked rows and one step's tree
 DEFAULT_MAX_CONTEXT = 8192  # positions held at most (the model's own if smaller): 12 KB of Q8_0 cache each here
 # positions the context is made for at first; it doubles (up to max_context) when a conversation needs more.
@@ -157,8 +154,12 @@ class LlamaCppDecoder:
         self.threads = threads or os.cpu_count() or 1
         self.kv_type = kv_type
         params = self._params = llama.llama_context_default_params()
-        params.n_batch, params.n_ubatch = BATCH_ROWS, TREE_ROWS
-        params.n_seq_max = SEQ_MAX
+        self.max_tree_rows = TREE_ROWS["gpu" if self.gpu_layers else "cpu"]
+        # sequence ids: one per leaf (a tree has at most as many leaves as rows), the park and the keep marker
+        self.seq_max = self.max_tree_rows + 2
+        self.park, self.keep_marker = self.seq_max - 1, self.seq_max - 2  # rejected rows; a path changing hands
+        params.n_batch, params.n_ubatch = BATCH_ROWS, self.max_tree_rows
+        params.n_seq_max = self.seq_max
         params.kv_unified = True
         # sliding-window models (Gemma, Mistral with a window) keep every position's cells, as other models do: the
         # tree's rejected rows and the cache copies between sequences then work the same (the window is in the mask)
@@ -174,7 +175,7 @@ class LlamaCppDecoder:
                           "plain decoding") if recurrent else None
         self._resident: LlamaCache | None = None  # the cache whose cells the context holds
         self._open(min(initial_context, self.max_context))
-        self._token_batch = Batch(llama)
+        self._token_batch = Batch(llama, self.seq_max)
         self._embedding_batch = None  # made on the first step with prompt-token rows
         self.rebuilds = 0  # re-decodes that dropped parked cells
         self.grows = 0  # contexts made larger for a longer conversation
@@ -273,9 +274,8 @@ class LlamaCppDecoder:
 
     def tree_logits(self, cache: LlamaCache, tree: Tree, node_tokens: np.ndarray, prompt_rows: np.ndarray | None) -> HostLogits:
         T, start = tree.num_tokens, len(cache.tokens)
-        if T > TREE_ROWS or tree.num_leaves > MAX_LEAVES:
-            raise LlamaCppError(f"a tree of {T} rows and {tree.num_leaves} leaves exceeds llama.cpp's {TREE_ROWS} rows "
-                                f"and {MAX_LEAVES} sequences per step")
+        if T > self.max_tree_rows:
+            raise LlamaCppError(f"a tree of {T} rows exceeds the {self.max_tree_rows} rows llama.cpp computes per step")
         self._make_resident(cache, T)
         self._widen(cache, tree.num_leaves)
         nodes = node_tokens.tolist()
@@ -300,13 +300,13 @@ class LlamaCppDecoder:
         end = start + len(path)
         if len(path) < tree.num_tokens:  # park the step's other rows
             last = tree.sequences[path[-1]][0]  # its cells from ``start`` to ``end`` are the accepted path
-            llama.llama_memory_seq_cp(memory, last, KEEP, start, end)
+            llama.llama_memory_seq_cp(memory, last, self.keep_marker, start, end)
             for seq in range(cache.width):  # every row holds a leaf's sequence, and leaves <= width
-                llama.llama_memory_seq_cp(memory, seq, PARK, start, -1)
+                llama.llama_memory_seq_cp(memory, seq, self.park, start, -1)
                 llama.llama_memory_seq_rm(memory, seq, start, -1)
             for seq in range(cache.width):
-                llama.llama_memory_seq_cp(memory, KEEP, seq, start, end)
-            llama.llama_memory_seq_rm(memory, KEEP, -1, -1)
+                llama.llama_memory_seq_cp(memory, self.keep_marker, seq, start, end)
+            llama.llama_memory_seq_rm(memory, self.keep_marker, -1, -1)
         else:  # a chain accepted whole: its rows hold sequence 0 only
             for seq in range(1, cache.width):
                 llama.llama_memory_seq_cp(memory, 0, seq, start, -1)
@@ -324,7 +324,7 @@ class LlamaCppDecoder:
                 cache.cells, cache.clean = length, length
             else:  # accepted cells after a parked one: park them too
                 for seq in range(cache.width):
-                    self.llama.llama_memory_seq_cp(self.memory, seq, PARK, length, -1)
+                    self.llama.llama_memory_seq_cp(self.memory, seq, self.park, length, -1)
                     self.llama.llama_memory_seq_rm(self.memory, seq, length, -1)
         else:
             cache.clean = min(cache.clean, length)
@@ -391,7 +391,7 @@ class LlamaCppDecoder:
         """Free every cell but the first ``length``, which must hold tokens 0..length-1 in order (parked
         cells always lie after them, though a parked cell's position may be lower than ``length``)."""
         self.llama.llama_memory_seq_rm(self.memory, -1, length, -1)
-        self.llama.llama_memory_seq_rm(self.memory, PARK, -1, -1)
+        self.llama.llama_memory_seq_rm(self.memory, self.park, -1, -1)
 
     def _widen(self, cache: LlamaCache, leaves: int) -> None:
         """Give the accepted cells sequences 0..leaves-1 as well."""
@@ -423,7 +423,7 @@ class LlamaCppDecoder:
 
     def _embedding_rows_batch(self):
         if self._embedding_batch is None:
-            self._embedding_batch = Batch(self.llama, self.hidden)
+            self._embedding_batch = Batch(self.llama, self.seq_max, self.hidden)
         return self._embedding_batch
 
     def _run(self, batch, rows: int, outputs: int) -> HostLogits:
@@ -440,16 +440,16 @@ class LlamaCppDecoder:
 class Batch:
     """A ``llama_batch`` of ``BATCH_ROWS`` rows with NumPy views of its arrays, made once (a step writes into them)."""
 
-    def __init__(self, llama, hidden: int = 0):
+    def __init__(self, llama, sequences: int, hidden: int = 0):
         self.llama = llama
-        self.raw = llama.llama_batch_init(BATCH_ROWS, hidden, SEQ_MAX)
+        self.raw = llama.llama_batch_init(BATCH_ROWS, hidden, sequences)
         raw, view = self.raw, np.ctypeslib.as_array
         self.tokens = None if hidden else view(raw.token, shape=(BATCH_ROWS,))  # [rows] token ids
         self.embeddings = view(raw.embd, shape=(BATCH_ROWS, hidden)) if hidden else None  # [rows, hidden] float32
         self.positions = view(raw.pos, shape=(BATCH_ROWS,))
         self.outputs = view(raw.logits, shape=(BATCH_ROWS,))  # int8: whether a row's logits come back
         self.sequence_counts = view(raw.n_seq_id, shape=(BATCH_ROWS,))
-        self.sequence_ids = [view(raw.seq_id[row], shape=(SEQ_MAX,)) for row in range(BATCH_ROWS)]
+        self.sequence_ids = [view(raw.seq_id[row], shape=(sequences,)) for row in range(BATCH_ROWS)]
 
     def fill(self, positions: np.ndarray, sequences: Sequence[Sequence[int]], outputs: np.ndarray | int) -> None:
         """Positions, sequence ids and output flags of the first ``len(positions)`` rows."""

@@ -55,6 +55,7 @@ class TorchDecoder:
     name = "torch"
     tree_note = None  # a transformers cache holds any tree
     accepts_embeddings = True  # prompt-token rows go in as inputs_embeds
+    max_tree_rows = 1 << 16  # one forward of any size (the mask grows with it)
 
     def __init__(self, model: PreTrainedModel | LeanDecoder):
         self.model = model

@@ -160,7 +160,7 @@ def calibrate(
         latency = curve.latency_ms
     else:
         on_gpu = loaded.device_kind == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
-        sizes = GPU_SIZES if on_gpu else CPU_SIZES
+        sizes = [size for size in (GPU_SIZES if on_gpu else CPU_SIZES) if size <= loaded.backend.max_tree_rows]
         ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
         latency = measure_latency(  # on the forward that decodes (lean or transformers); sizes that cannot win: skipped
             loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t),
