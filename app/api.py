@@ -43,7 +43,8 @@ from starlette.routing import Mount, Route
 from app.chat_service import ChatService
 from app.model_catalog import available
 from app.model_queue import Busy, Queued
-from ppd_core.engine import PpdError, SamplingParams
+from ppd_core.engine import SamplingParams
+from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
 
@@ -406,25 +407,25 @@ def choice(delta: dict, reason: str | None = None) -> list[dict]:
 
 
 def model_card(service: ChatService, created: int) -> dict:
-    engine = service.engine
-    loaded, tokens = engine.loaded, engine.prompt_tokens
+    model = service.snapshot()
+    tokens = model.prompt_tokens
     return {
-        "id": loaded.name, "object": "model", "created": created, "owned_by": "ppd",
+        "id": model.name, "object": "model", "created": created, "owned_by": "ppd",
         "ppd": {
             "loaded": True,
             "model": service.spec,  # as --model names it
-            "quant": loaded.quant,
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "device": str(loaded.device),
-            "backend": loaded.backend.name,
-            "chat_template": loaded.template_note or "the model's own",
-            "plain_only": loaded.backend.tree_note if engine.plain_only else None,
-            "forward": loaded.forward,
-            "max_context": engine.max_context,
-            "prompt_tokens": {"count": tokens.num_prompt_tokens, "ensemble_size": tokens.ensemble_size,
-                              "trained": bool(tokens.training), "base_model": tokens.base_model, "bytes": tokens.num_bytes},
-            "tree": engine.tree_summary(),
-            "calibration": engine.calibration_expectation(),
+            "quant": model.quant,
+            "dtype": model.dtype,
+            "device": model.device,
+            "backend": model.backend,
+            "chat_template": model.template_note or "the model's own",
+            "plain_only": model.plain_only,
+            "forward": model.forward,
+            "max_context": model.max_context,
+            "prompt_tokens": {"count": tokens.count, "ensemble_size": tokens.ensemble_size, "trained": tokens.trained,
+                              "base_model": tokens.base_model, "bytes": tokens.bytes},
+            "tree": model.tree,
+            "calibration": model.calibration,
         },
     }
 
@@ -507,7 +508,7 @@ class OpenAIApi:
 
     @property
     def model_name(self) -> str:
-        return self.service.engine.loaded.name
+        return self.service.snapshot().name
 
     def routes(self) -> list:
         return [Route("/health", self.health, methods=["GET"]), Mount("/v1", app=BodyLimit(self.v1))]

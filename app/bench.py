@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from ppd_core.engine import GREEDY, Engine, PpdError, SamplingParams, chat_model, describe
+from ppd_core.engine import GREEDY, Engine, SamplingParams, chat_model, describe
+from ppd_core.errors import PpdError
 
 
 @dataclass

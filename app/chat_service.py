@@ -16,7 +16,8 @@ from app.model_catalog import remember
 from app.model_queue import ModelQueue, Queued
 from app.startup import Progress, Startup
 from app.training_job import TrainingJob
-from ppd_core.engine import Engine, GenerationEvent, GenerationStats, PpdError, SamplingParams, text_stream
+from ppd_core.engine import Engine, GenerationEvent, GenerationStats, ModelSnapshot, SamplingParams, text_stream
+from ppd_core.errors import PpdError
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 
@@ -159,6 +160,10 @@ class ChatService:
         if self._engine is None:
             raise self.startup.refusal()
         return self._engine
+
+    def snapshot(self) -> ModelSnapshot:
+        """What the page and the API show of the loaded model, now (``NotReady`` while it loads)."""
+        return self.engine.snapshot()
 
     def attach(self, engine: Engine) -> None:
         """The model (``spec``) is loaded: answers may start (and, where asked, its calibration runs beside them)."""

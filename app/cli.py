@@ -302,7 +302,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def write_output(path: Path, text: str) -> None:
     """Write a result file the user asked for, atomically; a path that cannot be written is a PpdError."""
-    from ppd_core.engine import atomic_write
+    from ppd_core.atomic_files import atomic_write
 
     try:
         atomic_write(path, text)
@@ -652,7 +652,7 @@ class StatusFile:
             self.phase, self.phase_started, force = phase, now, True
         if not force and now - self.written < 1.0 and done < total:
             return
-        from ppd_core.engine import atomic_write
+        from ppd_core.atomic_files import atomic_write
 
         self.written = now
         atomic_write(self.path, json.dumps({"phase": phase, "done": done, "total": total,

@@ -16,10 +16,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from app.bench import ModeTotals, timed_answer
+from ppd_core.atomic_files import atomic_write
 from ppd_core.engine import (
-    GREEDY, NEAR_TIE_LOGITS, AnswerComparison, Engine, PpdError, atomic_write, chains_text, compare_answer, probe_environment,
-    verdict,
+    GREEDY, NEAR_TIE_LOGITS, AnswerComparison, Engine, chains_text, compare_answer, probe_environment, verdict,
 )
+from ppd_core.errors import PpdError
 
 CPU_SIZES = (1, 2, 4, 8, 16)  # a short curve: each CPU row costs most of a step, larger trees never win there
 GPU_SIZES = (1, 2, 4, 8, 16, 32, 64)

@@ -16,7 +16,7 @@ from pathlib import Path
 import platformdirs
 from filelock import FileLock
 
-from ppd_core.engine import atomic_write
+from ppd_core.atomic_files import atomic_write
 
 
 def new_conversation_id() -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import platformdirs
 
-from ppd_core.engine import atomic_write
+from ppd_core.atomic_files import atomic_write
 
 RECENT = 8  # recently loaded models kept
 

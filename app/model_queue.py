@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ppd_core.engine import PpdError
+from ppd_core.errors import PpdError
 
 POLL_SECONDS = 0.05  # how often a waiter checks its stop flag
 

@@ -32,7 +32,8 @@ from app.history import Conversation, ConversationStore
 from app.model_catalog import available
 from app.plots import COLUMNS, latency_points
 from app.system_info import device_panel
-from ppd_core.engine import PpdError, chains_text
+from ppd_core.engine import chains_text
+from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
 
@@ -298,17 +299,17 @@ class Handlers:
             return (f"**{service.startup.line()}**", gr.update(interactive=False), "The model is loading.", gr.update(),
                     gr.update(), gr.Timer(active=service.startup.error is None), gr.update(), gr.update(), gr.update(),
                     gr.update(interactive=False), gr.update(), gr.update(interactive=False))
-        engine = service.engine
+        engine, model = service.engine, service.snapshot()
         training, train, training_running = self.training_panel()
         new_model, self._shown_model = self._shown_model is not engine, engine
         if fresh_page or new_model:
-            sampling = sampling_defaults(engine.recommended_sampling())
+            sampling = sampling_defaults(model.recommended_sampling)
             picker = gr.update(choices=available(service.spec), value=service.spec, interactive=True)
         else:
             sampling, picker = (gr.update(),) * 3, gr.update(interactive=True)
         return (service.switch_note or (f"*{service.background}*" if service.background else ""),
-                gr.update(interactive=True), device_panel(engine), calibration_summary(engine.profile),
-                latency_points(engine.profile) if engine.profile else None,
+                gr.update(interactive=True), device_panel(model), calibration_summary(model.profile),
+                latency_points(model.profile) if model.profile else None,
                 gr.Timer(active=service.switching or training_running or service.background is not None), *sampling,
                 picker, training, train)
 
@@ -316,7 +317,7 @@ class Handlers:
         """(status line, train button, whether a training runs): the offer to train PPD tokens for a model that has
         none, a running training's progress, a stopped one's resume; a finished one loads its tokens (recalibrating)."""
         service = self.service
-        job, has_tokens = service.training(), service.engine.prompt_tokens.num_prompt_tokens > 0
+        job, has_tokens = service.training(), service.snapshot().prompt_tokens.count > 0
         status = job.status()
         if status.state == "done" and job.process is not None and not job.applied:
             job.applied = True  # trained in this run: load the new tokens (the engine finds them) and calibrate them
@@ -367,7 +368,7 @@ class Handlers:
         threading.Thread(target=switch, name="ppd-switch-model", daemon=True).start()
 
     def device(self) -> str:
-        return device_panel(self.service.engine) if self.service.ready else gr.update()
+        return device_panel(self.service.snapshot()) if self.service.ready else gr.update()
 
     def _respond(self, session: Session, updates: Iterator[AnswerUpdate]):
         """Stream ``updates`` (``ChatService.answer`` for the conversation's last user message); yields
@@ -511,7 +512,7 @@ class Handlers:
         except PpdError as error:  # ppd busy
             gr.Warning(str(error))
             return gr.update(), str(error), gr.update()
-        return latency_points(profile), calibration_summary(profile), device_panel(self.service.engine)
+        return latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
 
 
 # ---- wiring ----

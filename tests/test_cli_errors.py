@@ -22,7 +22,8 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr("ppd_core.engine.load_model", refuse)  # what Engine.load and `ppd train` call
+    monkeypatch.setattr("ppd_core.engine_load.load_model", refuse)  # what Engine.load calls
+    monkeypatch.setattr("ppd_core.engine.load_model", refuse)  # what `ppd train` calls
     monkeypatch.setattr("ppd_core.loading.load_model", refuse)  # the function itself
     monkeypatch.delenv("PPD_AUTH", raising=False)
 

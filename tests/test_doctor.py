@@ -117,14 +117,14 @@ def test_doctor_fails_with_the_first_difference_on_a_bitwise_path(capsys, tmp_pa
     (["--threads", "0"], "--threads must be at least 1, got 0"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, args, line):
-    monkeypatch.setattr("ppd_core.engine.load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr("ppd_core.engine_load.load_model", lambda *a, **k: pytest.fail("the model loaded"))
     out = tmp_path / "report"
     assert run_cli(capsys, "doctor", *args, "--out", out) == (2, "", f"ppd: error: {line}\n")
     assert not out.exists()
 
 
 def test_out_that_is_a_file_is_bad_input(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("ppd_core.engine.load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr("ppd_core.engine_load.load_model", lambda *a, **k: pytest.fail("the model loaded"))
     taken = tmp_path / "taken"
     taken.write_text("mine")
     assert run_cli(capsys, "doctor", "--out", taken) == (2, "", f"ppd: error: --out {taken} is a file, not a folder\n")

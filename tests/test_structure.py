@@ -1,5 +1,5 @@
-"""The shape of the code: app/ goes through ppd_core.engine only (plus three plain-data modules), and ppd_core has
-no import cycle.
+"""The shape of the code: app/ goes through ppd_core.engine only (plus plain-data modules, and the errors and the
+atomic writes it uses directly), and ppd_core has no import cycle.
 
 Imports are read with ``ast`` (top-level and inside functions alike), never by running them.
 """
@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE = "ppd_core"
 API = "ppd_core.engine"  # the ppd_core module app/ uses
 LIGHT = {"ppd_core.options", "ppd_core.errors", "ppd_core.sampling_params"}  # plain data, read before any heavy import
+DIRECT = {"ppd_core.atomic_files"}  # one helper app/ and ppd_core share, imported where it is used
 
 
 def module_name(path: Path) -> str:
@@ -88,9 +89,20 @@ def test_app_imports_only_the_engine_from_ppd_core():
     wrong = [
         f"{path.relative_to(ROOT)}: {name}"
         for path in sorted((ROOT / "app").glob("*.py"))
-        for name in sorted(core_imports(path, modules) - {CORE, API, *LIGHT})
+        for name in sorted(core_imports(path, modules) - {CORE, API, *LIGHT, *DIRECT})
     ]
     assert not wrong, "app/ imports ppd_core modules other than ppd_core.engine:\n" + "\n".join(wrong)
+
+
+def test_app_takes_errors_and_atomic_writes_from_their_own_modules():
+    """``PpdError`` and ``atomic_write`` come from ``ppd_core.errors`` and ``ppd_core.atomic_files``, not through the
+    engine facade."""
+    wrong = []
+    for path in sorted((ROOT / "app").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == API:
+                wrong += [f"{path.name}: {alias.name}" for alias in node.names if alias.name in ("PpdError", "atomic_write")]
+    assert not wrong, wrong
 
 
 def test_ppd_core_modules_import_no_cycle():

@@ -208,7 +208,7 @@ def test_shipped_prompt_tokens_record_no_absolute_paths():
     """Shipped files name their questions, data and init files relative to the package, never by the training machine's paths."""
     from pathlib import Path, PurePosixPath, PureWindowsPath
 
-    from ppd_core.engine import ASSETS
+    from ppd_core.engine_load import ASSETS
 
     def strings(value):
         if isinstance(value, dict):
