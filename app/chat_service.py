@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -149,6 +150,8 @@ class ChatService:
         self.queue = ModelQueue(max_waiting)
         self.calibrates_in_background = calibrate_in_background  # a model without a profile: calibrate beside answers
         self.background: str | None = None  # what runs in the background (a first launch's calibration), for the page
+        self._background_thread: threading.Thread | None = None
+        self._stopping = threading.Event()  # set by ``shutdown``
 
     @property
     def ready(self) -> bool:
@@ -167,10 +170,13 @@ class ChatService:
 
     def attach(self, engine: Engine) -> None:
         """The model (``spec``) is loaded: answers may start (and, where asked, its calibration runs beside them)."""
+        calibrates = self.calibrates_in_background and needs_calibration(engine)
+        if calibrates:  # said before the page can see the model, so its timer keeps ticking until the calibration ends
+            self.background = BACKGROUND_CALIBRATION.format(progress="")
         self._engine = engine
         self.startup.ready = True
         remember(self.spec)
-        if self.calibrates_in_background:
+        if calibrates:
             self.calibrate_in_background()
 
     def calibrate_in_background(self) -> threading.Thread | None:
@@ -178,37 +184,66 @@ class ChatService:
         runs between them (between two latency probes it gives the model to any answer waiting); the page says so
         until it is done. None where there is nothing to calibrate."""
         engine = self._engine
-        if engine is None or engine.profile is not None or engine.plain_only or engine.tree_budget is not None:
-            return None
-        if engine.family.name != "vanilla":  # a static tree was asked for
+        if engine is None or not needs_calibration(engine):
             return None
         self.background = BACKGROUND_CALIBRATION.format(progress="")
-        thread = threading.Thread(target=self._calibrate_beside_answers, args=(engine,), daemon=True,
-                                  name="ppd-background-calibration")
+        thread = self._background_thread = threading.Thread(
+            target=self._calibrate_beside_answers, args=(engine,), daemon=True, name="ppd-background-calibration")
         thread.start()
         return thread
 
     def _calibrate_beside_answers(self, engine: Engine) -> None:
+        # a first answer is usually asked for as soon as the page opens: let it go first, then calibrate
+        if not self._idle_for(IDLE_BEFORE_CALIBRATION, engine):
+            self.background = None
+            return
         ticket = [self.queue.hold()]
 
-        def progress(phase: str, done: int, total: int) -> None:
-            self.background = BACKGROUND_CALIBRATION.format(progress=f" ({phase} {done}/{total})" if total else "")
-            if self.queue.waiting:  # an answer waits: it goes first, then the calibration goes on
+        def between() -> bool:
+            """Before each timed step: an answer waiting goes first (True: the timing starts over)."""
+            lent = False
+            if self.queue.waiting:
                 self.queue.leave(ticket[0])
                 ticket[0] = self.queue.hold()
-            if self._engine is not engine:  # another model was loaded meanwhile
+                lent = True
+            if self._engine is not engine or self._stopping.is_set():  # another model, or ppd is quitting
                 raise _Abandoned
+            return lent
+
+        def progress(phase: str, done: int, total: int) -> None:
+            between()
+            self.background = BACKGROUND_CALIBRATION.format(progress=f" ({phase} {done}/{total})" if total else "")
 
         try:
-            engine.calibrate(progress, **self.calibration_options)
+            engine.calibrate(progress, between=between, **self.calibration_options)
             self.last_comparison = None  # measured with the previous tree
             self.background = None
         except _Abandoned:
-            self.background = None
+            pass  # the switch cleared the line
         except Exception as error:  # noqa: BLE001 - one line on the page; answers go on decoding plainly
             self.background = f"The calibration failed ({' '.join(str(error).split())}); answers decode plainly."
         finally:
             self.queue.leave(ticket[0])
+
+    def _idle_for(self, seconds: float, engine: Engine) -> bool:
+        """Wait until the model has had nothing to do for ``seconds``; False if ppd quits or the model changes first."""
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < seconds:
+            if self._stopping.wait(0.1) or self._engine is not engine:
+                return False
+            if self.queue.busy or self.queue.waiting:
+                quiet_since = time.monotonic()
+        return True
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """ppd is quitting: a background calibration stops at its next step (llama.cpp must not be running when the
+        interpreter exits), then the model is freed."""
+        self._stopping.set()
+        if self._background_thread is not None:
+            self._background_thread.join(timeout)
+        if self._engine is not None:
+            with self.turn():
+                self._engine.close()
 
     def switch(self, spec: str) -> None:
         """Load ``spec`` in place of the loaded model, freeing that one's memory first (one model in memory); runs on
@@ -225,7 +260,7 @@ class ChatService:
     def _switch(self, spec: str) -> None:
         with self.turn():
             previous, old = self.spec, self._engine
-            self._engine, self.startup, self.switch_note = None, Startup(), ""
+            self._engine, self.startup, self.switch_note, self.background = None, Startup(), "", None
             if old is not None:
                 old.close()
             try:
@@ -369,6 +404,13 @@ class ChatService:
         return profile
 
 
+def needs_calibration(engine: Engine) -> bool:
+    """No profile for this device and no tree asked for (``--tree auto``): it decodes plainly until calibrated."""
+    return (engine.profile is None and not engine.plain_only and engine.tree_budget is None
+            and engine.family.name == "vanilla")  # else a static tree was asked for
+
+
+IDLE_BEFORE_CALIBRATION = 2.0  # seconds with no answer asked for before a background calibration starts
 BACKGROUND_CALIBRATION = ("Calibrating this device in the background{progress}: answers decode plainly until it is "
                           "done.")
 

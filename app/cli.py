@@ -411,7 +411,6 @@ def run_chat(args: argparse.Namespace) -> int:
     check_threads(args)
     check_port_free(args.host, args.port)
     from app.chat_service import ChatService
-    from app.ui import build_app
 
     def load(spec: str, progress) -> object:  # the model options, with another model (the page switches models)
         # a first launch on this device calibrates beside the first answers (ChatService.calibrate_in_background)
@@ -420,6 +419,9 @@ def run_chat(args: argparse.Namespace) -> int:
     # the page first: it shows the model's loading, and sends once it is ready; one model and one line for it, for the
     # page and the API
     service = ChatService(None, max_waiting=args.max_queue, spec=args.model, loader=load, calibrate_in_background=True)
+    # gradio's import first (loading the model beside it measured no sooner to a first answer, and the page later)
+    from app.ui import build_app
+
     app = build_app(service)
     launch = dict(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth,
                   prevent_thread_lock=True)
@@ -440,7 +442,10 @@ def run_chat(args: argparse.Namespace) -> int:
         print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else ""),
               file=sys.stderr)
     print("ppd: the model is ready", file=sys.stderr)
-    app.block_thread()
+    try:
+        app.block_thread()
+    finally:
+        service.shutdown()  # a background calibration stops, the model is freed, before the interpreter exits
     return 0
 
 

@@ -98,9 +98,10 @@ def conversation_choices(store: ConversationStore) -> list[tuple[str, str]]:
     return [(f"{datetime.fromtimestamp(c.updated):%b %d %H:%M} · {c.title}", c.id) for c in store.list()]
 
 
-def calibration_summary(profile) -> str:
-    if profile is None:
-        return "Not calibrated yet: using a built-in tree."
+def calibration_summary(profile, tree_name: str = "") -> str:
+    if profile is None:  # --tree auto decodes plainly until calibrated; a named static tree is used as asked
+        return ("Not calibrated yet: decoding plainly until it is." if tree_name == "vanilla" else
+                "Not calibrated yet: using a built-in tree.")
     return (
         f"**Expected speedup {profile.expected_speedup:.2f}x** with {profile.budget} tokens per step "
         f"({profile.expected_tokens_per_step:.2f} tokens per step expected; trees of "
@@ -308,7 +309,7 @@ class Handlers:
         else:
             sampling, picker = (gr.update(),) * 3, gr.update(interactive=True)
         return (service.switch_note or (f"*{service.background}*" if service.background else ""),
-                gr.update(interactive=True), device_panel(model), calibration_summary(model.profile),
+                gr.update(interactive=True), device_panel(model), calibration_summary(model.profile, model.tree["name"]),
                 latency_points(model.profile) if model.profile else None,
                 gr.Timer(active=service.switching or training_running or service.background is not None), *sampling,
                 picker, training, train)

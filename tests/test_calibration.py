@@ -200,8 +200,9 @@ def test_engine_uses_the_saved_profile_and_recalibrates_a_corrupt_one(tiny_engin
     path = profile_path(tiny_engine.profile.key)
     path.write_text("garbage")
     with caplog.at_level(logging.WARNING):
-        engine = Engine.load(config)  # auto_calibrate off: warns and falls back to the static tree
+        engine = Engine.load(config)  # auto_calibrate off: warns and decodes plainly until calibrated
     assert "ignoring the saved calibration" in caplog.text and engine.profile is None
+    assert engine.family.name == "vanilla" and engine.lookup_lengths == ()
     with pytest.raises(ValueError, match="needs a calibration profile"):
         Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="6", auto_calibrate=False))
     save_profile(tiny_engine.profile)

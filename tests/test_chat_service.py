@@ -1,6 +1,7 @@
 """The chat app's logic without a browser: trimming, stopping, highlighting, comparison, history."""
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -186,13 +187,22 @@ def test_device_panel_names_the_guess_sources(service):
     engine = service.engine
     try:
         engine.set_lookup(3)
-        assert "n-gram lookup in the conversation (chains of 3/3/3/3/3/3 tokens after a match of 1/2/3/4-7/8-15/16+ tokens)" in guess_sources(engine)
-        assert guess_sources(engine).startswith("prompt tokens (")  # the medium tree guesses too
+        assert "n-gram lookup in the conversation (chains of 3/3/3/3/3/3 tokens after a match of 1/2/3/4-7/8-15/16+ tokens)" in guess_sources(engine.snapshot())
+        assert guess_sources(engine.snapshot()).startswith("prompt tokens (")  # the medium tree guesses too
         engine.set_lookup(0)
-        assert "lookup" not in guess_sources(engine)
-        assert "**Guesses from:** prompt tokens (" in device_panel(engine)
+        assert "lookup" not in guess_sources(engine.snapshot())
+        assert "**Guesses from:** prompt tokens (" in device_panel(engine.snapshot())
     finally:
         engine.set_lookup(None)  # no profile with a static tree: no lookup
+
+
+def test_the_calibration_panel_says_what_decodes_before_a_profile(service):
+    from app.ui import calibration_summary
+
+    assert service.engine.profile is None and service.engine.family.name == "medium"  # a static tree, as asked
+    assert calibration_summary(None, service.engine.snapshot().tree["name"]) == "Not calibrated yet: using a built-in tree."
+    # --tree auto without a profile decodes plainly until calibrated (ppd chat calibrates beside the first answers)
+    assert calibration_summary(None, "vanilla") == "Not calibrated yet: decoding plainly until it is."
 
 
 class FailingDecoder:
@@ -271,11 +281,11 @@ def test_exactness_is_stated_per_path(service):
     # in fp32 on torch, whose tree matmuls round differently
     default = Engine.load(EngineConfig(model="default", device="cpu", tree="medium", threads=1))
     try:
-        assert default.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(default)
+        assert default.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(default.snapshot())
     finally:
         default.close()
     fp32 = service.engine
-    assert not fp32.loaded.backend.bitwise and "**Exactness:** equal up to floating-point near-ties" in device_panel(fp32)
+    assert not fp32.loaded.backend.bitwise and "**Exactness:** equal up to floating-point near-ties" in device_panel(fp32.snapshot())
 
 
 def test_a_page_waits_its_turn_and_stop_while_waiting_gives_up_the_place(service, tmp_path):
@@ -387,3 +397,48 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
     messages = [user("Hello there")]
     result = sampler.compare(messages, ChatSettings(max_new_tokens=16))  # Compare: greedy both ways
     assert result.identical and result.vanilla_text == sampler.engine.generate(sampler.engine.chat_ids(messages), "vanilla", 16).text
+
+
+def wait_for(condition, seconds: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(tiny_model_dir, lookup_only_dir,
+                                                                              tmp_path, monkeypatch):
+    """`ppd chat` on a device with no profile: the page's line is up as soon as the model is (so its timer keeps
+    ticking), answers decode plainly meanwhile and are not held back, then the profile is used (still exactly the
+    plain answer); a model switched away from mid-calibration leaves that calibration unfinished and no line."""
+    monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "profiles")  # a first launch
+
+    def load(spec, progress=None):
+        return Engine.load(EngineConfig(model=spec, device="cpu", tree="auto", auto_calibrate=False, max_context=160),
+                           progress)
+
+    service = ChatService(None, dict(prompts=2, max_new_tokens=16, contexts=(64,), repeats=1), spec=str(tiny_model_dir),
+                          loader=load, calibrate_in_background=True)
+    plain = load(str(tiny_model_dir))  # its answer without PPD
+    messages = [user("Hello there")]
+    expected = plain.generate(plain.chat_ids(messages), "vanilla", 24).text
+    engine = load(str(tiny_model_dir))
+    with service.turn():  # an answer holds the model: the calibration waits for it
+        service.attach(engine)
+        assert service.ready and service.background.startswith("Calibrating this device in the background")
+        assert engine.family.name == "vanilla" and engine.profile is None
+    assert list(service.answer(messages, ChatSettings(max_new_tokens=24)))[-1].text == expected
+    wait_for(lambda: service.background is None)
+    assert engine.profile is not None and engine.family.name.startswith("calibrated-")
+    assert list(service.answer(messages, ChatSettings(max_new_tokens=24)))[-1].text == expected  # exact with PPD too
+    service.engine.forget_conversation()
+
+    service.switch(str(lookup_only_dir))  # a model with no profile yet, switched away from mid-calibration
+    first = service.engine
+    assert service.background.startswith("Calibrating this device in the background")
+    service.switch(str(tiny_model_dir))  # calibrated already: nothing runs in the background
+    assert service.background is None and service.engine.profile is not None
+    wait_for(lambda: not any(t.name == "ppd-background-calibration" for t in threading.enumerate()))
+    assert service.background is None and first.profile is None  # abandoned, and the line left to the new model

@@ -170,7 +170,7 @@ def test_gpu_attention_plan_decodes_as_plain_on_the_cpu(device):
 def test_device_panel_shows_the_policy(default_engine):
     from app.system_info import device_panel
 
-    line = next(line for line in device_panel(default_engine).split("  \n") if line.startswith("**Device policy:**"))
+    line = next(line for line in device_panel(default_engine.snapshot()).split("  \n") if line.startswith("**Device policy:**"))
     assert line.startswith("**Device policy:** memory read from the system (psutil)")
     if default_engine.loaded.backend.name == "torch":
         assert "compute dtype float32" in line and attention_plan(CPU).describe() in line

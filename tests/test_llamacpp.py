@@ -183,7 +183,7 @@ def test_a_1024_token_answer_with_rebuilds_equals_plain(llama_engine):
 def test_the_llama_cpp_cpu_path_says_it_is_bitwise(llama_engine):
     from app.system_info import device_panel
 
-    assert llama_engine.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(llama_engine)
+    assert llama_engine.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(llama_engine.snapshot())
 
 
 def test_follow_up_turn_reusing_the_cache_equals_plain(llama_engine):

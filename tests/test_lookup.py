@@ -260,7 +260,7 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
     engine = Engine.load(EngineConfig(model=str(lookup_only_dir), device="cpu", tree="auto", auto_calibrate=False))
     assert engine.prompt_tokens.num_prompt_tokens == 0 and engine.prompt_tokens.training.get("none")
     assert engine.family.name == "vanilla" and engine.lookup_lengths == ()
-    assert "none for this model" in device_panel(engine)
+    assert "none for this model" in device_panel(engine.snapshot())
     profile = engine.calibrate(prompts=3, max_new_tokens=48, contexts=(64,), repeats=1)
     assert profile.acceptance == [] and profile.trees == [TreeSpec({(): 0})]
     assert sum(profile.lookup_trials) > 0 and len(profile.lookup_lengths) == CLASSES
@@ -269,7 +269,7 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
     assert engine.profile is profile and engine.lookup_lengths == tuple(profile.lookup_lengths)
     assert engine.saved_profile() == profile  # keyed by the (empty) prompt tokens, found again
     engine.set_lookup(4)  # whatever calibration chose on this machine: exactness with chains in every step
-    assert "n-gram lookup" in guess_sources(engine) and "prompt tokens (" not in guess_sources(engine)
+    assert "n-gram lookup" in guess_sources(engine.snapshot()) and "prompt tokens (" not in guess_sources(engine.snapshot())
     ids = engine.chat_ids([{"role": "user", "content": "Repeat after me: one two three, one two three, one two three."}])
     ppd = engine.generate(ids, "ppd", 96)
     assert ppd.tokens == engine.generate(ids, "vanilla", 96).tokens

@@ -134,11 +134,12 @@ def calibrate(
     contexts: tuple[int, ...] = CONTEXTS,
     repeats: int = 9,
     curve: LatencyCurve | None = None,
+    between: Callable[[], bool] | None = None,
 ) -> DeviceProfile:
     """Measure this device and these prompt tokens; choose the tree family and lookup chains with the most tokens/s.
 
     ``curve``: another device's step latency (``curves.read_curve``) instead of timing this one; the profile's key
-    then names the curve, not this device."""
+    then names the curve, not this device. ``between``: called before every timed step (``measure_latency``)."""
     started = time.perf_counter()
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
     table = prompt_tokens.table() if n else None  # [n * V, hidden]
@@ -164,7 +165,7 @@ def calibrate(
         ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
         latency = measure_latency(  # on the forward that decodes (lean or transformers); sizes that cannot win: skipped
             loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t),
-            ceiling=ceiling,
+            ceiling=ceiling, between=between,
         )
     report("tree search", 0, 1)
     search = choose_tree_and_chains(stats.probs, lookup, n, V, latency)

@@ -52,12 +52,16 @@ def measure_latency(
     warmup: int = 2,
     progress: Callable[[int, int], None] | None = None,
     ceiling: float | None = None,
+    between: Callable[[], bool] | None = None,
 ) -> dict[int, dict[int, float]]:
     """Median step milliseconds: ``{context length: {tree tokens: ms}}``.
 
     ``ceiling``: the most tokens per step any tree with its lookup chains can yield. Sizes ascend; once two sizes in
     a row cost more than ``ceiling`` plain steps (at the first context), no larger tree can beat plain decoding, and
     the larger sizes are not measured (on a CPU, where each row costs most of a step, that is most of them).
+
+    ``between()`` runs before every timed step: it may lend the model to other work (the chat's answers while a first
+    launch calibrates) and returns True if it did; that size's timing then starts over, warm-up included.
     """
     vocab, max_context = decoder.vocab_size, decoder.max_context
     generator = np.random.default_rng(0)
@@ -71,7 +75,7 @@ def measure_latency(
             tree = probe_tree(size, num_prompt_tokens, ensemble_size)
             guesses = generator.integers(vocab, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))  # [depth, K]
             speculator = Speculator(decoder, TreeFamily(f"probe-{size}", (tree,)), prompt_table)
-            measured[context, size] = step_ms(speculator, cache, tree, guesses, context, warmup, repeats)
+            measured[context, size] = step_ms(speculator, cache, tree, guesses, context, warmup, repeats, between)
             done += 1
             if first == 0 and ceiling is not None and beyond_reach(measured, context, sizes, size, ceiling):
                 sizes = [s for s in sizes if s <= size]  # the larger trees cannot win: not measured
@@ -97,16 +101,21 @@ def beyond_reach(measured: dict, context: int, sizes: Sequence[int], size: int, 
     return index >= 2 and ratio(size) > ceiling and ratio(sizes[index - 1]) > ceiling
 
 
-def step_ms(speculator: Speculator, cache, tree: Tree, guesses: np.ndarray, context: int, warmup: int, repeats: int) -> float:
+def step_ms(speculator: Speculator, cache, tree: Tree, guesses: np.ndarray, context: int, warmup: int, repeats: int,
+            between: Callable[[], bool] | None = None) -> float:
     """Median milliseconds of a real ``tree_step`` after ``context`` cached tokens (the cache is cut back after each):
     at most ``repeats`` runs after the warm-up, fewer once the median holds still (within ``STABLE``)."""
     times = []
-    for run in range(warmup + repeats):
+    run = 0
+    while run < warmup + repeats:
+        if between is not None and between():  # the model did other work meanwhile: warm up and time anew
+            times, run = [], 0
         start = time.perf_counter()
         tree_step(speculator, DecodeState(cache, root=0, guesses=guesses), tree)
         if run >= warmup:
             times.append(time.perf_counter() - start)
         speculator.decoder.truncate(cache, context)
+        run += 1
         if len(times) >= MIN_RUNS and abs(statistics.median(times) - statistics.median(times[:-1])) <= STABLE * statistics.median(times):
             break
     return 1000 * statistics.median(times)
