@@ -210,18 +210,18 @@ class LlamaCppDecoder:
         self._resident = None
         self._open(self.positions)
 
-    def rows_match_single_steps(self, context: int = 96, rows: int = 8) -> bool:
+    def rows_match_single_steps(self, context: int = 32, rows: int = 8) -> bool:
         """Whether a batch of ``rows`` chained rows gets, bit for bit, the logits single-token steps give them
-        after ``context`` cached tokens. On this project's CPU the matrix kernels of Q4_0, Q4_1, Q5_0, Q5_1 and
-        Q8_0 files are row-invariant; some K-quant, IQ and F16 files' are not (logits 0.3-0.9 apart): there greedy
-        PPD equals plain decoding only up to near-ties, and the device panel says so."""
+        after ``context`` cached tokens. With llamafile's GEMM or ggml's tiled K-quant multiply on (not ppd's build),
+        K-quant, IQ4_NL and F16 files' batches came out 0.3-0.9 logits away from single steps; then greedy PPD
+        equals plain decoding only up to near-ties, and the device panel says so."""
         tokens = np.linspace(100, self.vocab_size - 1, context + rows).astype(np.int64).tolist()
-        chain = self.new_cache()
-        self.prefill(chain, tokens[:context])
-        batch = self._decode_tokens(chain, tokens[context:], context, all_rows=True)  # [rows, vocab]
-        single = self.new_cache()
-        self.prefill(single, tokens[:context])
-        steps = [self.prefill(single, [token]).values[0] for token in tokens[context:]]
+        cache = self.new_cache()
+        self.prefill(cache, tokens[:context])
+        batch = self._decode_tokens(cache, tokens[context:], context, all_rows=True)  # [rows, vocab]
+        cache.tokens.extend(tokens[context:])
+        self.truncate(cache, context)  # the same cells again, one token at a time
+        steps = [self.prefill(cache, [token]).values[0] for token in tokens[context:]]
         self.llama.llama_memory_clear(self.memory, True)
         self._evict()
         return bool(np.array_equal(batch.values, np.stack(steps)))
