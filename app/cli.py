@@ -411,6 +411,9 @@ def run_chat(args: argparse.Namespace) -> int:
     check_threads(args)
     check_port_free(args.host, args.port)
     from app.chat_service import ChatService
+    from ppd_core.engine import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before the server's threads start
 
     def load(spec: str, progress) -> object:  # the model options, with another model (the page switches models)
         # a first launch on this device calibrates beside the first answers (ChatService.calibrate_in_background)

@@ -34,7 +34,7 @@ from ppd_core.engine_load import (
 )
 from ppd_core.errors import PpdError
 from ppd_core.loading import LoadedModel, load_model
-from ppd_core.memory import release_free_heap
+from ppd_core.memory import limit_malloc_arenas, release_free_heap
 from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
 from ppd_core.options import MAX_LOOKUP
 from ppd_core.prompt_tokens import PromptTokens
@@ -53,7 +53,7 @@ __all__ = [
     "GREEDY", "GenerationStats", "SamplingParams", "TextStream", "text_stream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
     "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "model_signature", "chains_text",
-    "describe", "memory_of", "chat_model", "LatencyCurve", "read_curve",
+    "describe", "memory_of", "chat_model", "limit_malloc_arenas", "LatencyCurve", "read_curve",
     "NEAR_TIE_LOGITS", "AnswerComparison", "compare_answer", "probe_environment", "verdict",  # `ppd doctor`
 ]
 

@@ -50,7 +50,7 @@ LIVE_MODELS: set[int] = set()  # decoders whose llama.cpp model is loaded (tests
 # more than 32 rows can pay there; a GPU's flat curve takes wide trees
 TREE_ROWS = {"cpu": 32, "gpu": 128}
 BATCH_ROWS = 512  # rows per llama_decode (prefill is split into batches this long)
-SPARE_CELLS = 1024  # cells beyond the context for parked rows and one step's tree
+SPARE_CELLS = 512  # cells beyond the context for parked rows and one step's tree (6 MB of the default's Q8_0 cache)
 DEFAULT_MAX_CONTEXT = 8192  # positions held at most (the model's own if smaller): 12 KB of Q8_0 cache each here
 # positions the context is made for at first; it doubles (up to max_context) when a conversation needs more.
 # llama.cpp fills its whole KV cache at creation, so this is the memory a typical chat costs (37 MB here, 113 MB
