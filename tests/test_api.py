@@ -281,8 +281,11 @@ def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monk
     monkeypatch.setattr(gr.Blocks, "launch", launch_in_background)
     monkeypatch.setattr(gr.Blocks, "block_thread", lambda self: None)  # return instead of serving until Ctrl+C
     monkeypatch.setattr("app.cli.load_engine", lambda args, **_: service.engine)  # the model already loaded
+    quits = []  # the model is the module's, and the page serves on after main() returns: freed by the fixture
+    monkeypatch.setattr(ChatService, "shutdown", lambda self, timeout=30.0: quits.append(self.engine))
     port = free_port()
     assert main(["chat", "--host", "0.0.0.0", "--port", str(port), "--auth", "me:secret", "--api-key", KEY]) == 0
+    assert quits == [service.engine]  # quitting frees ppd chat's model
     base = f"http://127.0.0.1:{port}"
     try:
         for key in ("wrong", None):

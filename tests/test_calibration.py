@@ -87,7 +87,7 @@ def test_latency_stops_at_the_sizes_that_cannot_beat_plain_decoding(monkeypatch,
     decoder = LeanDecoder(tiny_llama(seed=1))
     calls = []
 
-    def fake_step(speculator, cache, tree, guesses, context, warmup, repeats):
+    def fake_step(speculator, cache, tree, guesses, context, warmup, repeats, between=None):
         calls.append((context, tree.num_tokens))
         return float(costs[tree.num_tokens])
 
@@ -110,6 +110,11 @@ def test_step_timing_stops_once_the_median_settles(monkeypatch):
     monkeypatch.setattr(latency, "tree_step", lambda *args: runs.append(1) or real_step(*args))
     latency.step_ms(speculator, cache, tree, guesses, 8, warmup=1, repeats=30)
     assert latency.MIN_RUNS + 1 <= len(runs) <= 31 and decoder.cache_length(cache) == 8
+    # the model lent to an answer before the third run: the timing starts over, warm-up included
+    runs.clear()
+    lent = iter([False, False, True])
+    latency.step_ms(speculator, cache, tree, guesses, 8, warmup=1, repeats=2, between=lambda: next(lent, False))
+    assert len(runs) == 2 + 1 + 2 and decoder.cache_length(cache) == 8
 
 
 @pytest.fixture(scope="module")

@@ -412,7 +412,8 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
                                                                               tmp_path, monkeypatch):
     """`ppd chat` on a device with no profile: the page's line is up as soon as the model is (so its timer keeps
     ticking), answers decode plainly meanwhile and are not held back, then the profile is used (still exactly the
-    plain answer); a model switched away from mid-calibration leaves that calibration unfinished and no line."""
+    plain answer); a model switched away from mid-calibration leaves that calibration unfinished, and the line to the
+    model switched in."""
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "profiles")  # a first launch
 
     def load(spec, progress=None):
@@ -436,9 +437,14 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
     service.engine.forget_conversation()
 
     service.switch(str(lookup_only_dir))  # a model with no profile yet, switched away from mid-calibration
-    first = service.engine
+    first, abandoned = service.engine, service._background_thread
     assert service.background.startswith("Calibrating this device in the background")
-    service.switch(str(tiny_model_dir))  # calibrated already: nothing runs in the background
+    monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "elsewhere")  # no profile
+    service.switch(str(tiny_model_dir))  # calibrates in its turn
+    abandoned.join(30)
+    assert not abandoned.is_alive() and first.profile is None  # abandoned unfinished
+    assert service.background.startswith("Calibrating this device in the background")  # the new model's line stays
+    wait_for(lambda: service.background is None)
+    assert service.engine.profile is not None and not service._background_thread.is_alive()
+    service.switch(str(tiny_model_dir))  # calibrated now: nothing runs in the background
     assert service.background is None and service.engine.profile is not None
-    wait_for(lambda: not any(t.name == "ppd-background-calibration" for t in threading.enumerate()))
-    assert service.background is None and first.profile is None  # abandoned, and the line left to the new model

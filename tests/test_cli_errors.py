@@ -57,7 +57,11 @@ def fake_chat_app(monkeypatch):
         def block_thread(self):
             launched["served until Ctrl+C"] = True
 
-    calibrated = types.SimpleNamespace(profile="calibrated")  # nothing to calibrate beside the first answers
+    def close():
+        assert launched["served until Ctrl+C"]
+        launched["model freed on quit"] = True
+
+    calibrated = types.SimpleNamespace(profile="calibrated", close=close)  # nothing to calibrate beside the answers
     monkeypatch.setattr("app.cli.load_engine", lambda args, **_: calibrated)
     monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: FakeApp()))
     monkeypatch.delenv("PPD_AUTH", raising=False)
@@ -118,7 +122,8 @@ def test_auth_is_passed_to_the_server(capsys, fake_chat_app):
     code, _, err = run_cli(capsys, "chat", "--host", "0.0.0.0", "--port", port, "--auth", "alice:pa:ss")
     assert code == 0 and "warning" not in err
     assert fake_chat_app == {"server_name": "0.0.0.0", "server_port": port, "inbrowser": False, "quiet": True, "auth": ("alice", "pa:ss"),
-                             "prevent_thread_lock": True, "served until Ctrl+C": True}  # the page first, the model after
+                             "prevent_thread_lock": True, "served until Ctrl+C": True,  # the page first, the model after
+                             "model freed on quit": True}
 
 
 def test_auth_from_the_environment(capsys, fake_chat_app, monkeypatch):
