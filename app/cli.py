@@ -458,6 +458,9 @@ def run_serve(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.port)
     from app.api import create_api, make_server
     from app.chat_service import ChatService
+    from ppd_core.engine import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before the server's threads start
 
     engine = load_engine(args)  # the first launch on a device calibrates it
     server_app = create_api(ChatService(engine, max_waiting=args.max_queue, spec=args.model), api_key)

@@ -413,7 +413,7 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
     """`ppd chat` on a device with no profile: the page's line is up as soon as the model is (so its timer keeps
     ticking), answers decode plainly meanwhile and are not held back, then the profile is used (still exactly the
     plain answer); a model switched away from mid-calibration leaves that calibration unfinished, and the line to the
-    model switched in."""
+    model switched in; quitting stops a calibration before the model is freed."""
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "profiles")  # a first launch
 
     def load(spec, progress=None):
@@ -448,3 +448,9 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
     assert service.engine.profile is not None and not service._background_thread.is_alive()
     service.switch(str(tiny_model_dir))  # calibrated now: nothing runs in the background
     assert service.background is None and service.engine.profile is not None
+    monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "third")
+    service.switch(str(tiny_model_dir))
+    pending = service._background_thread
+    assert pending.is_alive() and service.engine.profile is None
+    service.shutdown()  # ppd quits mid-calibration: it stops before the model is freed
+    assert not pending.is_alive() and service.engine.profile is None
