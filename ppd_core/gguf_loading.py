@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from ppd_core.backends.llamacpp import DEFAULT_MAX_CONTEXT, LlamaCppDecoder
+from ppd_core.backends.llamacpp import DEFAULT_MAX_CONTEXT, LlamaCppDecoder, import_llama_cpp
 from ppd_core.device_policy import MEMORY_HEADROOM, MIN_CONTEXT
 from ppd_core.gguf_info import GgufInfo, available_memory, check_memory, memory_needed, read_gguf_info
 from ppd_core.gguf_text import GgufTokenizer
@@ -50,12 +50,12 @@ def load_gguf(path: Path, name: str, device: str = "auto", threads: int = 0, gpu
     """``path`` on llama.cpp; ModelLoadError (or another one-line PpdError) where it cannot run here."""
     info = read_gguf_info(path)  # GgufFileError: not a GGUF, truncated, unknown architecture
     context = context_for_memory(info, min(info.context_length or DEFAULT_MAX_CONTEXT, DEFAULT_MAX_CONTEXT))
+    if device == "cuda" and not import_llama_cpp().llama_supports_gpu_offload():  # before anything loads
+        raise ModelLoadError("--device cuda: this llama-cpp-python build has no GPU support "
+                             "(`make setup` on a machine with nvcc and a GPU builds one)")
     decoder = LlamaCppDecoder(path, threads or os.cpu_count() or 1, gpu_layers, max_context=context,
                               architecture=info.architecture)
     try:
-        if device == "cuda" and not decoder.gpu_layers:
-            raise ModelLoadError("--device cuda: this llama-cpp-python build has no GPU support "
-                                 "(`make setup` on a machine with nvcc and a GPU builds one)")
         tokenizer = GgufTokenizer(decoder.model, decoder.llama, owner=decoder)
         advice = gguf_sampling(decoder.metadata)
     except BaseException:
