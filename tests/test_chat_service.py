@@ -1,7 +1,6 @@
 """The chat app's logic without a browser: trimming, stopping, highlighting, comparison, history."""
 
 import json
-import threading
 from pathlib import Path
 
 import pytest

@@ -13,7 +13,7 @@ from ppd_core.backends.torch_backend import TorchDecoder
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.device_policy import (
     MEMORY_HEADROOM, AttentionPlan, DeviceProperties, attention_plan, compute_dtype, context_that_fits,
-    llama_extra_buffers, memory_source, native_bf16, parse_version, profile_fields, properties_of, rows_bitwise,
+    llama_extra_buffers, memory_source, native_bf16, parse_version, profile_fields, rows_bitwise,
     version_notes,
 )
 from ppd_core.lean.attention import attend
