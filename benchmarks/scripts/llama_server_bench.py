@@ -155,12 +155,16 @@ class ServerAnswerer:
     def __init__(self, url: str):
         self.client = httpx.Client(base_url=url, timeout=600)
         self.prompt_tokens = self.processed = 0
+        self.split = {"prompt_s": 0.0, "generation_s": 0.0}  # the server's own timings (inside llama.cpp)
 
     def __call__(self, question: str, max_new_tokens: int) -> tuple[str, int]:
         answer = self.client.post("/v1/chat/completions", json=server_request(question, max_new_tokens))
         answer = answer.raise_for_status().json()
         self.prompt_tokens += answer["usage"]["prompt_tokens"]
-        self.processed += answer.get("timings", {}).get("prompt_n", 0)
+        timings = answer.get("timings", {})
+        self.processed += timings.get("prompt_n", 0)
+        self.split["prompt_s"] += timings.get("prompt_ms", 0.0) / 1000
+        self.split["generation_s"] += timings.get("predicted_ms", 0.0) / 1000
         return answer["choices"][0]["message"]["content"] or "", answer["usage"]["completion_tokens"]
 
 
@@ -195,13 +199,22 @@ def ppd_answerer(gguf: Path, threads: int, mode: str) -> Answerer:
         ids = engine.chat_ids([{"role": "user", "content": question}])
         result = engine.generate(ids, mode, max_new_tokens, reuse_cache=True)
         answer.prompt_tokens += len(ids)
+        answer.processed += result.stats.prompt_tokens - result.stats.reused_tokens
+        answer.split["prompt_s"] += result.stats.prefill_seconds
+        answer.split["generation_s"] += result.stats.decode_seconds
         return result.text, len(result.tokens)
 
-    answer.prompt_tokens = 0  # the chat template's tokens, to compare with the server's
+    answer.prompt_tokens = answer.processed = 0  # the chat template's tokens, to compare with the server's
+    answer.split = {"prompt_s": 0.0, "generation_s": 0.0}  # ppd's own step timings
     return answer
 
 
 # ---- the run ----
+
+
+def rounded(split: dict) -> dict:
+    """Seconds in prompt processing and in generating, as each side times itself (the rest is HTTP or Python)."""
+    return {key: round(value, 3) for key, value in split.items()}
 
 
 class Totals:
@@ -271,8 +284,8 @@ def main() -> int:
         totals = {name: Totals() for name in sides}
         for answer in sides.values():
             answer(WARM_UP, 16)
-            answer.prompt_tokens = 0
-        peer.processed = 0
+            answer.prompt_tokens = answer.processed = 0
+            answer.split = {"prompt_s": 0.0, "generation_s": 0.0}
         names = list(sides)
         for number, question in enumerate(questions):
             order = names if number % 2 == 0 else names[::-1]
@@ -292,7 +305,8 @@ def main() -> int:
                    "source": None if configure is None else f"llama-cpp-python {llama_cpp_python_version()} sdist, vendor/llama.cpp",
                    "build_info": build_info, "request": server_request("QUESTION", args.max_new_tokens),
                    "sampling_applied": applied,
-                   "prompt_tokens": peer.prompt_tokens, "prompt_tokens_processed": peer.processed}
+                   "prompt_tokens": peer.prompt_tokens, "prompt_tokens_processed": peer.processed,
+                   "split": rounded(peer.split)}
     result = {
         "command": " ".join(["python", "benchmarks/scripts/llama_server_bench.py", *sys.argv[1:]]),
         "date": now(), "machine": machine(), "model": gguf.name, "questions": len(questions),
@@ -309,6 +323,8 @@ def main() -> int:
         result[f"ppd_{mode}"] = {**side.to_json(), "calls": PPD_CALLS.format(
             threads=args.threads, calibrate=mode == "ppd", mode=mode, tokens=args.max_new_tokens),
                                  "prompt_tokens": sides[f"ppd_{mode}"].prompt_tokens,
+                                 "prompt_tokens_processed": sides[f"ppd_{mode}"].processed,
+                                 "split": rounded(sides[f"ppd_{mode}"].split),
                                  "same_text_as_llama_server": f"{same}/{len(questions)}",
                                  "over_llama_server": round(side.to_json()["tok_s"] / server_tok_s, 4) if server_tok_s else None}
     result["ratios"] = {f"ppd_{mode}_over_llama_server": result[f"ppd_{mode}"]["over_llama_server"] for mode in modes}
