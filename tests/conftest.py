@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import user_folders
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+# Profiles, histories, prompt tokens, GGUF conversions, training work and the Hub's cache go to the user's folders:
+# the user's are listed first (tests/test_user_folders.py compares them at the end), then every XDG_*_HOME and HF_HOME
+# points at this run's own, for this process and the processes it starts, before huggingface_hub reads them.
+user_folders.record()
+user_folders.redirect()
 
-
-# Calibration profiles go to the user's data directory: keep the tests' own apart.
-os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="ppd-test-data-")
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 
 def tiny_llama(seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, max_positions: int = 256) -> LlamaForCausalLM:
@@ -85,7 +86,13 @@ REAL_MODEL_FIXTURES = {"default_engine", "running_app"}  # tiny_model_dir needs 
 
 
 def pytest_collection_modifyitems(items):
-    """Mark ``slow`` every test that loads the real default model through a fixture (others mark themselves)."""
+    """Mark ``slow`` every test that loads the real default model through a fixture (others mark themselves), and
+    run tests/test_user_folders.py last (it compares the user's folders with their listing at the start)."""
     for item in items:
         if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.nodeid.startswith("tests/test_user_folders.py"))
+
+
+def pytest_unconfigure(config):
+    user_folders.clean_up()
