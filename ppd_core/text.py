@@ -6,7 +6,7 @@ streaming costs O(new tokens) per step instead of re-decoding the whole answer.
 Threads: API workers encode while the model's worker decodes, with one tokenizer and no lock here.
 llama.cpp's tokenizer only reads its vocabulary (``ppd_core.gguf_text``); a Hugging Face fast tokenizer
 of tokenizers 0.23 (what transformers 5.23 requires) makes a settings change wait for an encode in
-flight, where tokenizers before 0.21 raised "Already borrowed". tests/test_threads.py holds both to it.
+flight, where older ones (0.20.3, checked) raised "Already borrowed". tests/test_threads.py holds both to it.
 """
 
 from __future__ import annotations

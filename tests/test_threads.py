@@ -119,9 +119,9 @@ def run_together(jobs) -> list[BaseException]:
 
 def test_a_hugging_face_fast_tokenizer_is_shared_by_encoding_and_decoding_threads():
     """Eight API workers encode a chat while the answering worker decodes, each round on a freshly made tokenizer whose
-    first encodes turn its truncation off; and a settings change meets an encode in flight. tokenizers before 0.21
-    raised "RuntimeError: Already borrowed" there (checked with 0.20.3); tokenizers 0.23, which transformers 5.23
-    requires, makes the change wait, so ppd shares one tokenizer with no lock of its own."""
+    first encodes turn its truncation off; and a settings change meets an encode in flight. tokenizers 0.20.3 raised
+    "RuntimeError: Already borrowed" there; tokenizers 0.23, which transformers 5.23 requires, makes the change wait,
+    so ppd shares one tokenizer with no lock of its own."""
     long_chat = [{"role": "user", "content": " ".join(TEXTS) * 40}]
     reference = fast_tokenizer()
     answer = reference.encode(" ".join(TEXTS) * 4, add_special_tokens=False)
