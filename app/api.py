@@ -43,7 +43,7 @@ from starlette.routing import Mount, Route
 from app.chat_service import ChatService
 from app.model_catalog import available
 from app.model_queue import Busy, Queued
-from ppd_core.engine import SamplingParams
+from ppd_core.engine import ModelSnapshot, SamplingParams
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,11 @@ class ApiError(Exception):
         super().__init__(message)
         self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
         self.headers = headers
+
+
+def not_ready(service: ChatService, error: PpdError) -> ApiError:
+    """The 503 for a model that is loading (``NotReady``), with Retry-After while retrying can help."""
+    return ApiError(str(error), code="model_not_ready", status=503, kind="server_error", headers=retry_header(service))
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
@@ -121,6 +126,7 @@ class Job:
     sampling: SamplingParams
     stop: list[str]
     include_usage: bool
+    model: str  # the name of the model the ids were made for: a streamed answer's label
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -136,6 +142,7 @@ class Outcome:
     started_at: float = 0.0  # unix times of taking and releasing the model
     finished_at: float = 0.0
     steps_after_cancel: int = 0  # forward passes that ran after the cancel flag was set (at most one)
+    model: ModelSnapshot | None = None  # the model that answered, taken with the first step (under the job's turn)
 
 
 class StopCutter:
@@ -249,7 +256,11 @@ def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
     param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
     if limit is not None and limit < 1:
         raise ApiError(f"{param} must be at least 1, got {limit}", param)
-    engine = service.engine
+    try:
+        engine = service.engine  # a switch may have begun since the request was let in
+        model = service.snapshot().name
+    except PpdError as error:
+        raise not_ready(service, error) from None
     try:
         ids = engine.chat_ids(messages)
     except PpdError as error:
@@ -263,6 +274,7 @@ def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
     return Job(
         id=f"chatcmpl-{uuid.uuid4().hex}", ids=ids, max_new_tokens=limit if limit is not None else context - len(ids),
         sampling=sampling, stop=stops, include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        model=model,
     )
 
 
@@ -291,7 +303,8 @@ class ApiState:
 
 def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Event, emit: Callable[[str], None]) -> Outcome:
     """Answer ``job`` in its place in line (``ticket``), handing text to ``emit`` as it grows; gives up its place, or
-    stops within one step, once ``cancelled`` is set."""
+    stops within one step, once ``cancelled`` is set. The model that answers is read with the first step, under the
+    job's turn (``Outcome.model``): a switch after the answer can neither relabel it nor fail it."""
     queued = time.monotonic()
     outcome = Outcome("cancelled")
     cutter = StopCutter(job.stop)
@@ -302,16 +315,10 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
         for event in events:
             if isinstance(event, Queued):
                 continue
-            if outcome.started_at == 0.0:
+            if outcome.model is None:  # the first step: no switch can happen until this job's turn ends
                 outcome.queued_seconds, outcome.started_at = time.monotonic() - queued, time.time()
-            if cancelled.is_set():
-                outcome.steps_after_cancel += 1  # this step ran before the flag was seen
-                break
-            piece, hit = cutter.feed(event.text, event.stop_reason is not None)
-            if piece:
-                emit(piece)
-            if hit or event.stop_reason is not None:
-                outcome.finish_reason = "stop" if hit or event.stop_reason == "eos" else "length"
+                outcome.model = service.snapshot()
+            if not answer_step(event, outcome, cutter, cancelled, emit):
                 break
     if outcome.started_at == 0.0:  # never reached the model
         outcome.queued_seconds = time.monotonic() - queued
@@ -321,6 +328,21 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
         outcome.stats = event.stats
         outcome.finished_at = time.time()
     return outcome
+
+
+def answer_step(event, outcome: Outcome, cutter: StopCutter, cancelled: threading.Event,
+                emit: Callable[[str], None]) -> bool:
+    """One step's text out to ``emit``; False once the answer is over (cancelled, a stop string, its end)."""
+    if cancelled.is_set():
+        outcome.steps_after_cancel += 1  # this step ran before the flag was seen
+        return False
+    piece, hit = cutter.feed(event.text, event.stop_reason is not None)
+    if piece:
+        emit(piece)
+    if hit or event.stop_reason is not None:
+        outcome.finish_reason = "stop" if hit or event.stop_reason == "eos" else "length"
+        return False
+    return True
 
 
 class Decoding:
@@ -371,17 +393,17 @@ def usage(job: Job, outcome: Outcome) -> dict:
             "total_tokens": len(job.ids) + outcome.completion_tokens}
 
 
-def ppd_figures(service: ChatService, job: Job, outcome: Outcome) -> dict:
-    """ppd's own numbers, in a field standard clients ignore."""
+def ppd_figures(job: Job, outcome: Outcome) -> dict:
+    """ppd's own numbers, in a field standard clients ignore: of the model that answered (``outcome.model``)."""
     stats, sampling = outcome.stats, job.sampling
-    if stats is None:  # never reached the model
+    if stats is None or outcome.model is None:  # never reached the model
         return {"queued_seconds": round(outcome.queued_seconds, 4)}
     return {
         "tokens_per_second": round(stats.tok_s, 3),  # answer tokens per second, prompt processing included
         "tokens_per_step": round(stats.mean_accepted, 4),
         "acceptance": "greedy" if sampling.greedy else sampling.acceptance,
         "distribution_preserving": sampling.lossless,
-        "tree": service.engine.family.name,
+        "tree": outcome.model.tree["name"],
         "steps": stats.steps,
         "new_tokens": stats.new_tokens,
         "prefill_seconds": round(stats.prefill_seconds, 4),
@@ -390,6 +412,11 @@ def ppd_figures(service: ChatService, job: Job, outcome: Outcome) -> dict:
         "started_at": outcome.started_at,
         "finished_at": outcome.finished_at,
     }
+
+
+def answered_by(job: Job, outcome: Outcome) -> str:
+    """The name of the model that answered (read under the job's turn), else the one the job was made for."""
+    return outcome.model.name if outcome.model is not None else job.model
 
 
 def sse(body: dict | str) -> str:
@@ -406,14 +433,13 @@ def choice(delta: dict, reason: str | None = None) -> list[dict]:
     return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
 
 
-def model_card(service: ChatService, created: int) -> dict:
-    model = service.snapshot()
+def model_card(model: ModelSnapshot, spec: str, created: int) -> dict:
     tokens = model.prompt_tokens
     return {
         "id": model.name, "object": "model", "created": created, "owned_by": "ppd",
         "ppd": {
             "loaded": True,
-            "model": service.spec,  # as --model names it
+            "model": spec,  # as --model names it
             "quant": model.quant,
             "dtype": model.dtype,
             "device": model.device,
@@ -506,20 +532,29 @@ class OpenAIApi:
         self.state = ApiState(workers=service.queue.max_waiting + 1)
         self.v1 = self._v1()
 
+    def snapshot(self) -> ModelSnapshot:
+        """The loaded model; 503 (``model_not_ready``) while another one loads."""
+        try:
+            return self.service.snapshot()
+        except PpdError as error:
+            raise not_ready(self.service, error) from None
+
     @property
     def model_name(self) -> str:
-        return self.service.snapshot().name
+        return self.snapshot().name
 
     def routes(self) -> list:
         return [Route("/health", self.health, methods=["GET"]), Mount("/v1", app=BodyLimit(self.v1))]
 
     async def health(self, _: Request) -> JSONResponse:
-        if not self.service.ready:  # as llama-server: 503 while the model loads
+        try:
+            model = self.service.snapshot().name
+        except PpdError:  # as llama-server: 503 while the model loads
             startup = self.service.startup
             return JSONResponse({"status": "error" if startup.error else "loading", "detail": startup.line()},
                                 status_code=503, headers=retry_header(self.service))
         queue = self.service.queue
-        return JSONResponse({"status": "ok", "model": self.model_name, "busy": queue.busy, "waiting": queue.waiting,
+        return JSONResponse({"status": "ok", "model": model, "busy": queue.busy, "waiting": queue.waiting,
                              "max_waiting": queue.max_waiting, "running": self.state.running})
 
     async def check_ready(self) -> None:
@@ -545,24 +580,26 @@ class OpenAIApi:
         @v1.get("/models")
         async def models():
             others = await run_in_threadpool(available, service.spec)  # reads the Hub cache: off the event loop
-            return {"object": "list", "data": [model_card(service, state.created)] + [
+            return {"object": "list", "data": [model_card(self.snapshot(), service.spec, state.created)] + [
                 {"id": spec, "object": "model", "created": state.created, "owned_by": "ppd", "ppd": {"loaded": False}}
                 for spec in others if spec != service.spec]}
 
         @v1.get("/models/{model_id:path}")
         async def model(model_id: str):
-            if model_id != self.model_name:
-                raise ApiError(f"the model {model_id!r} does not exist; this server has {self.model_name!r}", "model",
+            loaded = self.snapshot()
+            if model_id != loaded.name:
+                raise ApiError(f"the model {model_id!r} does not exist; this server has {loaded.name!r}", "model",
                                "model_not_found", status=404)
-            return model_card(service, state.created)
+            return model_card(loaded, service.spec, state.created)
 
         @v1.post("/chat/completions")
         async def chat_completions(body: ChatCompletionRequest, request: Request):
             # every client mistake is a 400 here, before the model is asked; tokenizing is off the event loop
-            if body.model not in (None, self.model_name, service.spec) and body.model in await run_in_threadpool(
+            loaded = self.model_name
+            if body.model not in (None, loaded, service.spec) and body.model in await run_in_threadpool(
                     available, service.spec):
                 raise ApiError(f"the model {body.model!r} is available but not loaded: this server answers with "
-                               f"{self.model_name!r} (switch models on the page)", "model", "model_not_loaded")
+                               f"{loaded!r} (switch models on the page)", "model", "model_not_loaded")
             job = await run_in_threadpool(make_job, service, body)
             try:
                 ticket = service.queue.join()
@@ -595,18 +632,19 @@ class OpenAIApi:
             finally:
                 decoding.cancel()  # a no-op once it ended; stops it when the client left or this task was cancelled
             return {
-                "id": job.id, "object": "chat.completion", "created": job.created, "model": self.model_name,
+                "id": job.id, "object": "chat.completion", "created": job.created, "model": answered_by(job, outcome),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": outcome.text},
                              "logprobs": None, "finish_reason": finish_reason(outcome)}],
                 "usage": usage(job, outcome),
-                "ppd": ppd_figures(service, job, outcome),
+                "ppd": ppd_figures(job, outcome),
             }
 
         return v1
 
     async def _events(self, decoding: Decoding, job: Job) -> AsyncIterator[str]:
-        """Server-sent events; a disconnect cancels this generator, and ``finally`` stops the decoding."""
-        model = self.model_name
+        """Server-sent events, labelled with the job's model; a disconnect cancels this generator, and ``finally`` stops
+        the decoding."""
+        model = job.model
         try:
             yield chunk(job, model, choice({"role": "assistant", "content": ""}))
             while True:
@@ -619,7 +657,7 @@ class OpenAIApi:
                     break
                 else:
                     outcome = value
-                    yield chunk(job, model, choice({}, finish_reason(outcome)), ppd=ppd_figures(self.service, job, outcome))
+                    yield chunk(job, model, choice({}, finish_reason(outcome)), ppd=ppd_figures(job, outcome))
                     if job.include_usage:  # OpenAI's last chunk: no choices, the usage
                         yield chunk(job, model, [], usage=usage(job, outcome))
                     break
