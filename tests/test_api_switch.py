@@ -124,3 +124,43 @@ def test_a_streamed_answer_keeps_its_model_and_figures_across_a_switch(switchabl
     gate.set()
     switches[0].join(120)
     assert service.ready and service.spec == tiny
+
+
+def test_a_model_loading_after_the_readiness_check_is_a_503_not_a_500(tiny_models, monkeypatch):  # noqa: F811
+    """The readiness check passed, then a switch took the model: naming the model (a request, /v1/models) is the 503
+    ``model_not_ready`` with Retry-After, as before the check (it was a 500: ``NotReady`` is no ``ApiError``)."""
+    import httpx
+
+    async def passed(self):  # the check ran just before the switch began
+        return None
+
+    monkeypatch.setattr(api.OpenAIApi, "check_ready", passed)
+    gate = threading.Event()
+
+    def load(spec: str, progress=None) -> Engine:
+        assert gate.wait(120), "the test never let the load go on"
+        return Engine.load(EngineConfig(model=spec, device="cpu", tree="auto", auto_calibrate=False, threads=1), progress)
+
+    gate.set()
+    service = ChatService(load("default"), spec="default", loader=load)
+    server, thread, client = serve(service)
+    gate.clear()
+    switch = threading.Thread(target=service.switch, args=(str(tiny_models.get("llama")),))
+    try:
+        switch.start()
+        deadline = time.monotonic() + 30
+        while service.ready:
+            assert time.monotonic() < deadline, "the switch did not begin"
+            time.sleep(0.005)
+        url = str(client.base_url).rstrip("/")
+        for response in (httpx.post(f"{url}/chat/completions", json={"messages": QUESTION}, timeout=30),
+                         httpx.get(f"{url}/models", timeout=30)):
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "model_not_ready" and response.headers["retry-after"]
+    finally:
+        gate.set()
+        switch.join(120)
+        server.should_exit = True
+        thread.join(15)
+        if service.ready:
+            service.engine.close()
