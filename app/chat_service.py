@@ -236,9 +236,11 @@ class ChatService:
         return True
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """ppd is quitting: a background calibration stops at its next step (llama.cpp must not be running when the
-        interpreter exits), then the model is freed."""
+        """ppd is quitting: its trainings stop where they are (resumable, asking nothing), a background calibration
+        stops at its next step (llama.cpp must not be running when the interpreter exits), then the model is freed."""
         self._stopping.set()
+        for job in list(self._jobs.values()):
+            job.stop(timeout)
         if self._background_thread is not None:
             self._background_thread.join(timeout)
         if self._engine is not None:

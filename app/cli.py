@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import ipaddress
 import json
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 # only plain data here: `ppd --help` and argument errors answer without importing torch or model code
@@ -583,12 +586,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from app.bench import read_questions
-    from ppd_core.engine import (
-        PromptTokens, TrainConfig, TrainRun, load_model, model_signature, run_training, user_prompt_tokens_path,
-    )
+    from ppd_core.engine import PromptTokens
 
     for option in ("samples", "epochs", "cuts", "accumulate", "ensemble", "lr", "max_prompt_tokens", "max_new_tokens", "generation_batch"):
         if not getattr(args, option) > 0:
@@ -605,6 +604,48 @@ def run_train(args: argparse.Namespace) -> int:
         read_questions(eval_questions, args.eval_limit)
     if args.init is not None:
         PromptTokens.load(args.init)
+    from app.trainer_lock import WorkDirLock
+
+    held: list[WorkDirLock] = []
+
+    def claim(folder: Path) -> None:
+        """One training per work directory, held until this run ends; a busy folder is one line (exit 2)."""
+        if not held:
+            held.append(WorkDirLock(folder).acquire())
+
+    try:
+        with sigterm_interrupts():  # the chat app's Stop: the run stops where it is, resumable, and lets the folder go
+            if args.work_dir is not None:
+                claim(args.work_dir)  # before the model loads (else once loaded: the default folder is named after it)
+            return train_model(args, eval_questions, claim)
+    finally:
+        for lock in held:
+            lock.release()
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt (in the main thread) while inside: ``finally`` blocks run, exit code 130."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def train_model(args: argparse.Namespace, eval_questions: Path | None, claim) -> int:
+    """`ppd train` once its input is checked: load, answer, train, evaluate, save, measure the acceptance."""
+    from tqdm import tqdm
+
+    from ppd_core.engine import TrainConfig, TrainRun, load_model, model_signature, run_training, user_prompt_tokens_path
+
     if model_threads(args):
         import torch
 
@@ -617,7 +658,8 @@ def run_train(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, generation_batch=args.generation_batch, seed=args.seed,
     )
     out = args.out or user_prompt_tokens_path(loaded.name, model_signature(loaded))  # where the engine looks first
-    run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir, init=args.init)
+    run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir,
+                   init=args.init, claim=claim)
     bars: dict[str, tqdm] = {}
 
     status = StatusFile(args.status)

@@ -1,5 +1,6 @@
 """`ppd train` for the loaded model, run by the chat app in a background process: the chat stays usable, the page
 shows the phase, its progress and the time left, and a training stopped by a restart resumes from its work directory.
+A trainer still running from an earlier app (or started by hand on the same folder) is adopted: followed and stoppable.
 """
 
 from __future__ import annotations
@@ -7,11 +8,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
+from app.trainer_lock import Trainer, describe, live_trainer
+from ppd_core.errors import PpdError
+
+INTERRUPTED = 130  # `ppd train`'s exit code when interrupted (Ctrl+C, SIGTERM): stopped where it was, resumable
 PHASES = {"answers": "answering the training conversations", "held-out answers": "answering the held-out questions",
           "train": "training", "evaluate": "evaluating", "acceptance": "measuring the guesses' acceptance"}
 
@@ -46,32 +52,57 @@ class TrainingJob:
         return self.folder / "train.log"
 
     def start(self) -> None:
-        """Start (or resume: the work directory keeps what was done) `ppd train` for the model."""
-        if self.running:
+        """Start (or resume: the work directory keeps what was done) `ppd train` for the model; PpdError (one line)
+        where another trainer works in the folder (it goes on, and ``status`` follows it)."""
+        if self._own_running:
             return
+        if (other := live_trainer(self.folder)) is not None:
+            raise PpdError(f"A training of PPD tokens for this model already runs ({describe(other)}): its progress "
+                           "shows here.")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.status_file.unlink(missing_ok=True)
         self.stopped = False
         command = [sys.executable, "-m", "app.cli", "train", "--model", self.spec, "--work-dir", str(self.folder),
                    "--status", str(self.status_file), *self.options]
-        with self.log_file.open("w") as log:
+        with self.log_file.open("a") as log:  # a resume keeps the earlier runs' lines, after a separator line
+            resumed = log.tell() > 0
+            if resumed:
+                log.write("\n")
+            log.write(f"----- {time.strftime('%Y-%m-%d %H:%M:%S')}: {'resumed' if resumed else 'started'} `ppd train` -----\n")
+            log.flush()
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent)
 
     @property
-    def running(self) -> bool:
+    def _own_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self) -> None:
-        if self.running:
+    def adopted(self) -> Trainer | None:
+        """A trainer this app did not start, working in the folder now (one that outlived an earlier app)."""
+        return None if self._own_running else live_trainer(self.folder)
+
+    @property
+    def running(self) -> bool:
+        return self._own_running or self.adopted() is not None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the training where it is (resumable): SIGTERM, then a kill if it has not ended within ``timeout``."""
+        if self._own_running:
             self.stopped = True
             self.process.terminate()
-            self.process.wait(30)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        elif (other := self.adopted()) is not None:
+            self.stopped = True
+            other.stop(timeout)
 
     def status(self) -> TrainingStatus:
         reported = self._reported()
         if self.running:
             return TrainingStatus("running", progress_line(reported))
-        if self.process is not None and self.process.returncode not in (0, None) and not self.stopped:
+        if self.process is not None and self.process.returncode not in (0, None, INTERRUPTED) and not self.stopped:
             return TrainingStatus("failed", f"Training stopped with an error: {self._last_log_line()}")
         if reported.get("phase") == "done":
             return TrainingStatus("done", "Training finished.")

@@ -6,7 +6,7 @@ distributions are recomputed from the cached token ids by one forward pass durin
 exact full-vocabulary targets for the cost of storing token ids only.
 
 The cache is JSON lines ``{"index", "prompt_length", "ids"}``, appended batch by batch, so an
-interrupted run resumes where it stopped.
+interrupted run resumes where it stopped; a resume first rewrites it atomically without a torn last line.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ppd_core.atomic_files import atomic_write
 from ppd_core.greedy_answers import greedy_batch
 from ppd_core.text import chat_ids
 
@@ -63,9 +64,8 @@ def build_answer_cache(
 ) -> list[dict]:
     """Make sure ``path`` holds answers for the first ``count`` usable histories; returns the records."""
     records = read_cache(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:  # rewrite the intact records: drops a torn last line
-        handle.writelines(json.dumps(r) + "\n" for r in records)
+    # rewrite the intact records (drops a torn last line), atomically: a kill meanwhile leaves the file as it was
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in records))
     done = {r["index"] for r in records}
     todo = []
     for index, history in enumerate(histories):

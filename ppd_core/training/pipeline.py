@@ -30,6 +30,7 @@ class TrainRun:
     eval_limit: int = 20
     work_dir: Path | None = None
     init: Path | None = None  # start from these prompt tokens (members averaged when the ensemble shrinks)
+    claim: Callable[[Path], None] | None = None  # called with the work directory before anything is written there
 
 
 def default_work_dir(loaded: LoadedModel, config: TrainConfig, data: Path | None) -> Path:
@@ -79,6 +80,8 @@ def user_conversations(path: Path | None) -> list[list[dict]]:
 
 def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progress: Progress) -> PromptTokens:
     work = run.work_dir or default_work_dir(loaded, config, run.data)
+    if run.claim is not None:
+        run.claim(work)  # `ppd train`: one training per work directory
     work.mkdir(parents=True, exist_ok=True)
     eos = sorted(loaded.eos_token_ids)
     tokenizer = loaded.tokenizer
