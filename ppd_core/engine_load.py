@@ -17,6 +17,7 @@ import platformdirs
 from ppd_core import hub
 from ppd_core.calibration.calibrate import Progress
 from ppd_core.errors import PpdError
+from ppd_core.faults import fault
 from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
 from ppd_core.options import MAX_LOOKUP
 from ppd_core.prompt_tokens import PromptTokenError, PromptTokens, signature_of
@@ -143,6 +144,7 @@ def _with_tree(cls, loaded: LoadedModel, config: EngineConfig, progress: Progres
         import torch  # noqa: PLC0415 - the torch backend's process-wide setting
 
         torch.set_num_threads(config.threads)
+    fault("load.prompt_tokens")
     prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
     if not n and config.tree in STATIC_TREES:

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from ppd_core.backends.llamacpp import DEFAULT_MAX_CONTEXT, LlamaCppDecoder, import_llama_cpp
 from ppd_core.device_policy import MEMORY_HEADROOM, MIN_CONTEXT
 from ppd_core.gguf_info import GgufInfo, available_memory, check_memory, memory_needed, read_gguf_info
+from ppd_core.faults import fault
 from ppd_core.gguf_text import GgufTokenizer
 from ppd_core.loaded import LoadedModel, ModelLoadError
 from ppd_core.sampling_params import gguf_sampling
@@ -56,6 +57,7 @@ def load_gguf(path: Path, name: str, device: str = "auto", threads: int = 0, gpu
     decoder = LlamaCppDecoder(path, threads or os.cpu_count() or 1, gpu_layers, max_context=context,
                               architecture=info.architecture)
     try:
+        fault("load.tokenizer")
         tokenizer = GgufTokenizer(decoder.model, decoder.llama, owner=decoder)
         advice = gguf_sampling(decoder.metadata)
     except BaseException:

@@ -25,6 +25,7 @@ from ppd_core.calibration.records import AcceptanceRecord, candidate_files, find
 from ppd_core.calibration.tree_search import Choice, FamilyEstimate, Probs, choose_family
 from ppd_core.device_info import describe
 from ppd_core.device_policy import profile_fields, properties_of
+from ppd_core.faults import fault
 from ppd_core.loading import LoadedModel
 from ppd_core.lookup import LookupStats, best_with_chains, with_lookup
 from ppd_core.prompt_tokens import PromptTokens, signature_of
@@ -145,6 +146,7 @@ def calibrate(
     table = prompt_tokens.table() if n else None  # [n * V, hidden]
     report = progress or (lambda phase, done, total: None)
 
+    fault("calibrate.acceptance")
     key = acceptance_key(loaded, prompt_tokens, prompts, max_new_tokens)
     found = find_record(prompt_tokens.source, prompt_tokens.fingerprint, key)
     if found is not None:  # measured before for this model, these prompt tokens and these numerics
@@ -160,6 +162,7 @@ def calibrate(
     if curve is not None:
         latency = curve.latency_ms
     else:
+        fault("calibrate.latency")
         on_gpu = loaded.device_kind == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
         sizes = [size for size in (GPU_SIZES if on_gpu else CPU_SIZES) if size <= loaded.backend.max_tree_rows]
         ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
@@ -167,6 +170,7 @@ def calibrate(
             loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t),
             ceiling=ceiling, between=between,
         )
+    fault("calibrate.tree_search")
     report("tree search", 0, 1)
     search = choose_tree_and_chains(stats.probs, lookup, n, V, latency)
     budget, best, lengths, seconds, choice = search.budget, search.best, search.lengths, search.seconds, search.choice
