@@ -7,20 +7,24 @@ without a browser.
 from __future__ import annotations
 
 import html
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from typing import NoReturn
 
 from app.model_catalog import remember
 from app.model_queue import ModelQueue, Queued
-from app.startup import Progress, Startup
+from app.startup import Progress, Startup, failure_line
 from app.training_job import TrainingJob
 from ppd_core.engine import Engine, GenerationEvent, GenerationStats, ModelSnapshot, SamplingParams, text_stream
 from ppd_core.errors import PpdError
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
+DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -141,7 +145,10 @@ class ChatService:
         self.spec = spec  # the loaded model, as --model names it
         self.loader = loader  # loads a model by its --model name: what switching models calls
         self.switch_note = ""  # why the last switch did not happen, for the page
-        self.switching = False  # a switch is waiting for the model or loading
+        self.switching = False  # a switch is waiting for the model or loading (one at a time: ``_switch_lock``)
+        self._switching_to: str | None = None  # the spec it loads
+        self._switch_lock = threading.Lock()
+        self._switch_done = threading.Condition(self._switch_lock)
         self.train_options = train_options or []  # more `ppd train` arguments for the app's trainings (tests: tiny)
         self._jobs: dict[str, TrainingJob] = {}
         self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
@@ -220,8 +227,9 @@ class ChatService:
             self.background = None
         except _Abandoned:
             pass  # the switch cleared the line
-        except Exception as error:  # noqa: BLE001 - one line on the page; answers go on decoding plainly
-            self.background = f"The calibration failed ({' '.join(str(error).split())}); answers decode plainly."
+        except BaseException as error:  # noqa: BLE001 - any failure (an interruption too): one line on the page;
+            # answers go on decoding plainly
+            self.background = f"The calibration failed ({failure_line(error)}); answers decode plainly."
         finally:
             self.queue.leave(ticket[0])
 
@@ -249,31 +257,104 @@ class ChatService:
 
     def switch(self, spec: str) -> None:
         """Load ``spec`` in place of the loaded model, freeing that one's memory first (one model in memory); runs on
-        the caller's thread once the answer in progress ends. A model that cannot load: the previous one loads again,
-        and ``switch_note`` says why (as does the PpdError raised)."""
+        the caller's thread once the answer in progress ends. One switch at a time: another model asked for meanwhile
+        is refused in one line (``SwitchBusy``), the same one waits for the switch under way. A model that fails to
+        load, whatever it raises: the previous one loads again (else the default), and ``switch_note`` says why, as
+        does the ``SwitchFailed`` raised."""
+        if self._reserve(spec):
+            self._run_switch(spec)
+        else:
+            with self._switch_done:
+                self._switch_done.wait_for(lambda: not self.switching)
+
+    def start_switch(self, spec: str) -> threading.Thread | None:
+        """``switch`` on a thread of its own (the page's; ``switching`` is set on return); None where the same switch
+        is already under way (the page follows that one); ``SwitchBusy`` where another is."""
+        if not self._reserve(spec):
+            return None
+        return self._switch_thread(spec)
+
+    def apply_training(self, job: TrainingJob) -> bool:
+        """Load a finished training's prompt tokens (the loaded model again: the engine finds them) exactly once,
+        whichever page asks first; False where it was applied already or another switch is under way."""
+        with self._switch_lock:
+            if job.applied or self.switching or self.loader is None:
+                return False
+            job.applied = True
+            self.switching, self._switching_to = True, self.spec
+        self._switch_thread(self.spec)
+        return True
+
+    def _reserve(self, spec: str) -> bool:
+        """Take the one switch for ``spec``: True; False where a switch to ``spec`` is under way; SwitchBusy (one
+        line) where a switch to another model is."""
         if self.loader is None:
             raise PpdError("this server cannot switch models")
-        self.switching = True
+        with self._switch_lock:
+            if self.switching:
+                if spec == self._switching_to:
+                    return False
+                raise SwitchBusy(f"{self._switching_to} is loading: load {spec} once it is ready")
+            self.switching, self._switching_to = True, spec
+        return True
+
+    def _switch_thread(self, spec: str) -> threading.Thread:
+        def run():
+            try:
+                self._run_switch(spec)
+            except PpdError as error:  # a model is back (or none could load): the page shows why
+                log.warning("%s", error)
+            except BaseException:  # noqa: BLE001 - a bug past the load (the page goes on): its traceback, logged
+                log.exception("switching to %s failed", spec)
+
+        thread = threading.Thread(target=run, name="ppd-switch-model", daemon=True)
+        thread.start()
+        return thread
+
+    def _run_switch(self, spec: str) -> None:
+        """The reserved switch to ``spec``; the reservation ends with it, whatever happens."""
         try:
             self._switch(spec)
         finally:
-            self.switching = False
+            with self._switch_done:
+                self.switching, self._switching_to = False, None
+                self._switch_done.notify_all()
 
     def _switch(self, spec: str) -> None:
         with self.turn():
             previous, old = self.spec, self._engine
             self._engine, self.startup, self.switch_note, self.background = None, Startup(), "", None
-            if old is not None:
-                old.close()
             try:
+                if old is not None:
+                    old.close()
                 engine = self.startup.run(lambda progress: self.loader(spec, progress))
-            except PpdError as error:
-                self.switch_note = f"Could not load {spec}: {' '.join(str(error).split())}. Back on {previous}."
-                self.startup = Startup()
-                self.attach(self.startup.run(lambda progress: self.loader(previous, progress)))
-                raise
+            except BaseException as error:  # noqa: BLE001 - whatever it was (MemoryError, an interruption too)
+                self._fall_back(spec, previous, error)
             self.spec = spec
             self.attach(engine)
+
+    def _fall_back(self, spec: str, previous: str, error: BaseException) -> NoReturn:
+        """``spec`` failed with ``error``: ``previous`` loads again, else the default model; SwitchFailed says which.
+        Where none loads, the startup line says so too (the page and the API answer with it) and nothing is loaded."""
+        failures = [(spec, failure_line(error))]
+        for fallback in dict.fromkeys([previous, DEFAULT_SPEC]):
+            self.startup = Startup()
+            try:
+                engine = self.startup.run(lambda progress: self.loader(fallback, progress))  # noqa: B023 - called here
+            except BaseException as again:  # noqa: BLE001
+                failures.append((fallback, failure_line(again)))
+                continue
+            note = f"Could not load {spec}: {failures[0][1]}."
+            if fallback == previous:
+                note += f" Back on {previous}."
+            else:
+                note += f" {previous} failed to load again ({failures[-1][1]}): back on the default model."
+            self.switch_note, self.spec = note, fallback
+            self.attach(engine)
+            raise SwitchFailed(note) from error
+        self.startup.error = ", nor ".join(f"{name} ({line})" for name, line in failures) + ". Pick a model to load."
+        self.switch_note = self.startup.line()
+        raise SwitchFailed(self.switch_note) from error
 
     def training(self) -> TrainingJob:
         """The training of PPD tokens for the loaded model (one per model, started or not)."""
@@ -415,6 +496,14 @@ def needs_calibration(engine: Engine) -> bool:
 IDLE_BEFORE_CALIBRATION = 2.0  # seconds with no answer asked for before a background calibration starts
 BACKGROUND_CALIBRATION = ("Calibrating this device in the background{progress}: answers decode plainly until it is "
                           "done.")
+
+
+class SwitchBusy(PpdError):
+    """A switch was asked for while another model loads; one line."""
+
+
+class SwitchFailed(PpdError):
+    """A model failed to load; the line says which model is loaded instead (or that none is)."""
 
 
 class _Abandoned(Exception):

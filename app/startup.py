@@ -40,12 +40,13 @@ class Startup:
             self.phase, self.done, self.total = phase, done, total
 
     def run(self, load: Callable[[Progress], object]):
-        """``load(progress)`` with its phases recorded; a PpdError is recorded as the one line, then raised."""
+        """``load(progress)`` with its phases recorded; whatever it raises (``BaseException`` included) is recorded as
+        the one line, then raised."""
         self.report("loading the model", 0, 0)
         try:
             result = load(self.report)
-        except PpdError as error:
-            self.error = " ".join(str(error).split())
+        except BaseException as error:
+            self.error = failure_line(error)
             raise
         self.ready = True
         return result
@@ -64,6 +65,14 @@ class Startup:
 
     def refusal(self) -> NotReady:
         return NotReady(self.line(), None if self.error is not None else RETRY_SECONDS)
+
+
+def failure_line(error: BaseException) -> str:
+    """One line for any failure: a PpdError's message; else the exception's name and its message's first line."""
+    if isinstance(error, PpdError):
+        return " ".join(str(error).split()) or type(error).__name__
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 CALIBRATION_PHASES = ("latency", "lookup", "acceptance", "tree search")  # ppd_core.calibration's progress phases

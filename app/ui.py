@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -296,10 +295,12 @@ class Handlers:
         models to switch to: set on a fresh page and once per newly loaded model, never over the user's choices on the
         timer's later ticks (while a training runs, say)."""
         service = self.service
-        if not service.ready:
-            return (f"**{service.startup.line()}**", gr.update(interactive=False), "The model is loading.", gr.update(),
-                    gr.update(), gr.Timer(active=service.startup.error is None), gr.update(), gr.update(), gr.update(),
-                    gr.update(interactive=False), gr.update(), gr.update(interactive=False))
+        if not service.ready:  # loading; or no model could load: the line says so and the picker opens
+            failed = service.startup.error is not None and not service.switching
+            return (f"**{service.startup.line()}**", gr.update(interactive=False),
+                    "No model is loaded." if failed else "The model is loading.", gr.update(), gr.update(),
+                    gr.Timer(active=not failed), gr.update(), gr.update(), gr.update(), gr.update(interactive=failed),
+                    gr.update(), gr.update(interactive=False))
         engine, model = service.engine, service.snapshot()
         training, train, training_running = self.training_panel()
         new_model, self._shown_model = self._shown_model is not engine, engine
@@ -320,9 +321,8 @@ class Handlers:
         service = self.service
         job, has_tokens = service.training(), service.snapshot().prompt_tokens.count > 0
         status = job.status()
-        if status.state == "done" and job.process is not None and not job.applied:
-            job.applied = True  # trained in this run: load the new tokens (the engine finds them) and calibrate them
-            self._start_switch(service.spec)
+        # trained in this run: load the new tokens (the engine finds them) and calibrate them, once for every page
+        if status.state == "done" and job.process is not None and service.apply_training(job):
             return "Training finished: loading the new PPD tokens…", gr.update(visible=False), True
         if status.state == "running":
             return status.line, gr.update(visible=True, value="Training…", interactive=False), True
@@ -349,24 +349,10 @@ class Handlers:
             return self.model_panels()
         try:
             service.queue.check_room()
+            service.start_switch(spec)  # one at a time: another model asked for meanwhile is one line
         except PpdError as error:
             gr.Warning(str(error))
-            return self.model_panels()
-        self._start_switch(spec)
         return self.model_panels()
-
-    def _start_switch(self, spec: str) -> None:
-        """``service.switch(spec)`` on a thread of its own; the page follows it (``switching``)."""
-        service = self.service
-
-        def switch():
-            try:
-                service.switch(spec)
-            except PpdError as error:  # the previous model is back; the page shows why (switch_note)
-                log.warning("%s", error)
-
-        service.switching = True  # from now on, also while an answer in progress ends
-        threading.Thread(target=switch, name="ppd-switch-model", daemon=True).start()
 
     def device(self) -> str:
         return device_panel(self.service.snapshot()) if self.service.ready else gr.update()

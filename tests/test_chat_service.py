@@ -236,7 +236,8 @@ def test_a_failure_mid_answer_keeps_the_message_and_the_partial_answer_saved(ser
     first = next(updates)
     assert store.load(session.conversation.id).messages[0] == user("Tell me a story.")  # on disk before the answer
     *_, answered, listed = [first, *updates]  # the last update refreshes the saved-conversation list
-    chat, textbox, _, note, _, _ = answered
+    chat, _, _, note, *_ = answered
+    textbox = first[1]  # emptied once, when the message is taken
     saved = store.load(session.conversation.id).messages
     assert saved[0] == user("Tell me a story.") and saved[1]["role"] == "assistant" and saved[1]["interrupted"]
     assert saved[1]["content"] and saved == session.conversation.messages  # the partial answer, kept and saved
@@ -244,7 +245,7 @@ def test_a_failure_mid_answer_keeps_the_message_and_the_partial_answer_saved(ser
     assert chat[-1]["content"] == saved[1]["content"] + INTERRUPTED and textbox == ""
 
     monkeypatch.setattr(service.engine.loaded, "backend", real)  # Regenerate replaces it with a whole answer
-    *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)
+    *_, (chat, _, note, *_), _ = handlers.regenerate(session, *SETTINGS)
     saved = store.load(session.conversation.id).messages
     assert len(saved) == 2 and "interrupted" not in saved[1] and chat[-1]["content"] == saved[1]["content"]
     assert [c.id for c in store.list()] == [session.conversation.id]
@@ -255,15 +256,15 @@ def test_a_refused_message_stays_in_the_textbox_and_out_of_the_conversation(serv
 
     store = ConversationStore(tmp_path / "c")
     handlers, session = Handlers(service, store), new_session()
-    *_, (chat, _, _, _, _, _) = handlers.send("Hello there.", session, *SETTINGS)
+    *_, (chat, *_) = handlers.send("Hello there.", session, *SETTINGS)
     before = list(session.conversation.messages)
     updates = list(handlers.send("word " * 400, session, *SETTINGS))  # beyond the tiny model's 160-token context
     assert len(updates) == 1
-    chat, textbox, _, note, _, _ = updates[0]
+    chat, textbox, _, note, *_ = updates[0]
     assert textbox == {"__type__": "update"} and "too long" in note  # the textbox keeps the text
     assert session.conversation.messages == before == store.load(session.conversation.id).messages
     session.conversation.messages[:] = [user("word " * 400)]  # Regenerate of a message the model refuses
-    *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)
+    [(chat, _, note, *_)] = handlers.regenerate(session, *SETTINGS)
     assert "too long" in note and session.conversation.messages == [user("word " * 400)]  # kept, not popped
 
 
@@ -294,16 +295,36 @@ def test_a_page_waits_its_turn_and_stop_while_waiting_gives_up_the_place(service
     handlers, session = Handlers(service, store), new_session()
     with service.turn():  # another answer holds the model
         updates = handlers.send("Hello there.", session, *SETTINGS)
-        chat, textbox, _, note, _, _ = next(updates)
-        assert note == "Waiting for the model: 1 answer ahead." and textbox == ""
+        taken, (chat, _, _, note, *_) = next(updates), next(updates)
+        assert note == "Waiting for the model: 1 answer ahead." and taken[1] == ""
         assert store.load(session.conversation.id).messages == [user("Hello there.")]  # saved while it waits
         assert service.queue.waiting == 1
         handlers.stop(session)
-        *_, (chat, _, _, note, _, _), _ = updates
+        *_, (chat, _, _, note, *_), _ = updates
     assert note == "Stopped before the answer began." and service.queue.waiting == 0 and not service.queue.busy
     assert session.conversation.messages == store.load(session.conversation.id).messages == [user("Hello there.")]
-    *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)  # the stop flag does not outlive its answer
+    *_, (chat, _, note, *_), _ = handlers.regenerate(session, *SETTINGS)  # the stop flag does not outlive its answer
     assert session.conversation.messages[-1]["role"] == "assistant" and "interrupted" not in session.conversation.messages[-1]
+
+
+def test_while_a_pages_answer_streams_send_is_off_and_another_send_or_regenerate_does_nothing(service, tmp_path):
+    """The page's buttons follow its answer (Send off and Stop shown from the moment the message is taken, back at the
+    end), and a send or Regenerate from the same page meanwhile changes nothing (before, it queued a second answer)."""
+    from app.ui import Handlers, new_session
+
+    keep = {"__type__": "update"}
+    handlers, session = Handlers(service, ConversationStore(tmp_path / "c")), new_session()
+    updates = handlers.send("Tell me a story.", session, *SETTINGS)
+    taken = next(updates)
+    assert taken[1] == "" and taken[6:] == ({**keep, "interactive": False}, {**keep, "visible": True})
+    assert list(handlers.send("Another one.", session, *SETTINGS)) == [(keep, keep, keep, keep, session, keep, keep, keep)]
+    assert list(handlers.regenerate(session, *SETTINGS)) == [(keep, keep, keep, session, keep, keep)]
+    *_, last = updates
+    assert last[6:] == ({**keep, "interactive": True}, {**keep, "visible": False})
+    assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"] and not service.queue.waiting
+    *_, (chat, _, _, _, send, stop) = handlers.regenerate(session, *SETTINGS)  # free again once it ended
+    assert send == {**keep, "interactive": True} and stop == {**keep, "visible": False}
+    assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"]
 
 
 def test_a_full_line_is_a_busy_notice_that_keeps_the_text(tiny_model_dir, tmp_path):
@@ -316,14 +337,14 @@ def test_a_full_line_is_a_busy_notice_that_keeps_the_text(tiny_model_dir, tmp_pa
     with service.turn():
         updates = list(handlers.send("Hello there.", session, *SETTINGS))
         assert len(updates) == 1
-        chat, textbox, _, note, _, _ = updates[0]
+        chat, textbox, _, note, *_ = updates[0]
         assert textbox == {"__type__": "update"} and note.startswith("ppd is busy") and session.conversation.messages == []
         _, _, verdict = handlers.compare(session, "", 16)
         assert verdict == "Send a message first, then compare."
         session.conversation.messages.append(user("Hello there."))
         _, _, verdict = handlers.compare(session, "", 16)
         assert verdict.startswith("ppd is busy")
-    *_, (chat, _, note, _) = handlers.regenerate(session, *SETTINGS)  # free again: answered
+    *_, (chat, _, note, *_), _ = handlers.regenerate(session, *SETTINGS)  # free again: answered
     assert session.conversation.messages[-1]["role"] == "assistant"
 
 
@@ -355,7 +376,7 @@ def test_a_full_disk_during_an_answer_is_one_line_and_the_next_save_catches_up(s
     monkeypatch.setattr(app.history, "atomic_write", full_disk)
     with pytest.warns(UserWarning, match=r"^Could not save the conversation \(OSError: \[Errno 28\] No space left on device\); "
                                          r"it is kept on this page and saved again later\.$"):
-        *_, (chat, textbox, _, note, _, _), _ = handlers.send("Tell me more.", session, *SETTINGS)
+        *_, (chat, textbox, _, note, *_), _ = handlers.send("Tell me more.", session, *SETTINGS)
     assert len(session.conversation.messages) == 4 and chat[-1]["content"] == session.conversation.messages[-1]["content"]
     assert store.load(session.conversation.id).messages == first  # the previous file, untouched
     monkeypatch.setattr(app.history, "atomic_write", real_write)  # room again: the next save writes everything

@@ -81,7 +81,7 @@ def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_
         session, chat, *_ = handlers.load(new_session())
         assert session.conversation.id == saved.id and chat[0]["content"] == STORY
         assert chat[1]["content"] == answer["content"] + INTERRUPTED
-        *_, (chat, _, note, _) = handlers.regenerate(session, "", 0.0, 1.0, 32, True, "lossless", False)
+        *_, (chat, _, note, *_), _ = handlers.regenerate(session, "", 0.0, 1.0, 32, True, "lossless", False)
         expected = engine.generate(engine.chat_ids([user]), "vanilla", 32).text
         assert store.load(saved.id).messages == [user, {"role": "assistant", "content": expected}]
     finally:

@@ -117,6 +117,76 @@ def test_browser_chat_stop_compare_and_calibrate(running_app, tmp_path):
     assert service.engine.profile is not None and service.engine.family.name.startswith("calibrated-")
 
 
+def test_send_is_off_and_enter_sends_nothing_while_an_answer_streams(running_app, monkeypatch):
+    """As the peers do: while an answer streams Send is disabled, Stop shown, and Enter in the box sends nothing (the
+    text stays there); once it ends, Send is back, Stop hidden, and Enter sends the text. Before, Send stayed enabled
+    and the second message queued behind the first (lost if the page was then closed). The page's timer ticks
+    throughout (a background line), as while a calibration or a training runs: it must not turn Send back on."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, service, store = running_app
+    decode = service.decode
+
+    def slow_decode(*args, **kwargs):  # a step every 50 ms at most: the answer streams for seconds on any machine
+        for event in decode(*args, **kwargs):
+            yield event
+            time.sleep(0.05)
+
+    monkeypatch.setattr(service, "decode", slow_decode)
+    monkeypatch.setattr(service, "background", "A background job runs (test).")
+    story, fruit = "Tell me a long story about a lighthouse keeper and a whale.", "Name one fruit."
+
+    def conversation() -> list:
+        found = [c.messages for c in store.list() if c.messages and c.messages[0]["content"] == story]
+        return found[0] if found else []
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.goto(url)
+        message, send, stop = page.locator("#message textarea"), page.locator("#send"), page.locator("#stop")
+        readout, users = page.locator("#readout"), page.locator("#chat [data-testid='user']")
+        expect(page.locator("#startup")).to_contain_text("A background job runs", timeout=60_000)  # the timer ticks
+        page.locator("#clear").click()  # the first page after launch may reopen the latest conversation
+        expect(users).to_have_count(0)
+        expect(send).to_be_enabled()
+        expect(stop).to_be_hidden()
+
+        message.fill(story)
+        message.press("Enter")
+        expect(readout).to_contain_text("(streaming)", timeout=120_000)
+        expect(send).to_be_disabled()
+        expect(stop).to_be_visible()
+        message.fill(fruit)
+        message.press("Enter")
+        send.click(force=True)  # a click on the disabled button: nothing either
+        page.wait_for_timeout(2500)  # two ticks of the page's timer; an answer to it would have joined the line
+        expect(readout).to_contain_text("(streaming)")  # still the first answer
+        expect(send).to_be_disabled()
+        assert service.queue.waiting == 0
+        expect(message).to_have_value(fruit)  # kept in the box
+        expect(users).to_have_count(1)
+
+        stop.click()
+        expect(page.locator("#note")).to_contain_text("Stopped.", timeout=30_000)
+        expect(send).to_be_enabled()
+        expect(stop).to_be_hidden()
+        expect(message).to_have_value(fruit)
+        message.press("Enter")  # now it is sent
+        expect(users).to_have_count(2, timeout=30_000)
+        expect(users.last).to_contain_text(fruit)
+        expect(message).to_have_value("")
+        deadline = time.monotonic() + 180
+        while len(conversation()) < 4 or "interrupted" in conversation()[-1]:  # its answer, whole and saved
+            assert time.monotonic() < deadline, conversation()
+            time.sleep(0.1)
+        expect(send).to_be_enabled()
+        expect(stop).to_be_hidden()
+        browser.close()
+    assert [(m["role"], m["content"] if m["role"] == "user" else "") for m in conversation()] == [
+        ("user", story), ("assistant", ""), ("user", fruit), ("assistant", "")]
+
+
 def test_two_pages_keep_two_conversations(running_app, tmp_path):
     """Two pages, one message each, then reload: both conversations are saved, listed and reopen with their own messages."""
     from playwright.sync_api import expect, sync_playwright
