@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,10 +46,11 @@ EXPORT_PREFIX = "ppd-export-"
 
 @dataclass
 class Session:
-    """One page: its conversation and its stop flag."""
+    """One page: its conversation, its stop flag, and whether its answer streams (Send is off meanwhile)."""
 
     conversation: Conversation = field(default_factory=Conversation)
     stop_requested: bool = False
+    answering: bool = False
 
 
 def new_session() -> Session:
@@ -139,7 +141,7 @@ def chat_panel() -> ChatPanel:
     with gr.Row():
         message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, elem_id="message")
         send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
-        stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+        stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop", visible=False)  # shown while an answer streams
     with gr.Row():
         regenerate = gr.Button("Regenerate", size="sm")
         clear = gr.Button("Clear", size="sm", elem_id="clear")
@@ -277,6 +279,7 @@ class Handlers:
         self._export_dir: Path | None = None  # made on the first export
         self._restored = False  # the first page after launch reopens the latest conversation
         self._shown_model = None  # the engine whose sampling and name the pages were last given
+        self._answers = threading.Lock()  # marks a page answering, one at a time
 
     def load(self, session: Session):
         if not self._restored:
@@ -359,7 +362,7 @@ class Handlers:
 
     def _respond(self, session: Session, updates: Iterator[AnswerUpdate]):
         """Stream ``updates`` (``ChatService.answer`` for the conversation's last user message); yields
-        (chat, readout, note).
+        (chat, readout, note), the first at once: the message taken.
 
         The user's message is saved before decoding starts and the answer so far every ``SAVE_SECONDS``
         (marked interrupted until it ends), so a crash loses neither. Any error keeps both, marks the
@@ -368,6 +371,7 @@ class Handlers:
         conversation = session.conversation
         answer = {"role": "assistant", "content": "", "interrupted": True}
         self._save(conversation)
+        yield chat_messages(conversation) + [{"role": "assistant", "content": ""}], gr.update(), ""
         update, sent, saved, ahead = None, 0.0, time.monotonic(), 0
         try:
             for update in updates:
@@ -418,41 +422,78 @@ class Handlers:
             gr.Warning(line)
         return time.monotonic()
 
+    def _begin_answer(self, session: Session) -> bool:
+        """Mark the page answering; False while its answer streams already (a second send does nothing)."""
+        with self._answers:
+            if session.answering:
+                return False
+            session.answering = True
+            return True
+
+    def page_panels(self, session: Session, panels: tuple) -> tuple:
+        """``model_panels``' outputs for one page: its Send stays off while its own answer streams."""
+        return (panels[0], gr.update(interactive=False), *panels[2:]) if session.answering else panels
+
     def send(self, message: str, session: Session, *settings):
+        """Answer ``message``; outputs: chat, message box, readout, note, session, saved list, Send, Stop. While the
+        answer streams, Send is off and Stop shown, and another send from the page does nothing: its text stays in the
+        box, which is emptied once, when the message is taken."""
+        keep = gr.update
         if not message or not message.strip():
             gr.Warning("Please type a message first.")
-            yield gr.update(), gr.update(), gr.update(), "Please type a message first.", session, gr.update()
+            yield keep(), keep(), keep(), "Please type a message first.", session, keep(), keep(), keep()
             return
-        conversation = session.conversation
-        asked = conversation.messages + [{"role": "user", "content": message}]
-        try:  # a refused message (too long, ppd busy) stays in the textbox and out of the conversation
-            updates = self._start(session, asked, ChatSettings(*settings))
-        except PpdError as error:
-            gr.Warning(str(error))
-            yield gr.update(), gr.update(), gr.update(), str(error), session, gr.update()
+        if not self._begin_answer(session):
+            yield keep(), keep(), keep(), keep(), session, keep(), keep(), keep()
             return
-        conversation.messages.append(asked[-1])
-        for shown, readout, note in self._respond(session, updates):
-            yield shown, "", readout, note, session, gr.update()
-        yield gr.update(), "", gr.update(), gr.update(), session, gr.update(choices=conversation_choices(self.store))
+        try:
+            conversation = session.conversation
+            asked = conversation.messages + [{"role": "user", "content": message}]
+            try:  # a refused message (too long, ppd busy) stays in the textbox and out of the conversation
+                updates = self._start(session, asked, ChatSettings(*settings))
+            except PpdError as error:
+                gr.Warning(str(error))
+                yield keep(), keep(), keep(), str(error), session, keep(), keep(), keep()
+                return
+            conversation.messages.append(asked[-1])
+            shown_updates = self._respond(session, updates)
+            shown, readout, note = next(shown_updates)  # taken and saved
+            yield shown, "", readout, note, session, keep(), *answering()
+            for shown, readout, note in shown_updates:
+                yield shown, keep(), readout, note, session, keep(), keep(), keep()
+        finally:
+            session.answering = False
+        yield keep(), keep(), keep(), keep(), session, keep(choices=conversation_choices(self.store)), *answered()
 
     def regenerate(self, session: Session, *settings):
-        messages = list(session.conversation.messages)
-        if messages and messages[-1]["role"] == "assistant":
-            messages.pop()
-        if not messages:
-            gr.Warning("Nothing to regenerate yet.")
-            yield gr.update(), gr.update(), "Nothing to regenerate yet.", session
+        """The last user message answered again; outputs: chat, readout, note, session, Send, Stop (as ``send``)."""
+        keep = gr.update
+        if not self._begin_answer(session):
+            yield keep(), keep(), keep(), session, keep(), keep()
             return
-        try:  # a refused prompt keeps the last answer
-            updates = self._start(session, messages, ChatSettings(*settings))
-        except PpdError as error:
-            gr.Warning(str(error))
-            yield gr.update(), gr.update(), str(error), session
-            return
-        session.conversation.messages[:] = messages
-        for shown, readout, note in self._respond(session, updates):
-            yield shown, readout, note, session
+        try:
+            messages = list(session.conversation.messages)
+            if messages and messages[-1]["role"] == "assistant":
+                messages.pop()
+            if not messages:
+                gr.Warning("Nothing to regenerate yet.")
+                yield keep(), keep(), "Nothing to regenerate yet.", session, keep(), keep()
+                return
+            try:  # a refused prompt keeps the last answer
+                updates = self._start(session, messages, ChatSettings(*settings))
+            except PpdError as error:
+                gr.Warning(str(error))
+                yield keep(), keep(), str(error), session, keep(), keep()
+                return
+            session.conversation.messages[:] = messages
+            shown_updates = self._respond(session, updates)
+            shown, readout, note = next(shown_updates)  # taken and saved
+            yield shown, readout, note, session, *answering()
+            for shown, readout, note in shown_updates:
+                yield shown, readout, note, session, keep(), keep()
+        finally:
+            session.answering = False
+        yield keep(), keep(), keep(), session, *answered()
 
     def stop(self, session: Session):
         session.stop_requested = True
@@ -502,16 +543,27 @@ class Handlers:
         return latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
 
 
+def answering() -> tuple:
+    """(Send, Stop) while a page's answer streams."""
+    return gr.update(interactive=False), gr.update(visible=True)
+
+
+def answered() -> tuple:
+    """(Send, Stop) once it has ended (a model loading meanwhile turns Send off on the page's next tick)."""
+    return gr.update(interactive=True), gr.update(visible=False)
+
+
 # ---- wiring ----
 
 
 def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel, device: gr.Markdown) -> None:
-    outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved]
-    for trigger, api_name in ((chat.message.submit, False), (chat.send.click, "send")):
-        trigger(handlers.send, [chat.message, session, *settings.inputs], outputs, **MODEL, api_name=api_name).then(
-            handlers.device, None, device, api_name=False)
-    chat.regenerate.click(handlers.regenerate, [session, *settings.inputs], [chat.chatbot, chat.readout, chat.note, session],
-                          **MODEL, api_name=False)
+    outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved, chat.send, chat.stop]
+    # Enter and Send are one event: while its answer streams the page does not send it again (trigger_mode "once");
+    # ``Handlers.send`` also ignores a send from a page whose answer streams (one started by Regenerate)
+    gr.on([chat.message.submit, chat.send.click], handlers.send, [chat.message, session, *settings.inputs], outputs,
+          **MODEL, api_name="send", trigger_mode="once").then(handlers.device, None, device, api_name=False)
+    chat.regenerate.click(handlers.regenerate, [session, *settings.inputs],
+                          [chat.chatbot, chat.readout, chat.note, session, chat.send, chat.stop], **MODEL, api_name=False)
     chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
     settings.greedy.click(lambda: 0.0, None, settings.temperature, queue=False, api_name=False)  # one click to greedy
     chat.clear.click(handlers.clear, [session], [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
@@ -544,9 +596,13 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
         model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer, *settings.sampling,
                         model.choice, model.training, model.train]
         app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, *model_panels])
-        timer.tick(handlers.model_panels, None, model_panels, queue=False, api_name=False)
-        model.load.click(handlers.switch_model, [model.choice], model_panels, queue=False, api_name=False)
-        model.train.click(handlers.train, None, model_panels, queue=False, api_name=False)
+        # each page's Send stays off while its own answer streams (``Handlers.page_panels``)
+        timer.tick(lambda page: handlers.page_panels(page, handlers.model_panels()), [session], model_panels,
+                   queue=False, api_name=False)
+        model.load.click(lambda spec, page: handlers.page_panels(page, handlers.switch_model(spec)), [model.choice, session],
+                         model_panels, queue=False, api_name=False)
+        model.train.click(lambda page: handlers.page_panels(page, handlers.train()), [session], model_panels, queue=False,
+                          api_name=False)
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
         compare.button.click(handlers.compare, [session, settings.system, settings.max_new], [compare.plain, compare.ppd, compare.verdict],
