@@ -440,18 +440,19 @@ def run_chat(args: argparse.Namespace) -> int:
     print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit); the page shows the model loading",
           file=sys.stderr)
     try:
-        service.attach(service.startup.run(lambda progress: load(args.model, progress)))
-    except BaseException:
-        app.close()  # a model that cannot load: one line here (and on the page until now), then exit
-        raise
-    if serve_api:
-        print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else ""),
-              file=sys.stderr)
-    print("ppd: the model is ready", file=sys.stderr)
-    try:
-        app.block_thread()
+        with sigterm_interrupts():  # `kill`, a service manager's stop: quit as on Ctrl+C (a second SIGTERM kills)
+            try:
+                service.attach(service.startup.run(lambda progress: load(args.model, progress)))
+            except BaseException:
+                app.close()  # a model that cannot load: one line here (and on the page until now), then exit
+                raise
+            if serve_api:
+                print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1"
+                      + (" (key required)" if api_key else ""), file=sys.stderr)
+            print("ppd: the model is ready", file=sys.stderr)
+            app.block_thread()  # returns on Ctrl+C or SIGTERM (Gradio closes its server)
     finally:
-        service.shutdown()  # a background calibration stops, the model is freed, before the interpreter exits
+        service.shutdown()  # trainings stop (resumable), a background calibration stops, the model is freed
     return 0
 
 

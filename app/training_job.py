@@ -42,6 +42,7 @@ class TrainingJob:
         self.process: subprocess.Popen | None = None
         self.applied = False  # the chat has loaded what it trained
         self.stopped = False  # stopped on purpose (resumable), not failed
+        self._adopted_seen = False  # a trainer this app did not start was seen working in the folder
 
     @property
     def status_file(self) -> Path:
@@ -78,7 +79,14 @@ class TrainingJob:
 
     def adopted(self) -> Trainer | None:
         """A trainer this app did not start, working in the folder now (one that outlived an earlier app)."""
-        return None if self._own_running else live_trainer(self.folder)
+        trainer = None if self._own_running else live_trainer(self.folder)
+        self._adopted_seen = self._adopted_seen or trainer is not None
+        return trainer
+
+    @property
+    def ran(self) -> bool:
+        """A trainer ran under this app: started here or adopted; once done, its tokens are new to the loaded model."""
+        return self.process is not None or self._adopted_seen
 
     @property
     def running(self) -> bool:

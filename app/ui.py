@@ -42,6 +42,7 @@ UPDATE_SECONDS = 0.25  # how often a streamed answer is sent to the page
 SAVE_SECONDS = 3.0  # how often the answer so far is saved while it streams
 INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
 EXPORT_PREFIX = "ppd-export-"
+TRAIN, RESUME_TRAINING, STOP_TRAINING = "Train PPD tokens for this model", "Resume training", "Stop training"
 
 
 @dataclass
@@ -165,7 +166,7 @@ def model_panel() -> ModelPanel:
         load = gr.Button("Load", scale=1, elem_id="load-model")
     with gr.Row():
         training = gr.Markdown("", elem_id="training")
-        train = gr.Button("Train PPD tokens for this model", visible=False, size="sm", elem_id="train")
+        train = gr.Button(TRAIN, visible=False, size="sm", elem_id="train")  # or Resume, or Stop
     return ModelPanel(choice, load, training, train)
 
 
@@ -324,17 +325,23 @@ class Handlers:
         service = self.service
         job, has_tokens = service.training(), service.snapshot().prompt_tokens.count > 0
         status = job.status()
-        # trained in this run: load the new tokens (the engine finds them) and calibrate them, once for every page
-        if status.state == "done" and job.process is not None and service.apply_training(job):
+        # trained while this app ran (its own trainer or an adopted one): load the new tokens (the engine finds them) and
+        # calibrate them, once for every page
+        if status.state == "done" and job.ran and service.apply_training(job):
             return "Training finished: loading the new PPD tokens…", gr.update(visible=False), True
-        if status.state == "running":
-            return status.line, gr.update(visible=True, value="Training…", interactive=False), True
+        if status.state == "running":  # this app's trainer, or one adopted from an earlier app: either can be stopped
+            return status.line, training_button(STOP_TRAINING, variant="stop"), True
         if status.state in ("stopped", "failed"):
-            return status.line, gr.update(visible=True, value="Resume training", interactive=True), False
+            return status.line, training_button(RESUME_TRAINING), False
         if has_tokens:
             return "", gr.update(visible=False), False
         return ("No PPD tokens for this model yet: its guesses come from the conversation alone (n-gram lookup).",
-                gr.update(visible=True, value="Train PPD tokens for this model", interactive=True), False)
+                training_button(TRAIN), False)
+
+    def training_button(self, label: str | None):
+        """The training button clicked: ``label`` is what it said (Stop while a training ran), so a click never
+        does what the page did not show."""
+        return self.stop_training() if label == STOP_TRAINING else self.train()
 
     def train(self):
         """Start (or resume) training PPD tokens for the loaded model in a background process."""
@@ -342,6 +349,12 @@ class Handlers:
             self.service.training().start()
         except (PpdError, OSError) as error:
             gr.Warning(one_line(error))
+        return self.model_panels()
+
+    def stop_training(self):
+        """Stop the model's training where it is (resumable; an adopted trainer too); the panel then offers Resume."""
+        if self.service.ready:
+            self.service.training().stop()
         return self.model_panels()
 
     def switch_model(self, spec: str):
@@ -543,6 +556,11 @@ class Handlers:
         return latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
 
 
+def training_button(label: str, variant: str = "secondary") -> dict:
+    """The training button's update: shown, clickable, saying ``label``."""
+    return gr.update(visible=True, value=label, variant=variant, interactive=True)
+
+
 def answering() -> tuple:
     """(Send, Stop) while a page's answer streams."""
     return gr.update(interactive=False), gr.update(visible=True)
@@ -601,8 +619,9 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
                    queue=False, api_name=False)
         model.load.click(lambda spec, page: handlers.page_panels(page, handlers.switch_model(spec)), [model.choice, session],
                          model_panels, queue=False, api_name=False)
-        model.train.click(lambda page: handlers.page_panels(page, handlers.train()), [session], model_panels, queue=False,
-                          api_name=False)
+        # the button's label says what the click does: train, resume, or stop the training
+        model.train.click(lambda label, page: handlers.page_panels(page, handlers.training_button(label)),
+                          [model.train, session], model_panels, queue=False, api_name=False)
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
         compare.button.click(handlers.compare, [session, settings.system, settings.max_new], [compare.plain, compare.ppd, compare.verdict],

@@ -65,7 +65,7 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     assert "resumes where it was" in training and train["value"] == "Resume training"
     handlers.train()
     *_, training, train = handlers.model_panels()
-    assert training.startswith("Training PPD tokens") and train["interactive"] is False
+    assert training.startswith("Training PPD tokens") and train["value"] == "Stop training" and train["interactive"]
 
     wait_for(lambda: not job.running, 600, "the training did not end")
     assert job.status().state == "done", job.log_file.read_text()[-2000:]

@@ -1,0 +1,179 @@
+"""The training on the page: a running training (this app's, or one adopted from an earlier app) shows Stop, which
+stops it where it was and offers Resume; an adopted training that finishes is applied once; `ppd chat` sent SIGTERM
+quits as on Ctrl+C, stopping its trainer resumably."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.chat_service import ChatService
+from app.history import ConversationStore
+from app.trainer_lock import live_trainer
+from app.training_job import TrainingJob
+from app.ui import Handlers, build_app
+from ppd_core.engine import Engine, EngineConfig
+from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
+from test_training_lock import OLD_APP, ROOT, data_home, kill_left_over, options, wait_for  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.slow
+
+STOP, RESUME = "Stop training", "Resume training"
+
+
+def load(spec: str, progress=None) -> Engine:
+    """The default model on llama.cpp, as `ppd chat` loads it (no calibration: the tree is fixed)."""
+    return Engine.load(EngineConfig(model=spec, tree="medium", auto_calibrate=False, threads=1), progress)
+
+
+def training_buttons(panels: tuple) -> tuple[str, dict]:
+    """The training line and its button, the last two of ``Handlers.model_panels``' outputs."""
+    return panels[-2], panels[-1]
+
+
+def holds_lock(job: TrainingJob) -> bool:
+    """This job's own trainer has taken its folder's lock (from then on SIGTERM stops it where it is)."""
+    trainer = live_trainer(job.folder)
+    return trainer is not None and job.process is not None and trainer.pid == job.process.pid
+
+
+def test_stop_on_the_page_stops_an_adopted_and_an_own_training_and_offers_resume(data_home, options):  # noqa: F811
+    from playwright.sync_api import expect, sync_playwright
+
+    service = ChatService(load("default"), spec="default", loader=load, train_options=options)
+    handlers = Handlers(service, ConversationStore(data_home / "conversations"))
+    job = service.training()
+    app, port = build_app(service, ConversationStore(data_home / "conversations")), free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        # an earlier chat app started the training and quit without stopping it: this app adopts it
+        subprocess.run([sys.executable, "-c", OLD_APP, job.name, *options], cwd=ROOT, check=True, timeout=60)
+        wait_for(lambda: live_trainer(job.folder) is not None, 120, "the earlier app's trainer did not take the lock")
+        adopted = live_trainer(job.folder)
+        line, button = training_buttons(handlers.model_panels())
+        assert line.startswith("Training PPD tokens") and button["value"] == STOP, (line, button)
+        assert button["visible"] and button["interactive"]
+
+        with sync_playwright() as playwright:  # Stop clicked on the page
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{port}/")
+            train = page.locator("#train")
+            expect(train).to_have_text(STOP, timeout=60_000)
+            train.click()
+            expect(train).to_have_text(RESUME, timeout=60_000)
+            expect(page.locator("#training")).to_contain_text("resumes where it was")
+            browser.close()
+        assert adopted.process() is None and live_trainer(job.folder) is None and job.status().state == "stopped"
+        assert "ppd: interrupted" in job.log_file.read_text()  # stopped where it was (SIGTERM), not killed
+
+        line, button = training_buttons(handlers.training_button(RESUME))  # this app's own trainer now
+        assert job.process is not None and button["value"] == STOP, (line, button)
+        wait_for(lambda: holds_lock(job), 120, "the resumed trainer did not take the lock")
+        line, button = training_buttons(handlers.training_button(STOP))
+        assert job.process.returncode == 130 and live_trainer(job.folder) is None  # 130: `ppd train` interrupted
+        assert job.status().state == "stopped" and button["value"] == RESUME, (line, button)
+    finally:
+        app.close()
+        kill_left_over(job.folder)
+        service.shutdown()
+
+
+FINISHING_TRAINER = """
+import json, sys, time
+from pathlib import Path
+from app.trainer_lock import WorkDirLock
+
+folder = Path(sys.argv[1])
+lock = WorkDirLock(folder).acquire()  # as `ppd train` does, for its whole run
+(folder / "status.json").write_text(json.dumps({"phase": "train", "done": 1, "total": 2, "phase_seconds": 1.0}))
+while not (folder / "finish").exists():
+    time.sleep(0.05)
+(folder / "status.json").write_text(json.dumps({"phase": "done", "done": 1, "total": 1, "phase_seconds": 0.0}))
+lock.release()
+"""
+
+
+def test_an_adopted_training_that_finishes_is_applied_once(data_home):  # noqa: F811
+    loads = []
+
+    def counted(spec: str, progress=None) -> Engine:
+        loads.append(spec)
+        return load(spec, progress)
+
+    service = ChatService(load("default"), spec="default", loader=counted)
+    handlers = Handlers(service, ConversationStore(data_home / "conversations"))
+    job = service.training()
+    job.folder.mkdir(parents=True)
+    # a trainer this app did not start (an earlier app's), holding the folder as `ppd train` does, then finishing
+    trainer = subprocess.Popen([sys.executable, "-c", FINISHING_TRAINER, str(job.folder)], cwd=ROOT)
+    try:
+        wait_for(lambda: live_trainer(job.folder) is not None, 60, "the trainer did not take the lock")
+        line, button = training_buttons(handlers.model_panels())
+        assert line.startswith("Training PPD tokens: training 1/2") and button["value"] == STOP, (line, button)
+
+        (job.folder / "finish").touch()
+        assert trainer.wait(60) == 0 and job.status().state == "done"
+        line, _ = training_buttons(handlers.model_panels())  # the page's next tick applies it
+        assert line == "Training finished: loading the new PPD tokens…"
+        wait_for(lambda: service.ready and not service.switching, 120, "the model was not loaded again")
+        handlers.model_panels()  # later ticks: nothing more to apply
+        handlers.model_panels()
+        assert loads == ["default"] and job.applied
+    finally:
+        trainer.kill()
+        service.shutdown()
+
+
+CHAT = """
+import sys, threading, time
+import app.ui
+from app.cli import main
+
+port, options = sys.argv[1], sys.argv[2:]
+build_app = app.ui.build_app
+
+def build_training_app(service, store=None):
+    service.train_options = options  # tiny trainings
+
+    def train():  # Train clicked on the page once the model is ready
+        while not service.ready:
+            time.sleep(0.1)
+        service.training().start()
+
+    threading.Thread(target=train, daemon=True).start()
+    return build_app(service, store)
+
+app.ui.build_app = build_training_app
+sys.exit(main(["chat", "--port", port, "--tree", "medium", "--threads", "1"]))
+"""
+
+
+def test_ppd_chat_sent_sigterm_quits_and_stops_its_trainer_resumably(data_home, options):  # noqa: F811
+    chat = subprocess.Popen([sys.executable, "-c", CHAT, str(free_port()), *options], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    folders: list[Path] = []
+    try:
+        def trainer_running() -> bool:
+            assert chat.poll() is None, chat.stdout.read()
+            folders[:] = [folder for folder in (data_home / "ppd" / "train").glob("*") if live_trainer(folder)]
+            return bool(folders)
+
+        wait_for(trainer_running, 180, "ppd chat's trainer did not take its folder's lock")
+        trainer = live_trainer(folders[0])
+        chat.send_signal(signal.SIGTERM)  # `kill PID`, systemd's stop
+        output = chat.communicate(timeout=90)[0]
+        assert chat.returncode == 0, output[-3000:]
+        assert trainer.process() is None and live_trainer(folders[0]) is None  # no trainer left running
+        job = TrainingJob("default", folders[0].name)  # the chat, started again
+        assert job.status().state == "stopped"  # resumable
+        assert "ppd: interrupted" in job.log_file.read_text()  # stopped where it was, not killed
+    finally:
+        chat.kill()
+        chat.wait()
+        for folder in folders:
+            kill_left_over(folder)
