@@ -43,7 +43,7 @@ from starlette.routing import Mount, Route
 from app.chat_service import ChatService
 from app.model_catalog import available
 from app.model_queue import Busy, Queued
-from ppd_core.engine import ModelSnapshot, SamplingParams
+from ppd_core.engine import ModelSnapshot, SamplingParams, live_llama_cpp_models
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
@@ -555,7 +555,8 @@ class OpenAIApi:
                                 status_code=503, headers=retry_header(self.service))
         queue = self.service.queue
         return JSONResponse({"status": "ok", "model": model, "busy": queue.busy, "waiting": queue.waiting,
-                             "max_waiting": queue.max_waiting, "running": self.state.running})
+                             "max_waiting": queue.max_waiting, "running": self.state.running,
+                             "llama_cpp_models": live_llama_cpp_models()})  # one while a GGUF is loaded: none leaked
 
     async def check_ready(self) -> None:
         if not self.service.ready:

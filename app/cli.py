@@ -26,6 +26,7 @@ from ppd_core.sampling_params import SamplingParams
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent / "data" / "mt_bench.jsonl"
 AUTH_ENV = "PPD_AUTH"  # USER:PASS for `ppd chat`, instead of --auth (keeps the password out of `ps`)
 API_KEY_ENV = "PPD_API_KEY"  # the OpenAI-compatible API's key, instead of --api-key
+TRAIN_OPTIONS_ENV = "PPD_TRAIN_OPTIONS"  # more `ppd train` arguments for the trainings `ppd chat` starts (tests: tiny)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -381,6 +382,17 @@ def api_key_of(args: argparse.Namespace) -> tuple[bool, str | None]:
     return False, None
 
 
+def train_options_of_environment() -> list[str]:
+    """``$PPD_TRAIN_OPTIONS``, split as a shell would: more `ppd train` arguments for the page's trainings (a testing
+    hook: tests and benchmarks/scripts/chaos.py make them tiny); a value that does not split is one line."""
+    import shlex
+
+    try:
+        return shlex.split(os.environ.get(TRAIN_OPTIONS_ENV, ""))
+    except ValueError as error:
+        raise PpdError(f"{TRAIN_OPTIONS_ENV}: {error}") from None
+
+
 def check_port_free(host: str, port: int) -> None:
     """Fail before the model loads if the server could not listen on ``host:port``.
 
@@ -413,6 +425,7 @@ def run_chat(args: argparse.Namespace) -> int:
     check_max_queue(args)
     check_threads(args)
     check_port_free(args.host, args.port)
+    train_options = train_options_of_environment()
     from app.chat_service import ChatService
     from ppd_core.engine import limit_malloc_arenas
 
@@ -424,7 +437,8 @@ def run_chat(args: argparse.Namespace) -> int:
 
     # the page first: it shows the model's loading, and sends once it is ready; one model and one line for it, for the
     # page and the API
-    service = ChatService(None, max_waiting=args.max_queue, spec=args.model, loader=load, calibrate_in_background=True)
+    service = ChatService(None, max_waiting=args.max_queue, spec=args.model, loader=load, calibrate_in_background=True,
+                          train_options=train_options)
     # gradio's import first (loading the model beside it measured no sooner to a first answer, and the page later)
     from app.ui import build_app
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ppd_core import decoding
-from ppd_core.backends.llamacpp import chat_model
+from ppd_core.backends.llamacpp import LIVE_MODELS, chat_model
 from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, measure_record, profile_key
 from ppd_core.calibration.curves import LatencyCurve, read_curve
 from ppd_core.calibration.latency import measure_latency
@@ -53,7 +53,7 @@ __all__ = [
     "GREEDY", "GenerationStats", "SamplingParams", "TextStream", "text_stream",
     "DeviceProfile", "PromptTokens", "check_prompt_fits", "load_model",
     "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "model_signature", "chains_text",
-    "describe", "memory_of", "chat_model", "limit_malloc_arenas", "LatencyCurve", "read_curve",
+    "describe", "memory_of", "chat_model", "limit_malloc_arenas", "LatencyCurve", "read_curve", "live_llama_cpp_models",
     "NEAR_TIE_LOGITS", "AnswerComparison", "compare_answer", "probe_environment", "verdict",  # `ppd doctor`
 ]
 
@@ -68,6 +68,11 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def live_llama_cpp_models() -> int:
+    """llama.cpp models loaded in this process now (``/health`` reports it: a failed load must leave none behind)."""
+    return len(LIVE_MODELS)
 
 
 MODES = ("ppd", "vanilla")
