@@ -47,6 +47,17 @@ def default_engine():
     return Engine.load(EngineConfig(model="default", quant="none", device="cpu", tree="medium", backend="torch"))
 
 
+@pytest.fixture(scope="session")
+def llama_default():
+    """The embedded default model on llama.cpp (a static tree, 2 threads), loaded once per test session for the tests
+    that only decode with it; a test that changes its tree or lookup puts them back."""
+    from ppd_core.engine import Engine, EngineConfig
+
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium", threads=2))
+    yield engine
+    engine.close()
+
+
 def save_tiny_model(folder, default_engine, seed: int = 0):
     vocab = default_engine.loaded.model.config.vocab_size
     model = tiny_llama(seed=seed, vocab_size=vocab, max_positions=512)
@@ -82,7 +93,7 @@ def lookup_only_dir(tmp_path_factory, default_engine):
     return folder
 
 
-REAL_MODEL_FIXTURES = {"default_engine", "running_app"}  # tiny_model_dir needs default_engine (its tokenizer)
+REAL_MODEL_FIXTURES = {"default_engine", "llama_default", "running_app"}  # tiny_model_dir needs default_engine (its tokenizer)
 
 
 def pytest_collection_modifyitems(items):
