@@ -268,8 +268,7 @@ def test_a_refused_message_stays_in_the_textbox_and_out_of_the_conversation(serv
     assert "too long" in note and session.conversation.messages == [user("word " * 400)]  # kept, not popped
 
 
-@pytest.mark.slow
-def test_exactness_is_stated_per_path(service):
+def test_exactness_is_stated_per_path(service, llama_default):
     from app.chat_service import Comparison
     from ppd_core.stats import GenerationStats
 
@@ -279,11 +278,7 @@ def test_exactness_is_stated_per_path(service):
     assert "Greedy outputs: identical." in Comparison("a", "a", stats, stats, True, "plain", False).verdict()
     # the default GGUF on llama.cpp on the CPU (its rows probed equal to single steps at load), and the tiny model
     # in fp32 on torch, whose tree matmuls round differently
-    default = Engine.load(EngineConfig(model="default", device="cpu", tree="medium", threads=1))
-    try:
-        assert default.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(default.snapshot())
-    finally:
-        default.close()
+    assert llama_default.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(llama_default.snapshot())
     fp32 = service.engine
     assert not fp32.loaded.backend.bitwise and "**Exactness:** equal up to floating-point near-ties" in device_panel(fp32.snapshot())
 

@@ -14,7 +14,6 @@ import pytest
 from app.chat_service import ChatService
 from app.history import ConversationStore
 from app.ui import INTERRUPTED, Handlers, new_session
-from ppd_core.engine import Engine, EngineConfig
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +44,7 @@ def launch_chat(data_home: Path, port: int) -> subprocess.Popen:
         time.sleep(0.2)
 
 
-def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_far(tmp_path):
+def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_far(tmp_path, llama_default):
     from gradio_client import Client
 
     port = free_port()
@@ -74,8 +73,9 @@ def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_
     shown = shown if isinstance(shown, str) else shown[0]["text"]
     assert shown.startswith(answer["content"][:40])  # the answer the page showed, saved a few seconds behind at most
 
-    # the next launch opens it again, marked interrupted, and Regenerate answers it whole
-    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
+    # the next launch opens it again, marked interrupted, and Regenerate answers it whole (the default model on
+    # llama.cpp with a static tree, as launched: the session's)
+    engine = llama_default
     try:
         handlers = Handlers(ChatService(engine), store)
         session, chat, *_ = handlers.load(new_session())
@@ -85,4 +85,4 @@ def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_
         expected = engine.generate(engine.chat_ids([user]), "vanilla", 32).text
         assert store.load(saved.id).messages == [user, {"role": "assistant", "content": expected}]
     finally:
-        engine.loaded.backend.close()
+        engine.forget_conversation()

@@ -44,13 +44,11 @@ TYPES = ["Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_NL", "F16"]
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_default_model_requantized_greedy_ppd_equals_plain(default_requantized, type_name):
+def test_default_model_requantized_greedy_ppd_equals_plain(default_requantized, llama_default, type_name):
     """Every tree row gets a plain step's logits bit for bit, so greedy PPD equals plain decoding token for token,
     with the shipped prompt tokens' trees and lookup chains."""
     path = default_requantized(type_name)
-    shipped = Engine.load(EngineConfig(model="default", tree="medium", threads=1, auto_calibrate=False))
-    table_file = shipped.prompt_tokens.source
-    shipped.close()
+    table_file = llama_default.prompt_tokens.source  # the default model's shipped prompt tokens
     engine = Engine.load(EngineConfig(model=str(path), prompt_tokens=str(table_file), tree="medium", threads=1,
                                       auto_calibrate=False))
     try:

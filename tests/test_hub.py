@@ -68,15 +68,11 @@ def test_a_safetensors_repository_downloads_resumes_and_loads_offline(served, ti
     assert json.loads(done.stdout)["text"] == expected
 
 
-def test_one_gguf_file_of_a_repository_runs_on_llama_cpp(served, default_engine, tmp_path):
+def test_one_gguf_file_of_a_repository_runs_on_llama_cpp(served, llama_default, tmp_path):
     done = ppd_generate("hf:me/smol-gguf:smol.Q4_1.gguf", served.url, tmp_path, "--backend", "llamacpp")
     assert done.returncode == 0, done.stderr
     assert "smol.Q4_1.gguf: 100%" in done.stderr  # the download's progress bar
-    expected = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
-    try:
-        text = expected.generate(expected.chat_ids([{"role": "user", "content": QUESTION}]), "vanilla", 24).text
-    finally:
-        expected.loaded.backend.close()
+    text = llama_default.generate(llama_default.chat_ids([{"role": "user", "content": QUESTION}]), "vanilla", 24).text
     assert json.loads(done.stdout)["text"] == text and "Paris" in text
 
 
