@@ -190,12 +190,13 @@ def test_shipped_questions_are_inside_the_package():
     assert len(read_questions(DEFAULT_QUESTIONS, None)) == 80 and len(read_questions(DEFAULT_QUESTIONS, 2)) == 2
 
 
-def test_bench_default_questions_from_any_directory(tmp_path, tiny_model_dir):
-    """`ppd bench --limit 2` in a folder far from the repo, on the tiny model; its JSON is written whole."""
-    command = [sys.executable, "-m", "app.cli", "bench", "--limit", "2", "--max-new-tokens", "6", "--model", str(tiny_model_dir),
-               "--tree", "medium", "--json", "out/b.json"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+def test_bench_default_questions_from_any_directory(capsys, tmp_path, tiny_model_dir, monkeypatch):
+    """`ppd bench --limit 2` in a folder far from the repo (its working directory), on the tiny model; its JSON is
+    written whole."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "bench", "--limit", 2, "--max-new-tokens", 6, "--model", tiny_model_dir,
+                           "--tree", "medium", "--json", "out/b.json")
+    assert code == 0, err
     result = json.loads((tmp_path / "out" / "b.json").read_text())
     assert result["questions"] == 2 and result["identical"] is True
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["b.json"]  # no temp file left behind

@@ -173,7 +173,7 @@ def test_cli_bench_writes_the_contract(tmp_path):
         "bench", "--questions", str(questions), "--turns", "2", "--max-new-tokens", "12",
         "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png"),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # far from the repo
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "b.json").read_text())
     for key in ("model", "device", "quant", "questions", "max_new_tokens", "tree", "vanilla", "ppd", "speedup",

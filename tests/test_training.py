@@ -146,12 +146,16 @@ def test_trained_file_round_trips_with_metadata(tmp_path):
 
 
 @pytest.mark.slow
-def test_ppd_train_end_to_end_and_resume(tmp_path):
-    """`ppd train` on the real default model at toy scale: file, metadata, resumable work dir."""
-    import subprocess
-    import sys
-
+def test_ppd_train_end_to_end_and_resume(tmp_path, capsys):
+    """`ppd train` on the real default model at toy scale: file, metadata, resumable work dir (its runs in this
+    process: what they import is not the claim here)."""
+    from app.cli import main
     from ppd_core.loading import load_model
+
+    def ppd(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
 
     questions = tmp_path / "eval.jsonl"
     questions.write_text("\n".join(json.dumps({"turns": [q]}) for q in ["Name a fruit.", "What is 2 + 2?"]) + "\n")
@@ -161,12 +165,12 @@ def test_ppd_train_end_to_end_and_resume(tmp_path):
         for q in ["Tell me about cats.", "Write a haiku about rain.", "What is a CPU?", "Give me a pasta recipe."]
     ) + "\n")
     out = tmp_path / "trained.safetensors"
-    command = [sys.executable, "-m", "app.cli", "train", "--samples", "4", "--epochs", "1", "--accumulate", "2",
+    command = ["train", "--samples", "4", "--epochs", "1", "--accumulate", "2",
                "--cuts", "4", "--max-new-tokens", "12", "--data", str(data), "--eval-questions", str(questions),
                "--eval-limit", "2", "--work-dir", str(tmp_path / "work"), "--out", str(out),
                "--backend", "llamacpp"]  # the acceptance pass's backend, whichever plain step is faster here
-    done = subprocess.run(command + ["--acceptance-prompts", "2"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
+    code, stdout, stderr = ppd(*command, "--acceptance-prompts", "2")
+    assert code == 0, stderr
     tokens = PromptTokens.load(out)
     assert tokens.embeddings.shape == (3, 2, 576)
     meta = tokens.training
@@ -179,18 +183,18 @@ def test_ppd_train_end_to_end_and_resume(tmp_path):
     [record] = read_records(beside(out))
     assert record.key["prompt_tokens"] == tokens.fingerprint and record.key["prompts"] == 2
     assert record.key["backend"] == "llamacpp" and len(record.acceptance.trials) == 3 and record.lookup.positions > 0
-    assert f"written to {beside(out)}" in done.stdout
+    assert f"written to {beside(out)}" in stdout
     command += ["--acceptance-prompts", "0"]  # the runs below skip it
     # a second run finds the finished checkpoint and cached answers: same result
-    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr
+    code, _, stderr = ppd(*command)
+    assert code == 0, stderr
     assert np.array_equal(PromptTokens.load(out).embeddings, tokens.embeddings)
     # distil the ensemble into one member per prompt token, starting from the trained file
     single = tmp_path / "single.safetensors"
     distil = command[: command.index("--work-dir")] + ["--work-dir", str(tmp_path / "work1"), "--out", str(single),
                                                        "--init", str(out), "--ensemble", "1", "--acceptance-prompts", "0"]
-    done = subprocess.run(distil, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
+    code, _, stderr = ppd(*distil)
+    assert code == 0, stderr
     distilled = PromptTokens.load(single)
     assert distilled.embeddings.shape == (3, 1, 576) and distilled.training["init"] == out.name  # never an absolute path
     assert distilled.training["init_training"]["steps"] == 2
