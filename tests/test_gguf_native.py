@@ -50,8 +50,9 @@ def probe(tmp_path: Path, *args: str, timeout: int = 600) -> tuple[dict, str]:
     return json.loads(lines[-1]), done.stderr
 
 
+# generate on a static tree: a first launch's calibration is the calibrate command's code, probed on its own below
 @pytest.mark.parametrize("command", [
-    ["generate", "Say hello.", "--max-new-tokens", "16", "--threads", "2"],
+    ["generate", "Say hello.", "--max-new-tokens", "16", "--threads", "2", "--tree", "medium"],
     ["bench", "--limit", "1", "--max-new-tokens", "8", "--threads", "2", "--tree", "medium"],
     ["calibrate", "--threads", "1"],
 ])
