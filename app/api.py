@@ -43,7 +43,7 @@ from starlette.routing import Mount, Route
 from app.chat_service import ChatService
 from app.model_catalog import available
 from app.model_queue import Busy, Queued
-from ppd_core.engine import ModelSnapshot, SamplingParams, live_llama_cpp_models
+from ppd_core.engine import MAX_TOP_LOGPROBS, ChosenSampling, ModelSnapshot, SamplingParams, live_llama_cpp_models
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
@@ -97,22 +97,25 @@ class ChatCompletionRequest(BaseModel):
     model: str | None = None  # answered by the loaded model (as llama-server does), unless it names another one ppd has
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None  # OpenAI's default: 1
+    temperature: float | None = None  # unset: the model's recommendation, else llama-server's (``sampling_defaults``)
     top_p: float | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins if both are given
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int | None = None
-    # refused unless neutral: ppd does not implement them
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None  # 0 to 20 alternatives per token; needs logprobs
+    # refused unless neutral: ppd does not implement them
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     response_format: dict[str, Any] | None = None
-    # ppd's extensions (llama-server accepts top_k too)
+    # ppd's extensions (llama-server accepts top_k and the repeat penalty too, with the same meaning)
     top_k: int | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     acceptance: Literal["lossless", "typical"] | None = None
 
 
@@ -127,6 +130,7 @@ class Job:
     stop: list[str]
     include_usage: bool
     model: str  # the name of the model the ids were made for: a streamed answer's label
+    logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -143,6 +147,7 @@ class Outcome:
     finished_at: float = 0.0
     steps_after_cancel: int = 0  # forward passes that ran after the cancel flag was set (at most one)
     model: ModelSnapshot | None = None  # the model that answered, taken with the first step (under the job's turn)
+    logprobs: list[dict] | None = None  # OpenAI's ``logprobs.content`` entries, one per answer token (asked for)
 
 
 class StopCutter:
@@ -212,28 +217,42 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict]:
 def check_unsupported(request: ChatCompletionRequest) -> None:
     if request.n not in (None, 1):
         raise ApiError(f"n must be 1 (ppd answers one choice per request), got {request.n}", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(request, name) not in (None, 0.0):
-            raise ApiError(f"{name} is not supported (only 0)", name)
-    if request.logprobs:
-        raise ApiError("logprobs are not supported", "logprobs")
+    if request.top_logprobs is not None:
+        if not request.logprobs:
+            raise ApiError("top_logprobs needs logprobs set to true", "top_logprobs")
+        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ApiError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}",
+                           "top_logprobs")
     if request.tools or request.functions:
         raise ApiError("tools and functions are not supported", "tools" if request.tools else "functions")
     if request.response_format and request.response_format.get("type", "text") != "text":
         raise ApiError("only response_format {'type': 'text'} is supported", "response_format")
 
 
-def sampling_of(request: ChatCompletionRequest) -> SamplingParams:
-    temperature = 1.0 if request.temperature is None else request.temperature
-    top_p = 1.0 if request.top_p is None else request.top_p
-    if not 0.0 <= temperature <= 2.0:
-        raise ApiError(f"temperature must be between 0 and 2, got {temperature}", "temperature")
-    if not 0.0 < top_p <= 1.0:
-        raise ApiError(f"top_p must be greater than 0 and at most 1, got {top_p}", "top_p")
-    if request.top_k is not None and request.top_k < 0:
-        raise ApiError(f"top_k must be 0 (off) or positive, got {request.top_k}", "top_k")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                   "frequency_penalty")
+
+
+def check_sampling(request: ChatCompletionRequest) -> None:
+    """The sampling fields a request sets, in range (OpenAI's ranges where it has the field, llama-server's else)."""
+    checks = {"temperature": (lambda v: 0.0 <= v <= 2.0, "must be between 0 and 2"),
+              "top_p": (lambda v: 0.0 < v <= 1.0, "must be greater than 0 and at most 1"),
+              "top_k": (lambda v: v >= 0, "must be 0 (off) or positive"),
+              "repeat_penalty": (lambda v: 0.0 < v <= 100.0, "must be greater than 0 (1: off)"),
+              "repeat_last_n": (lambda v: v >= -1, "must be -1 (the whole context), 0 (off) or positive"),
+              "presence_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
+              "frequency_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2")}
+    for name, (fine, rule) in checks.items():
+        value = getattr(request, name)
+        if value is not None and not fine(value):
+            raise ApiError(f"{name} {rule}, got {value}", name)
+
+
+def sampling_of(request: ChatCompletionRequest, defaults: ChosenSampling) -> SamplingParams:
+    """The request's sampling: its own fields, ``defaults`` (the model's) for those it leaves unset."""
     try:
-        return SamplingParams(temperature, top_p, request.top_k or 0, request.acceptance or "lossless", request.seed)
+        return defaults.params(**{name: getattr(request, name) for name in SAMPLING_FIELDS},
+                               acceptance=request.acceptance, seed=request.seed)
     except PpdError as error:
         raise ApiError(str(error), "seed" if str(error).startswith("seed") else None) from None
 
@@ -250,7 +269,7 @@ def stop_strings(request: ChatCompletionRequest) -> list[str]:
 def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
     check_unsupported(request)
     messages = chat_messages(request)
-    sampling = sampling_of(request)
+    check_sampling(request)
     stops = stop_strings(request)
     limit = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
@@ -258,9 +277,10 @@ def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
         raise ApiError(f"{param} must be at least 1, got {limit}", param)
     try:
         engine = service.engine  # a switch may have begun since the request was let in
-        model = service.snapshot().name
+        snapshot = service.snapshot()
     except PpdError as error:
         raise not_ready(service, error) from None
+    model, sampling = snapshot.name, sampling_of(request, snapshot.sampling_defaults)
     try:
         ids = engine.chat_ids(messages)
     except PpdError as error:
@@ -274,7 +294,7 @@ def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
     return Job(
         id=f"chatcmpl-{uuid.uuid4().hex}", ids=ids, max_new_tokens=limit if limit is not None else context - len(ids),
         sampling=sampling, stop=stops, include_usage=bool(request.stream_options and request.stream_options.include_usage),
-        model=model,
+        model=model, logprobs=(request.top_logprobs or 0) if request.logprobs else None,
     )
 
 
@@ -301,16 +321,20 @@ class ApiState:
             self.running -= 1
 
 
-def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Event, emit: Callable[[str], None]) -> Outcome:
+Emit = Callable[[str, list[dict] | None], None]  # (text, the logprobs entries of the tokens it completes)
+
+
+def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Event, emit: Emit) -> Outcome:
     """Answer ``job`` in its place in line (``ticket``), handing text to ``emit`` as it grows; gives up its place, or
     stops within one step, once ``cancelled`` is set. The model that answers is read with the first step, under the
     job's turn (``Outcome.model``): a switch after the answer can neither relabel it nor fail it."""
     queued = time.monotonic()
     outcome = Outcome("cancelled")
     cutter = StopCutter(job.stop)
+    entries = None  # the answer's logprobs entries (asked for), and how many went out with text so far
     event = None
     events = service.decode(job.ids, "ppd", job.max_new_tokens, job.sampling, reuse_cache=False, stop=cancelled.is_set,
-                            ticket=ticket)
+                            ticket=ticket, logprobs=job.logprobs)
     with closing(events):
         for event in events:
             if isinstance(event, Queued):
@@ -318,8 +342,13 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
             if outcome.model is None:  # the first step: no switch can happen until this job's turn ends
                 outcome.queued_seconds, outcome.started_at = time.monotonic() - queued, time.time()
                 outcome.model = service.snapshot()
-            if not answer_step(event, outcome, cutter, cancelled, emit):
+                entries = None if job.logprobs is None else LogprobEntries(service.engine.token_bytes)
+            if entries is not None:
+                entries.add(event.step.logprobs)
+            if not answer_step(event, outcome, cutter, cancelled, emit, entries):
                 break
+    if entries is not None and (rest := entries.take()) and not cancelled.is_set():
+        emit("", rest)  # tokens that added no text of their own (the end-of-turn token)
     if outcome.started_at == 0.0:  # never reached the model
         outcome.queued_seconds = time.monotonic() - queued
     elif event is not None and not isinstance(event, Queued):
@@ -327,18 +356,44 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
         outcome.completion_tokens = len(event.tokens)
         outcome.stats = event.stats
         outcome.finished_at = time.time()
+        outcome.logprobs = entries.all if entries is not None else None
     return outcome
 
 
-def answer_step(event, outcome: Outcome, cutter: StopCutter, cancelled: threading.Event,
-                emit: Callable[[str], None]) -> bool:
-    """One step's text out to ``emit``; False once the answer is over (cancelled, a stop string, its end)."""
+class LogprobEntries:
+    """OpenAI's ``logprobs.content`` entries of an answer's tokens (``ppd_core.logprobs.TokenLogprob``s), handed out
+    with the text that completes them."""
+
+    def __init__(self, token_bytes: Callable[[int], bytes]):
+        self.token_bytes = token_bytes
+        self.all: list[dict] = []
+        self.sent = 0
+
+    def add(self, reported) -> None:
+        self.all.extend({**self.entry(item.token, item.logprob),
+                         "top_logprobs": [self.entry(token, logprob) for token, logprob in item.top]}
+                        for item in reported or ())
+
+    def entry(self, token: int, logprob: float) -> dict:
+        data = self.token_bytes(token)
+        return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(data)}
+
+    def take(self) -> list[dict]:
+        """The entries not handed out yet."""
+        taken, self.sent = self.all[self.sent:], len(self.all)
+        return taken
+
+
+def answer_step(event, outcome: Outcome, cutter: StopCutter, cancelled: threading.Event, emit: Emit,
+                entries: LogprobEntries | None = None) -> bool:
+    """One step's text out to ``emit`` (with the logprobs entries since the last text, when asked for); False once the
+    answer is over (cancelled, a stop string, its end)."""
     if cancelled.is_set():
         outcome.steps_after_cancel += 1  # this step ran before the flag was seen
         return False
     piece, hit = cutter.feed(event.text, event.stop_reason is not None)
     if piece:
-        emit(piece)
+        emit(piece, entries.take() if entries is not None else None)
     if hit or event.stop_reason is not None:
         outcome.finish_reason = "stop" if hit or event.stop_reason == "eos" else "length"
         return False
@@ -364,7 +419,7 @@ class Decoding:
 
     def _run(self, service: ChatService, job: Job, ticket: int) -> None:
         try:
-            outcome = decode(service, job, ticket, self.cancelled, lambda piece: self._put("text", piece))
+            outcome = decode(service, job, ticket, self.cancelled, lambda piece, entries: self._put("text", (piece, entries)))
         except BaseException as error:  # noqa: BLE001 - the response reports it; the model is already free
             log.exception("answering an API request failed")
             self.state.ended()
@@ -429,8 +484,9 @@ def chunk(job: Job, model: str, choices: list[dict], **extra) -> str:
                 "choices": choices, **extra})
 
 
-def choice(delta: dict, reason: str | None = None) -> list[dict]:
-    return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+def choice(delta: dict, reason: str | None = None, logprobs: list[dict] | None = None) -> list[dict]:
+    return [{"index": 0, "delta": delta, "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
+             "finish_reason": reason}]
 
 
 def model_card(model: ModelSnapshot, spec: str, created: int) -> dict:
@@ -452,6 +508,7 @@ def model_card(model: ModelSnapshot, spec: str, created: int) -> dict:
                               "base_model": tokens.base_model, "bytes": tokens.bytes},
             "tree": model.tree,
             "calibration": model.calibration,
+            "sampling_defaults": model.sampling_defaults.describe(),  # what a request leaving a field unset gets
         },
     }
 
@@ -635,7 +692,8 @@ class OpenAIApi:
             return {
                 "id": job.id, "object": "chat.completion", "created": job.created, "model": answered_by(job, outcome),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": outcome.text},
-                             "logprobs": None, "finish_reason": finish_reason(outcome)}],
+                             "logprobs": None if outcome.logprobs is None else {"content": outcome.logprobs, "refusal": None},
+                             "finish_reason": finish_reason(outcome)}],
                 "usage": usage(job, outcome),
                 "ppd": ppd_figures(job, outcome),
             }
@@ -651,7 +709,8 @@ class OpenAIApi:
             while True:
                 kind, value = await decoding.next()
                 if kind == "text":
-                    yield chunk(job, model, choice({"content": value}))
+                    text, entries = value
+                    yield chunk(job, model, choice({"content": text}, logprobs=entries))
                 elif kind == "error":
                     message = f"ppd failed while answering: {type(value).__name__}"
                     yield sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})

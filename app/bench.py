@@ -164,21 +164,24 @@ def timed_reference(engine: Engine, ids: list[int], max_new_tokens: int, totals:
 class LlamaCppPeer:
     """llama-cpp-python's own chat API on the same GGUF file and threads: what its users run."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, sampling: SamplingParams):
+        self.sampling = sampling  # its penalties (greedy either way)
         gguf = engine.loaded.gguf_file
         if gguf is None:
             raise PpdError("--compare-llama-cpp needs a GGUF model (the default is one)")
         self.threads = engine.threads
         try:
-            self.llama = chat_model(gguf, n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads, verbose=False)
+            self.llama = chat_model(gguf, n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads, verbose=False,
+                                    last_n_tokens_size=4096 if sampling.repeat_last_n < 0 else sampling.repeat_last_n)
         except PpdError as error:
             raise PpdError(f"--compare-llama-cpp: {error}") from None
 
     def answer(self, messages: list[dict], max_new_tokens: int, totals: ModeTotals) -> str:
         with PeakMemory("cpu") as memory:
             start = time.perf_counter()
-            response = self.llama.create_chat_completion(messages, max_tokens=max_new_tokens, temperature=0.0,
-                                                         top_k=1, repeat_penalty=1.0)
+            response = self.llama.create_chat_completion(
+                messages, max_tokens=max_new_tokens, temperature=0.0, top_k=1, repeat_penalty=self.sampling.repeat_penalty,
+                presence_penalty=self.sampling.presence_penalty, frequency_penalty=self.sampling.frequency_penalty)
             totals.seconds += time.perf_counter() - start
         totals.new_tokens += response["usage"]["completion_tokens"]
         totals.peak_bytes = max(totals.peak_bytes, memory.peak)
@@ -233,17 +236,24 @@ def bench_question(engine: Engine, number: int, question: Question, config: Benc
         run.mismatches.append(number)
 
 
-def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig, log=sys.stderr) -> dict:
+def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig, log=None) -> dict:
     """Answers both ways for every question (order alternating), then the JSON summary.
 
     Greedy by default: the answers must then be identical. When sampling, both modes get
     the same seed per question, and ``identical`` is null (samples differ by design).
+    Progress lines go to ``log`` (the stderr of the moment when None).
     """
+    log = log or sys.stderr
+    sampling = config.sampling
+    print("repetition penalties " + (f"on (repeat {sampling.repeat_penalty} over {sampling.repeat_last_n} tokens, presence "
+                                     f"{sampling.presence_penalty}, frequency {sampling.frequency_penalty}): they "
+                                     "hold back the copying lookup guesses rely on" if sampling.penalized else
+                                     "off (--repeat-penalty and the others turn them on)"), file=log, flush=True)
     warmup = engine.chat_ids([{"role": "user", "content": "Say hello."}])
     for mode in ("vanilla", "ppd"):
         engine.generate(warmup, mode, 16)
     run = BenchRun()
-    peer = LlamaCppPeer(engine) if config.compare_llama_cpp else None
+    peer = LlamaCppPeer(engine, sampling) if config.compare_llama_cpp else None
     if peer is not None:
         peer.answer([{"role": "user", "content": "Say hello."}], 16, ModeTotals())  # its warm-up
     for number, question in enumerate(questions):

@@ -37,20 +37,33 @@ class ChatSettings:
     acceptance: str = "lossless"  # or "typical" (faster, not distribution-preserving)
     highlight: bool = False  # mark the tokens that came from accepted guesses
     top_k: int = 0  # 0: off
+    repeat_penalty: float = 1.0  # llama.cpp's repetition penalties (``PENALTY_FIELDS``): off at these values
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self):  # values straight from the UI's widgets
         self.system_prompt = self.system_prompt or ""
         self.temperature, self.top_p, self.top_k = float(self.temperature), float(self.top_p), int(self.top_k or 0)
         self.max_new_tokens, self.ppd, self.highlight = int(self.max_new_tokens), bool(self.ppd), bool(self.highlight)
+        self.repeat_penalty, self.repeat_last_n = float(self.repeat_penalty), int(self.repeat_last_n)
+        self.presence_penalty, self.frequency_penalty = float(self.presence_penalty), float(self.frequency_penalty)
+
+    def penalties(self) -> dict:
+        return {name: getattr(self, name) for name in PENALTY_FIELDS}
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, acceptance=self.acceptance)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, acceptance=self.acceptance,
+                              **self.penalties())
+
+
+PENALTY_FIELDS = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
 
 
 @dataclass
 class AnswerUpdate:
     text: str  # the answer so far
-    display: str  # the same, with accepted guesses marked when asked
+    marked: str  # the same as HTML, accepted guesses marked, when asked (else "")
     readout: str  # Markdown speed line
     note: str  # e.g. that early turns were trimmed
     stats: GenerationStats | None  # None while waiting for the model
@@ -90,9 +103,10 @@ class Comparison:
         )
 
 
-def format_readout(stats: GenerationStats, speedup: str | None, finished: bool, backend: str = "") -> str:
+def format_readout(stats: GenerationStats, speedup: str | None, finished: bool, backend: str = "",
+                   penalties: str = "") -> str:
     """The live speed line; ``speedup`` is None with PPD off (there is nothing to compare); ``backend`` names
-    what decodes."""
+    what decodes; ``penalties`` says which repetition penalties are on ("" for none)."""
     state = "" if finished else " (streaming)"
     steps = max(stats.steps, 1)
     sources = f" (guessed per step: prompt tokens {(stats.from_guesses - stats.from_lookup) / steps:.2f}, lookup {stats.from_lookup / steps:.2f})"
@@ -103,10 +117,23 @@ def format_readout(stats: GenerationStats, speedup: str | None, finished: bool, 
         f"**{stats.tok_s:.1f} tokens/s**{state} ({SPEED_DEFINITION}){' on ' + backend if backend else ''} · {mode} · "
         f"{stats.new_tokens} tokens · prompt processing {stats.prefill_seconds * 1000:.0f} ms "
         f"({stats.prompt_tokens - stats.reused_tokens} tokens{reused})"
+        + (f" · {penalties} (fewer tokens copied from the conversation)" if penalties else "")
     )
 
 
+def penalties_line(sampling: SamplingParams) -> str:
+    """"repeat penalty 1.1 over 64 tokens" (and the others that are on), or "" with none on."""
+    if not sampling.penalized:
+        return ""
+    window = "the whole context" if sampling.repeat_last_n < 0 else f"{sampling.repeat_last_n} tokens"
+    parts = [f"repeat penalty {sampling.repeat_penalty:g}"] if sampling.repeat_penalty != 1.0 else []
+    parts += [f"{name} penalty {value:g}" for name, value in (("presence", sampling.presence_penalty),
+                                                               ("frequency", sampling.frequency_penalty)) if value]
+    return f"{', '.join(parts)} over {window}"
+
+
 BACKEND_NAMES = {"llamacpp": "llama.cpp", "torch": "torch"}
+PROMPT_MARK = '<mark style="background-color: #ffe066">'  # guesses from the prompt tokens: yellow
 LOOKUP_MARK = '<mark style="background-color: #bfe3ff">'  # guesses copied from the conversation: blue
 
 
@@ -124,7 +151,7 @@ class Highlighter:
             piece = self.text.add(token)
             source = None if index >= from_guesses else "lookup" if index >= from_guesses - from_lookup else "prompt tokens"
             self.pieces.append((piece, source))
-            opening = {"prompt tokens": "<mark>", "lookup": LOOKUP_MARK}.get(source)
+            opening = {"prompt tokens": PROMPT_MARK, "lookup": LOOKUP_MARK}.get(source)
             self.html += f"{opening}{html.escape(piece)}</mark>" if opening and piece.strip() else piece
 
 
@@ -364,17 +391,20 @@ class ChatService:
         return self._jobs[name]
 
     def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
-               stop: Callable[[], bool] | None = None, ticket: int | None = None) -> Iterator[Queued | GenerationEvent]:
+               stop: Callable[[], bool] | None = None, ticket: int | None = None,
+               logprobs: int | None = None) -> Iterator[Queued | GenerationEvent]:
         """``Queued`` while waiting, then the engine's events; ends right after the event during which ``stop()``
         turned true. Close it (``contextlib.closing``) when leaving it early.
 
         ``ticket``: a place in line taken beforehand (``queue.join``); else one is taken here (``Busy`` if full).
+        ``logprobs``: the engine's (each step's tokens' log-probabilities and that many alternatives).
         """
         ticket = self.queue.join() if ticket is None else ticket
         try:
             if not (yield from self.queue.wait(ticket, stop)):
                 return  # stopped while waiting
-            stream = self.engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling)
+            stream = self.engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling,
+                                        logprobs=logprobs)
             try:
                 for event in stream:
                     yield event
@@ -456,16 +486,18 @@ class ChatService:
             notes.append("Typical acceptance: faster, but does not follow the model's distribution exactly.")
         return AnswerUpdate(
             text=event.text,
-            display=highlighter.html if highlighter is not None else event.text,
+            marked=highlighter.html if highlighter is not None else "",
             readout=format_readout(event.stats, self.speedup_label() if settings.ppd else None, finished,
-                                   BACKEND_NAMES.get(self.engine.loaded.backend.name, self.engine.loaded.backend.name)),
+                                   BACKEND_NAMES.get(self.engine.loaded.backend.name, self.engine.loaded.backend.name),
+                                   penalties_line(settings.sampling())),
             note=" ".join(notes),
             stats=event.stats,
             stop_reason=stop_reason,
         )
 
     def compare(self, messages: list[dict], settings: ChatSettings) -> Comparison:
-        """The last user message answered greedily both ways, timed the same way and with no cache reuse.
+        """The last user message answered greedily both ways (with the settings' penalties), timed the same way and
+        with no cache reuse.
 
         Which mode runs first alternates between comparisons, so neither always gets the warmer caches.
         """
@@ -473,7 +505,8 @@ class ChatService:
         order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
         self._comparisons += 1
         with self.turn():
-            results = {mode: self.engine.generate(ids, mode, int(settings.max_new_tokens)) for mode in order}
+            greedy = SamplingParams(**settings.penalties())
+            results = {mode: self.engine.generate(ids, mode, int(settings.max_new_tokens), sampling=greedy) for mode in order}
         plain, ppd = results["vanilla"], results["ppd"]
         first = "plain" if order[0] == "vanilla" else "PPD"
         self.last_comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first,

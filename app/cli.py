@@ -96,10 +96,19 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
         "but NOT distribution-preserving",
     )
     parser.add_argument("--seed", type=int, default=None, help="reproducible sampling")
+    penalties = parser.add_argument_group("repetition penalties (llama.cpp's; off unless given)")
+    penalties.add_argument("--repeat-penalty", type=float, default=1.0,
+                           help="divide the logit of a token seen in the window by this (1 = off; 1.1 is usual)")
+    penalties.add_argument("--repeat-last-n", type=int, default=64,
+                           help="the window: the last N tokens of the context (-1: all of it; 0: no penalties)")
+    penalties.add_argument("--presence-penalty", type=float, default=0.0, help="take this off a seen token's logit")
+    penalties.add_argument("--frequency-penalty", type=float, default=0.0, help="take this off per time it was seen")
 
 
 def sampling_of(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(args.temperature, args.top_p, args.top_k, args.acceptance, args.seed)
+    return SamplingParams(args.temperature, args.top_p, args.top_k, args.acceptance, args.seed,
+                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
@@ -19,21 +19,29 @@ from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 
 LOCK_NAME = ".trainer.lock"  # the lock itself (empty; stays in place)
-OWNER_NAME = "trainer.json"  # {"pid", "started"}: who holds it
+OWNER_NAME = "trainer.json"  # {"pid", "started", "after_boot"}: who holds it
 
 
 @dataclass(frozen=True)
 class Trainer:
-    """A `ppd train` process, named by its PID and its start time (psutil's ``create_time``: a reused PID differs)."""
+    """A `ppd train` process, named by its PID and when it started: ``after_boot`` seconds after the machine booted
+    (a reused PID differs), ``started`` on the wall clock (what the page shows). The identity is the boot-relative
+    time: the wall-clock one moves with the clock (the kernel's boot time, which psutil adds, steps by a second or
+    more when the clock is corrected), so two processes reading it apart could disagree."""
 
     pid: int
     started: float
+    after_boot: float
+
+    @classmethod
+    def of(cls, process: psutil.Process) -> Trainer:
+        return cls(process.pid, process.create_time(), after_boot(process))
 
     def process(self) -> psutil.Process | None:
         """The process, while it is still this trainer; None once it has ended (or its PID names another)."""
         try:
             process = psutil.Process(self.pid)
-            if abs(process.create_time() - self.started) < 1.0 and process.status() != psutil.STATUS_ZOMBIE:
+            if abs(after_boot(process) - self.after_boot) < 0.5 and process.status() != psutil.STATUS_ZOMBIE:
                 return process
         except psutil.Error:
             pass
@@ -60,11 +68,16 @@ class Trainer:
         return True
 
 
+def after_boot(process: psutil.Process) -> float:
+    """When ``process`` started, in seconds after the machine booted (immune to clock corrections)."""
+    return process.create_time() - psutil.boot_time()  # both carry the same boot time, read a moment apart
+
+
 def live_trainer(folder: Path) -> Trainer | None:
     """The trainer working in ``folder`` now; None where none is (never was, or the side file is stale)."""
     try:
         record = json.loads((Path(folder) / OWNER_NAME).read_text())
-        trainer = Trainer(int(record["pid"]), float(record["started"]))
+        trainer = Trainer(int(record["pid"]), float(record["started"]), float(record["after_boot"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return trainer if trainer.process() is not None else None
@@ -90,8 +103,7 @@ class WorkDirLock:
         except Timeout:
             raise PpdError(f"{self.folder} is already in use by another training, {describe(live_trainer(self.folder))}: "
                            "wait for it or stop it, or give another --work-dir") from None
-        me = psutil.Process()
-        atomic_write(self.folder / OWNER_NAME, json.dumps({"pid": me.pid, "started": me.create_time()}) + "\n")
+        atomic_write(self.folder / OWNER_NAME, json.dumps(asdict(Trainer.of(psutil.Process()))) + "\n")
         return self
 
     def release(self) -> None:

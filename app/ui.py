@@ -27,12 +27,12 @@ from pathlib import Path
 import gradio as gr
 import psutil
 
-from app.chat_service import SPEED_DEFINITION, AnswerUpdate, ChatService, ChatSettings
+from app.chat_service import LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, SPEED_DEFINITION, AnswerUpdate, ChatService, ChatSettings
 from app.history import Conversation, ConversationStore
 from app.model_catalog import available
 from app.plots import COLUMNS, latency_points
 from app.system_info import device_panel
-from ppd_core.engine import chains_text
+from ppd_core.engine import ChosenSampling, chains_text, default_sampling
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
@@ -81,19 +81,32 @@ def chat_messages(conversation: Conversation, streaming: bool = False) -> list[d
     return shown
 
 
+def marked_answer(marked: str) -> str:
+    """The answer with its accepted guesses marked (``Highlighter.html``) as the page shows it under the chat, its
+    lines kept; "" when not asked for (nothing shown)."""
+    if not marked:
+        return ""
+    legend = (f'{PROMPT_MARK}prompt tokens</mark> and {LOOKUP_MARK}copied from the conversation</mark>')
+    return (f'<div class="ppd-marked"><p><b>Accepted guesses</b> in this answer: {legend}</p>'
+            f'<div style="white-space: pre-wrap">{marked}</div></div>')
+
+
 def one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-def sampling_defaults(recommended: dict) -> tuple:
-    """Updates of the temperature, top-p and top-k sliders to a model's recommended sampling (none: unchanged)."""
-    if not recommended:
-        return gr.update(), gr.update(), gr.update()
-    labels = {"temperature": "Temperature (0 = greedy; the model recommends {})", "top_p": "Top-p (the model recommends {})",
-              "top_k": "Top-k (0 = off; the model recommends {})"}
-    return tuple(gr.update(value=recommended[name], label=label.format(recommended[name])) if name in recommended
-                 else gr.update() for name, label in labels.items())
+SAMPLING_LABELS = {"temperature": "Temperature (0 = greedy)", "top_p": "Top-p", "top_k": "Top-k (0 = off)",
+                   "repeat_penalty": "Repeat penalty (1 = off)",
+                   "repeat_last_n": "Repeat window (the last N tokens; -1 = all, 0 = no penalties)",
+                   "presence_penalty": "Presence penalty", "frequency_penalty": "Frequency penalty"}
+
+
+def sampling_defaults(chosen: ChosenSampling) -> tuple:
+    """Updates of the sampling widgets (``SAMPLING_LABELS``' order) to the values a request leaving them unset gets,
+    each label saying where its value came from (the model, ppd's measured default, llama-server's default)."""
+    return tuple(gr.update(value=chosen.values[name], label=f"{label} · {chosen.sources[name]}")
+                 for name, label in SAMPLING_LABELS.items())
 
 
 def conversation_choices(store: ConversationStore) -> list[tuple[str, str]]:
@@ -135,6 +148,7 @@ class ChatPanel:
     clear: gr.Button
     readout: gr.Markdown
     note: gr.Markdown
+    marked: gr.HTML  # the last answer with its accepted guesses marked (when asked): the chat itself stays plain text
 
 
 def chat_panel() -> ChatPanel:
@@ -148,7 +162,8 @@ def chat_panel() -> ChatPanel:
         clear = gr.Button("Clear", size="sm", elem_id="clear")
     readout = gr.Markdown("", elem_id="readout")
     note = gr.Markdown("", elem_id="note")
-    return ChatPanel(chatbot, message, send, stop, regenerate, clear, readout, note)
+    marked = gr.HTML("", elem_id="marked")
+    return ChatPanel(chatbot, message, send, stop, regenerate, clear, readout, note, marked)
 
 
 @dataclass
@@ -181,34 +196,62 @@ class SettingsPanel:
     highlight: gr.Checkbox
     top_k: gr.Slider
     greedy: gr.Button
+    repeat_penalty: gr.Slider
+    repeat_last_n: gr.Number
+    presence_penalty: gr.Slider
+    frequency_penalty: gr.Slider
 
     @property
     def inputs(self) -> list:
         """In the order of ``ChatSettings``' fields."""
-        return [self.system, self.temperature, self.top_p, self.max_new, self.ppd, self.acceptance, self.highlight, self.top_k]
+        return [self.system, self.temperature, self.top_p, self.max_new, self.ppd, self.acceptance, self.highlight,
+                self.top_k, *self.penalties]
+
+    @property
+    def penalties(self) -> list:
+        return [self.repeat_penalty, self.repeat_last_n, self.presence_penalty, self.frequency_penalty]
 
     @property
     def sampling(self) -> list:
-        """What the model's recommended sampling sets: temperature, top-p, top-k."""
-        return [self.temperature, self.top_p, self.top_k]
+        """What a model's sampling defaults set (``SAMPLING_LABELS``' order)."""
+        return [self.temperature, self.top_p, self.top_k, *self.penalties]
 
 
 def settings_panel() -> SettingsPanel:
+    """The answer settings, opening on what a request leaving them unset gets with no model recommendation (each
+    model's own defaults replace them once it is loaded, ``sampling_defaults``)."""
+    start = default_sampling({})
+    sliders = {"temperature": (0.0, 2.0, 0.05), "top_p": (0.05, 1.0, 0.05), "top_k": (0, 200, 1),
+               "repeat_penalty": (0.5, 2.0, 0.01), "presence_penalty": (-2.0, 2.0, 0.05),
+               "frequency_penalty": (-2.0, 2.0, 0.05)}
+
+    def slider(name: str, **options) -> gr.Slider:
+        low, high, step = sliders[name]
+        return gr.Slider(low, high, start.values[name], step=step, label=f"{SAMPLING_LABELS[name]} · {start.sources[name]}",
+                         elem_id=name.replace("_", "-"), **options)
+
     with gr.Accordion("Settings", open=True):
         ppd = gr.Checkbox(True, label="PPD (parallel prompt decoding)", elem_id="ppd")
-        highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses (yellow: prompt tokens, blue: copied from the conversation)")
+        highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses (yellow: prompt tokens, blue: copied from the conversation)",
+                                elem_id="highlight")
         system = gr.Textbox("", label="System prompt", lines=2)
         with gr.Row():
-            temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="Temperature (0 = greedy)", elem_id="temperature", scale=4)
+            temperature = slider("temperature", scale=4)
             greedy = gr.Button("Greedy", size="sm", scale=1, elem_id="greedy")
-        top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="Top-p")
-        top_k = gr.Slider(0, 200, 0, step=1, label="Top-k (0 = off)")
+        top_p, top_k = slider("top_p"), slider("top_k")
         max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens")
+        with gr.Accordion("Repetition penalties (llama.cpp's)", open=False):
+            repeat_penalty = slider("repeat_penalty")
+            repeat_last_n = gr.Number(start.values["repeat_last_n"], precision=0, minimum=-1,
+                                      label=f"{SAMPLING_LABELS['repeat_last_n']} · {start.sources['repeat_last_n']}",
+                                      elem_id="repeat-last-n")
+            presence_penalty, frequency_penalty = slider("presence_penalty"), slider("frequency_penalty")
         acceptance = gr.Radio(
             [("Lossless (exact model distribution)", "lossless"), ("Typical (faster, not distribution-preserving)", "typical")],
             value="lossless", label="Acceptance when sampling",
         )
-    return SettingsPanel(system, temperature, top_p, max_new, ppd, acceptance, highlight, top_k, greedy)
+    return SettingsPanel(system, temperature, top_p, max_new, ppd, acceptance, highlight, top_k, greedy,
+                         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)
 
 
 @dataclass
@@ -293,9 +336,10 @@ class Handlers:
                 gr.update(choices=conversation_choices(self.store), value=None), *self.model_panels(fresh_page=True))
 
     def model_panels(self, fresh_page: bool = False) -> tuple:
-        """(startup line, Send, device panel, calibration summary, latency plot, timer, temperature, top-p, top-k, model
-        picker): what depends on the model. While it loads: its progress, Send off, and the timer on so the page keeps
-        asking; once ready, the sampling its generation config recommends (greedy where it recommends none) and the
+        """(startup line, Send, device panel, calibration summary, latency plot, timer, the sampling widgets
+        (``SAMPLING_LABELS``), model picker, training): what depends on the model. While it loads: its progress, Send
+        off, and the timer on so the page keeps asking; once ready, the model's sampling defaults (its recommendation,
+        else ppd's and llama-server's, each widget naming its source) and the
         models to switch to: set on a fresh page and once per newly loaded model, never over the user's choices on the
         timer's later ticks (while a training runs, say)."""
         service = self.service
@@ -303,16 +347,16 @@ class Handlers:
             failed = service.startup.error is not None and not service.switching
             return (f"**{service.startup.line()}**", gr.update(interactive=False),
                     "No model is loaded." if failed else "The model is loading.", gr.update(), gr.update(),
-                    gr.Timer(active=not failed), gr.update(), gr.update(), gr.update(), gr.update(interactive=failed),
+                    gr.Timer(active=not failed), *(gr.update(),) * len(SAMPLING_LABELS), gr.update(interactive=failed),
                     gr.update(), gr.update(interactive=False))
         engine, model = service.engine, service.snapshot()
         training, train, training_running = self.training_panel()
         new_model, self._shown_model = self._shown_model is not engine, engine
         if fresh_page or new_model:
-            sampling = sampling_defaults(model.recommended_sampling)
+            sampling = sampling_defaults(model.sampling_defaults)
             picker = gr.update(choices=available(service.spec), value=service.spec, interactive=True)
         else:
-            sampling, picker = (gr.update(),) * 3, gr.update(interactive=True)
+            sampling, picker = (gr.update(),) * len(SAMPLING_LABELS), gr.update(interactive=True)
         return (service.switch_note or (f"*{service.background}*" if service.background else ""),
                 gr.update(interactive=True), device_panel(model), calibration_summary(model.profile, model.tree["name"]),
                 latency_points(model.profile) if model.profile else None,
@@ -375,7 +419,7 @@ class Handlers:
 
     def _respond(self, session: Session, updates: Iterator[AnswerUpdate]):
         """Stream ``updates`` (``ChatService.answer`` for the conversation's last user message); yields
-        (chat, readout, note), the first at once: the message taken.
+        (chat, readout, note, the marked answer), the first at once: the message taken.
 
         The user's message is saved before decoding starts and the answer so far every ``SAVE_SECONDS``
         (marked interrupted until it ends), so a crash loses neither. Any error keeps both, marks the
@@ -384,14 +428,15 @@ class Handlers:
         conversation = session.conversation
         answer = {"role": "assistant", "content": "", "interrupted": True}
         self._save(conversation)
-        yield chat_messages(conversation) + [{"role": "assistant", "content": ""}], gr.update(), ""
+        yield chat_messages(conversation) + [{"role": "assistant", "content": ""}], gr.update(), "", ""
         update, sent, saved, ahead = None, 0.0, time.monotonic(), 0
         try:
             for update in updates:
                 if update.queued:  # waiting for the model: say so when the number of answers ahead changes
                     if update.queued != ahead:
                         ahead = update.queued
-                        yield chat_messages(conversation) + [{"role": "assistant", "content": ""}], gr.update(), update.note
+                        yield (chat_messages(conversation) + [{"role": "assistant", "content": ""}], gr.update(), update.note,
+                               gr.update())
                     continue
                 answer["content"] = update.text
                 if update.text and conversation.messages[-1] is not answer:
@@ -404,14 +449,14 @@ class Handlers:
                 shown = chat_messages(conversation, streaming=True)
                 if conversation.messages[-1] is not answer and update.stop_reason is None:
                     shown.append({"role": "assistant", "content": ""})
-                yield shown, update.readout or gr.update(), update.note
+                yield shown, update.readout or gr.update(), update.note, marked_answer(update.marked)
         except Exception as error:  # noqa: BLE001 - whatever failed, the conversation is kept and saved
             line = str(error) if isinstance(error, PpdError) else f"The answer was interrupted: {one_line(error)}"
             if not isinstance(error, PpdError):
                 log.exception("answering failed")
             gr.Warning(line)
             self._save(conversation)
-            yield chat_messages(conversation), gr.update(), line
+            yield chat_messages(conversation), gr.update(), line, gr.update()
             return
         if update is not None and update.stats is not None:  # finished or stopped by the user: a whole answer
             del answer["interrupted"]
@@ -454,10 +499,10 @@ class Handlers:
         keep = gr.update
         if not message or not message.strip():
             gr.Warning("Please type a message first.")
-            yield keep(), keep(), keep(), "Please type a message first.", session, keep(), keep(), keep()
+            yield keep(), keep(), keep(), "Please type a message first.", session, keep(), keep(), keep(), keep()
             return
         if not self._begin_answer(session):
-            yield keep(), keep(), keep(), keep(), session, keep(), keep(), keep()
+            yield keep(), keep(), keep(), keep(), session, keep(), keep(), keep(), keep()
             return
         try:
             conversation = session.conversation
@@ -466,23 +511,23 @@ class Handlers:
                 updates = self._start(session, asked, ChatSettings(*settings))
             except PpdError as error:
                 gr.Warning(str(error))
-                yield keep(), keep(), keep(), str(error), session, keep(), keep(), keep()
+                yield keep(), keep(), keep(), str(error), session, keep(), keep(), keep(), keep()
                 return
             conversation.messages.append(asked[-1])
             shown_updates = self._respond(session, updates)
-            shown, readout, note = next(shown_updates)  # taken and saved
-            yield shown, "", readout, note, session, keep(), *answering()
-            for shown, readout, note in shown_updates:
-                yield shown, keep(), readout, note, session, keep(), keep(), keep()
+            shown, readout, note, marked = next(shown_updates)  # taken and saved
+            yield shown, "", readout, note, session, keep(), *answering(), marked
+            for shown, readout, note, marked in shown_updates:
+                yield shown, keep(), readout, note, session, keep(), keep(), keep(), marked
         finally:
             session.answering = False
-        yield keep(), keep(), keep(), keep(), session, keep(choices=conversation_choices(self.store)), *answered()
+        yield keep(), keep(), keep(), keep(), session, keep(choices=conversation_choices(self.store)), *answered(), keep()
 
     def regenerate(self, session: Session, *settings):
         """The last user message answered again; outputs: chat, readout, note, session, Send, Stop (as ``send``)."""
         keep = gr.update
         if not self._begin_answer(session):
-            yield keep(), keep(), keep(), session, keep(), keep()
+            yield keep(), keep(), keep(), session, keep(), keep(), keep()
             return
         try:
             messages = list(session.conversation.messages)
@@ -490,23 +535,23 @@ class Handlers:
                 messages.pop()
             if not messages:
                 gr.Warning("Nothing to regenerate yet.")
-                yield keep(), keep(), "Nothing to regenerate yet.", session, keep(), keep()
+                yield keep(), keep(), "Nothing to regenerate yet.", session, keep(), keep(), keep()
                 return
             try:  # a refused prompt keeps the last answer
                 updates = self._start(session, messages, ChatSettings(*settings))
             except PpdError as error:
                 gr.Warning(str(error))
-                yield keep(), keep(), str(error), session, keep(), keep()
+                yield keep(), keep(), str(error), session, keep(), keep(), keep()
                 return
             session.conversation.messages[:] = messages
             shown_updates = self._respond(session, updates)
-            shown, readout, note = next(shown_updates)  # taken and saved
-            yield shown, readout, note, session, *answering()
-            for shown, readout, note in shown_updates:
-                yield shown, readout, note, session, keep(), keep()
+            shown, readout, note, marked = next(shown_updates)  # taken and saved
+            yield shown, readout, note, session, *answering(), marked
+            for shown, readout, note, marked in shown_updates:
+                yield shown, readout, note, session, keep(), keep(), marked
         finally:
             session.answering = False
-        yield keep(), keep(), keep(), session, *answered()
+        yield keep(), keep(), keep(), session, *answered(), keep()
 
     def stop(self, session: Session):
         session.stop_requested = True
@@ -530,7 +575,7 @@ class Handlers:
         self._export_dir = self._export_dir or export_folder()
         return str(self.store.export(session.conversation, kind, self._export_dir))
 
-    def compare(self, session: Session, system: str, max_new: int):
+    def compare(self, session: Session, system: str, max_new: int, *penalties):
         messages = list(session.conversation.messages)
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()
@@ -538,7 +583,8 @@ class Handlers:
             gr.Warning("Send a message first, then compare.")
             return gr.update(), gr.update(), "Send a message first, then compare."
         try:
-            result = self.service.compare(messages, ChatSettings(system_prompt=system, max_new_tokens=int(max_new)))
+            settings = ChatSettings(system, max_new_tokens=int(max_new), **dict(zip(PENALTY_FIELDS, penalties)))
+            result = self.service.compare(messages, settings)
         except PpdError as error:  # too long, or ppd busy
             gr.Warning(str(error))
             return gr.update(), gr.update(), str(error)
@@ -575,13 +621,14 @@ def answered() -> tuple:
 
 
 def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel, device: gr.Markdown) -> None:
-    outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved, chat.send, chat.stop]
+    outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved, chat.send, chat.stop, chat.marked]
     # Enter and Send are one event: while its answer streams the page does not send it again (trigger_mode "once");
     # ``Handlers.send`` also ignores a send from a page whose answer streams (one started by Regenerate)
     gr.on([chat.message.submit, chat.send.click], handlers.send, [chat.message, session, *settings.inputs], outputs,
           **MODEL, api_name="send", trigger_mode="once").then(handlers.device, None, device, api_name=False)
     chat.regenerate.click(handlers.regenerate, [session, *settings.inputs],
-                          [chat.chatbot, chat.readout, chat.note, session, chat.send, chat.stop], **MODEL, api_name=False)
+                          [chat.chatbot, chat.readout, chat.note, session, chat.send, chat.stop, chat.marked], **MODEL,
+                          api_name=False)
     chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
     settings.greedy.click(lambda: 0.0, None, settings.temperature, queue=False, api_name=False)  # one click to greedy
     chat.clear.click(handlers.clear, [session], [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
@@ -624,7 +671,8 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
                           [model.train, session], model_panels, queue=False, api_name=False)
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
-        compare.button.click(handlers.compare, [session, settings.system, settings.max_new], [compare.plain, compare.ppd, compare.verdict],
+        compare.button.click(handlers.compare, [session, settings.system, settings.max_new, *settings.penalties],
+                             [compare.plain, compare.ppd, compare.verdict],
                              **MODEL, api_name="compare")
         calibration.button.click(handlers.calibrate, None, [calibration.curve, calibration.summary, device],
                                  **MODEL, api_name="calibrate")

@@ -18,7 +18,9 @@ import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
+from ppd_core.logprobs import token_logprobs
 from ppd_core.lookup import MATCH_CLASSES, ChainedTrees, NgramIndex, match_class
+from ppd_core.penalties import window
 from ppd_core.sampling_params import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
 from ppd_core.tree import Tree, TreeFamily, root_only_tree
@@ -68,6 +70,7 @@ class Request:
     cache: Any = None  # the decoder's cache to continue (multi-turn); None: a new one
     guess_hook: GuessHook | None = None
     history: Sequence[int] = ()  # the tokens ``cache`` already holds (lookup guesses copy from them too)
+    logprobs: int | None = None  # report each token's log-probability and this many alternatives; None: none
 
 
 @dataclass
@@ -79,6 +82,8 @@ class DecodeState:
     guesses: np.ndarray | None = None  # [m, K] int64 for depths 1..m; None before the first tree step
     sampling: SamplingParams = GREEDY
     generator: np.random.Generator | None = None
+    sequence: list[int] | None = None  # with repetition penalties: every token so far (the cache's, the root last)
+    logprobs: int | None = None  # ``Request.logprobs``
 
 
 def prefill(
@@ -87,12 +92,18 @@ def prefill(
     input_ids: Sequence[int],
     sampling: SamplingParams = GREEDY,
     generator: np.random.Generator | None = None,
+    sequence: Sequence[int] = (),
+    logprobs: int | None = None,
 ) -> StepStats:
-    """Process the prompt (after whatever ``cache`` already holds); emits the first new token."""
+    """Process the prompt (after whatever ``cache`` already holds); emits the first new token. ``sequence``: the
+    whole sequence so far (the cache's tokens, then ``input_ids``), for repetition penalties."""
     start = time.perf_counter()
     logits = decoder.prefill(cache, input_ids)  # [1, vocab]: the last prompt token's
-    _, token = accept([-1], [0], logits, sampling, generator)
-    return StepStats(tokens=[token], from_guesses=0, tree_tokens=len(input_ids), seconds=time.perf_counter() - start, prefill=True)
+    recent = window(sequence, sampling) if sampling.penalized else None
+    _, token = accept([-1], [0], logits, sampling, generator, recent)
+    reported = None if logprobs is None else token_logprobs(logits.rows(slice(0, 1)), [token], logprobs)
+    return StepStats(tokens=[token], from_guesses=0, tree_tokens=len(input_ids), seconds=time.perf_counter() - start,
+                     prefill=True, logprobs=reported)
 
 
 def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepStats:
@@ -118,10 +129,15 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
 
     # 3. Accept the longest path the model agrees with; its own next token comes free.
     node_list = node_tokens.tolist()
-    last, bonus = accept(tree.parents, node_list, logits, state.sampling, state.generator)
+    recent = window(state.sequence, state.sampling) if state.sequence is not None else None  # [W], the root last
+    last, bonus = accept(tree.parents, node_list, logits, state.sampling, state.generator, recent)
     path = tree.node_paths[last]  # node indices, root first
     tokens = [node_list[i] for i in path[1:]] + [bonus]
     from_lookup = sum(1 for i in path[1:] if tree.paths[i][-1] == speculator.lookup_rank)
+
+    reported = None  # the emitted tokens' log-probabilities, from the rows that chose them: the path's
+    if state.logprobs is not None:
+        reported = token_logprobs(logits.rows(np.asarray(path)), tokens, state.logprobs)
 
     # 4. Keep the accepted path's KV at contiguous positions; drop the rest.
     decoder.keep(cache, cached, path)
@@ -134,7 +150,7 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
         state.guesses = logits.top_of_mean(slots, speculator.top_k)  # [m, K]: the ensemble's mean, best first
     state.root = tokens[-1]
     return StepStats(tokens=tokens, from_guesses=len(path) - 1, tree_tokens=tree.num_tokens,
-                     seconds=time.perf_counter() - start, from_lookup=from_lookup)
+                     seconds=time.perf_counter() - start, from_lookup=from_lookup, logprobs=reported)
 
 
 def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
@@ -158,14 +174,18 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
 
     sampling = request.sampling
     generator = None if sampling.greedy else sampling.generator()
-    stats = prefill(decoder, cache, request.input_ids, sampling, generator)
-    state = DecodeState(cache, root=stats.tokens[-1], sampling=sampling, generator=generator)
+    sequence = [*request.history, *request.input_ids] if sampling.penalized else None  # what penalties count
+    stats = prefill(decoder, cache, request.input_ids, sampling, generator, sequence or (), request.logprobs)
+    state = DecodeState(cache, root=stats.tokens[-1], sampling=sampling, generator=generator, sequence=sequence,
+                        logprobs=request.logprobs)
     produced: list[int] = []
     while True:
         room = max_context - prompt_end - len(produced)
         kept, stats.stop = clip_tokens(stats.tokens, len(produced), request.eos_token_ids, request.max_new_tokens, room)
         stats.clip(len(kept))  # the stats count only the tokens kept
         produced.extend(stats.tokens)
+        if sequence is not None:
+            sequence.extend(stats.tokens)
         yield stats
         if stats.stop:
             return

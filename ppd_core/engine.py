@@ -35,9 +35,11 @@ from ppd_core.engine_load import (
 from ppd_core.errors import PpdError
 from ppd_core.loading import LoadedModel, load_model
 from ppd_core.memory import limit_malloc_arenas, release_free_heap
+from ppd_core.logprobs import MAX_TOP_LOGPROBS  # noqa: F401 - app/'s API reads it here
 from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
 from ppd_core.options import MAX_LOOKUP
 from ppd_core.prompt_tokens import PromptTokens
+from ppd_core.sampling_defaults import ChosenSampling, default_sampling  # noqa: F401 - app/'s defaults
 from ppd_core.sampling_params import GREEDY, SamplingParams, recommended
 from ppd_core.snapshot import ModelSnapshot, PromptTokensInfo
 from ppd_core.static_trees import STATIC_TREES
@@ -317,6 +319,13 @@ class Engine:
             raise PpdError("the text is empty")
         return self.tokenizer.encode(text, add_special_tokens=True)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes ``token`` adds to a text (a control token's own text): what API logprobs name it by."""
+        tokenizer = self.tokenizer
+        if hasattr(tokenizer, "token_bytes"):  # a GGUF's (llama.cpp's pieces, bytes exact)
+            return tokenizer.token_bytes(token)
+        return tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(int(token))]).encode()
+
     @property
     def has_chat_template(self) -> bool:
         """Whether the model brings its own chat template (else chats use ChatML, and say so)."""
@@ -330,11 +339,14 @@ class Engine:
         guess_hook: decoding.GuessHook | None = None,
         reuse_cache: bool = False,
         sampling: SamplingParams = GREEDY,
+        logprobs: int | None = None,
     ) -> Iterator[GenerationEvent]:
         """Yield the growing answer after every forward pass (the prompt's first).
 
         With ``reuse_cache`` the KV cache of the previous such call is kept and only the
         tokens after its longest common prefix with ``input_ids`` are prefilled (multi-turn chat).
+        With ``logprobs`` (the number of alternatives, 0 to ``MAX_TOP_LOGPROBS``) each step's ``logprobs`` has its
+        tokens' log-probabilities.
         """
         if mode not in MODES:
             raise PpdError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -346,7 +358,7 @@ class Engine:
         lookup = self.lookup_lengths if mode == "ppd" and not self.plain_only else ()
         speculator = decoding.Speculator(self.loaded.backend, family, self._prompt_table, lookup)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
-                                   sampling, cache, guess_hook, history=input_ids[:reused])
+                                   sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs)
         steps = decoding.generate(speculator, request)
         try:
             for step in steps:

@@ -28,6 +28,11 @@ class SamplingParams:
     seed: int | None = None  # reproducible sampling
     typical_epsilon: float = 0.09  # typical acceptance: p(candidate) > min(epsilon, alpha * exp(-entropy))
     typical_alpha: float = 0.3
+    # llama.cpp's repetition penalties (``ppd_core/penalties.py``): off at these values
+    repeat_penalty: float = 1.0  # a seen token's logit divided by it (multiplied when <= 0)
+    repeat_last_n: int = 64  # the window: the sequence's last n tokens; -1: the whole context; 0: no penalties
+    presence_penalty: float = 0.0  # taken off a seen token's logit
+    frequency_penalty: float = 0.0  # taken off per time it was seen
 
     def __post_init__(self):
         if not 0.0 <= self.temperature <= 100.0:
@@ -40,10 +45,23 @@ class SamplingParams:
             raise PpdError(f"unknown acceptance {self.acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # a 64-bit seed, as the OpenAI API takes
             raise PpdError(f"seed must be a 64-bit integer, got {self.seed}")
+        if not 0.0 < self.repeat_penalty <= 100.0:
+            raise PpdError(f"repeat-penalty must be above 0 (1: off), got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise PpdError(f"repeat-last-n must be -1 (the whole context), 0 (off) or positive, got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise PpdError(f"{name.replace('_', '-')} must be between -2 and 2, got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any repetition penalty changes the logits (llama.cpp's test)."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                                            or self.frequency_penalty != 0.0)
 
     @property
     def lossless(self) -> bool:
@@ -53,6 +71,8 @@ class SamplingParams:
     def describe(self) -> dict:
         """The settings as reported in JSON output."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "repeat_penalty": self.repeat_penalty, "repeat_last_n": self.repeat_last_n,
+                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "acceptance": self.acceptance, "distribution_preserving": self.lossless}
 
     def generator(self) -> np.random.Generator:
@@ -66,12 +86,15 @@ GREEDY = SamplingParams()
 
 
 GGUF_SAMPLING = {"temperature": ("general.sampling.temp", float), "top_p": ("general.sampling.top_p", float),
-                 "top_k": ("general.sampling.top_k", int)}  # llama.cpp's keys for a model's recommended sampling
+                 "top_k": ("general.sampling.top_k", int), "repetition_penalty": ("general.sampling.penalty_repeat", float),
+                 "repeat_last_n": ("general.sampling.penalty_last_n", int)}  # llama.cpp's keys for a model's recommendation
+SAMPLED = ("temperature", "top_p", "top_k")  # what a recommendation sets only where it samples (``do_sample``)
 
 
 def gguf_sampling(metadata) -> dict:
     """A GGUF file's recommended sampling (``metadata(key)`` gives a value as text or None) in
-    ``generation_config.json``'s terms: ``do_sample`` and the values it sets; {} where it sets none."""
+    ``generation_config.json``'s terms (``do_sample`` where it sets a sampler, ``repetition_penalty``), plus
+    ``repeat_last_n`` (llama.cpp's window, which transformers lacks); {} where it sets none."""
     found = {}
     for name, (key, kind) in GGUF_SAMPLING.items():
         text = metadata(key)
@@ -80,17 +103,27 @@ def gguf_sampling(metadata) -> dict:
         except ValueError:
             continue
     found = {name: value for name, value in found.items() if value is not None}
-    return {"do_sample": True, **found} if found else {}
+    return {"do_sample": True, **found} if any(name in found for name in SAMPLED) else found
 
 
 def recommended(generation_config: dict) -> dict:
-    """The sampling a model's ``generation_config.json`` recommends ({} for greedy): temperature, top-p and top-k
-    where it sets them, and only where it samples (``do_sample``), as transformers reads them."""
-    if not generation_config.get("do_sample"):
-        return {}
-    picked = {name: generation_config[name] for name in ("temperature", "top_p", "top_k") if generation_config.get(name) is not None}
-    try:
-        SamplingParams(**picked)  # values ppd can use, or none of them
-    except (PpdError, TypeError):
-        return {}
-    return picked
+    """What a model's ``generation_config.json`` (or its GGUF's keys, ``gguf_sampling``) recommends, in
+    SamplingParams' terms: temperature, top-p and top-k where it samples (``do_sample``, as transformers reads them),
+    and its repetition penalty (transformers' counts the whole sequence: ``repeat_last_n`` -1, unless a GGUF names
+    a window). Values ppd cannot use are left out."""
+    picked = {}
+    if generation_config.get("do_sample"):
+        picked = {name: generation_config[name] for name in SAMPLED if generation_config.get(name) is not None}
+    penalty = generation_config.get("repetition_penalty")
+    if penalty is not None and penalty != 1.0:
+        picked["repeat_penalty"] = float(penalty)
+        picked["repeat_last_n"] = int(generation_config.get("repeat_last_n", -1))
+    usable = {}
+    for names in (SAMPLED, ("repeat_penalty", "repeat_last_n")):
+        group = {name: picked[name] for name in names if name in picked}
+        try:
+            SamplingParams(**group)
+            usable.update(group)
+        except (PpdError, TypeError):
+            continue
+    return usable

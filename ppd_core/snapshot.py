@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ppd_core.sampling_defaults import ChosenSampling, default_sampling
+
 
 @dataclass(frozen=True)
 class PromptTokensInfo:
@@ -41,4 +43,9 @@ class ModelSnapshot:
     profile: object | None  # the ``DeviceProfile`` decoding follows, if any
     expected_speedup: float | None
     device_policy: dict  # ``device_policy.policy_summary``
-    recommended_sampling: dict  # temperature / top-p / top-k the model recommends ({}: greedy)
+    recommended_sampling: dict  # temperature / top-p / top-k / repeat penalty the model recommends ({}: none)
+
+    @property
+    def sampling_defaults(self) -> ChosenSampling:
+        """What a request (the page's or the API's) gets for a field it leaves unset, and where it came from."""
+        return default_sampling(self.recommended_sampling)

@@ -16,12 +16,15 @@ class StepStats:
     prefill: bool = False  # the prompt forward that yields the first token
     stop: str | None = None  # set on the last step: "eos", "length" or "context"
     from_lookup: int = 0  # how many of the accepted guesses came from the n-gram lookup chain
+    logprobs: list | None = None  # ``logprobs.TokenLogprob`` per token, when the request asked for them
 
     def clip(self, keep: int) -> None:
         """Keep the first ``keep`` tokens, and count only the guesses among them (the prompt tokens' come
         first on a path, then the lookup chain's)."""
         prompt_guesses = self.from_guesses - self.from_lookup
         self.tokens = self.tokens[:keep]
+        if self.logprobs is not None:
+            self.logprobs = self.logprobs[:keep]
         self.from_guesses = min(self.from_guesses, keep)
         self.from_lookup = max(0, self.from_guesses - prompt_guesses)
 

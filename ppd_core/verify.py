@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ppd_core.logits import StepLogits
+from ppd_core.logits import HostLogits, StepLogits
+from ppd_core.penalties import penalize
 from ppd_core.sampling import adjusted_probs, sample, softmax, typical_threshold
 from ppd_core.sampling_params import SamplingParams
 
@@ -88,8 +89,25 @@ def accept(
     logits: StepLogits,  # rows [0, N) are the nodes'
     params: SamplingParams,
     generator: np.random.Generator | None,
+    recent: np.ndarray | None = None,  # [W] the penalties' window of the sequence, the root last (``penalties.window``)
 ) -> tuple[int, int]:
-    """The last accepted node and the token the model adds after it (its argmax or a sample)."""
+    """The last accepted node and the token the model adds after it (its argmax or a sample).
+
+    With repetition penalties, each node's row is penalised with its own path's tokens first (in place; put back
+    before returning, so the step's logits stay the model's own)."""
+    if not params.penalized:
+        return accept_rows(parents, node_tokens, logits, params, generator)
+    rows = logits.rows(slice(0, len(parents)))  # [N, vocab]
+    changed_rows, changed_tokens, earlier = penalize(rows, recent, parents, node_tokens, params)
+    try:
+        return accept_rows(parents, node_tokens, HostLogits(rows), params, generator)
+    finally:
+        rows[changed_rows, changed_tokens] = earlier
+
+
+def accept_rows(parents: Sequence[int], node_tokens: Sequence[int], logits: StepLogits, params: SamplingParams,
+                generator: np.random.Generator | None) -> tuple[int, int]:
+    """``accept`` on logits as they are."""
     count = len(parents)
     if params.greedy:
         targets = logits.argmax(slice(0, count)).tolist()

@@ -60,13 +60,14 @@ EXPECTED: dict = {}
 
 
 def expected_result(service: ChatService, messages, max_tokens: int, sampling: SamplingParams | None = None):
-    """What ``ppd generate`` answers, in this process (computed once per question)."""
+    """What the engine answers in this process (computed once per question) with ``sampling``, by default what a
+    request setting only ``temperature`` 0 gets (the model's defaults for the rest: its repeat penalty)."""
+    sampling = sampling or service.snapshot().sampling_defaults.params(temperature=0.0)
     key = (json.dumps(messages), max_tokens, sampling)
     if key not in EXPECTED:
         engine = service.engine
-        extra = {"sampling": sampling} if sampling is not None else {}
         with service.turn():  # never beside an answer the server is still finishing
-            EXPECTED[key] = engine.generate(engine.chat_ids(messages), "ppd", max_tokens, **extra)
+            EXPECTED[key] = engine.generate(engine.chat_ids(messages), "ppd", max_tokens, sampling=sampling)
     return EXPECTED[key]
 
 
@@ -158,7 +159,8 @@ def test_seeded_sampling_is_reproducible(served):
     first = client.chat.completions.create(seed=11, **sampled).choices[0].message.content
     streamed, _ = streamed_text(client.chat.completions.create(seed=11, stream=True, **sampled))
     assert first == streamed
-    assert first == expected_text(service, STORY, 16, SamplingParams(temperature=0.9, top_p=0.95, seed=11))
+    defaults = service.snapshot().sampling_defaults  # top-k and the repeat penalty: the model's defaults
+    assert first == expected_text(service, STORY, 16, defaults.params(temperature=0.9, top_p=0.95, seed=11))
     assert client.chat.completions.create(seed=12, **sampled).choices[0].message.content != first  # another seed, another answer
 
 
@@ -372,14 +374,15 @@ def malformed_requests() -> list[tuple[str, bytes]]:
     wrong_types = ("x", "", [], [1], {}, {"a": 1}, float("nan"), 1e309, -1e309)
     out_of_range = {"temperature": (-1, 2.5, 10**30), "top_p": (-1, 0, 1.5), "max_tokens": (-1, 0, 10**30, 3.5),
                     "max_completion_tokens": (-1, 0, 10**30, 3.5), "top_k": (-1, 3.5), "seed": (3.5, 2**64),
-                    "n": (0, 2, -1, 3.5), "presence_penalty": (1, -1), "frequency_penalty": (1, -1)}
+                    "n": (0, 2, -1, 3.5), "presence_penalty": (2.5, -3), "frequency_penalty": (2.01, -2.5),
+                    "repeat_penalty": (0, -1, 101), "repeat_last_n": (-2, 3.5), "top_logprobs": (-1, 21, 3.5)}
     for name, values in out_of_range.items():
         for value in (*wrong_types, *values):
             with_field(name, value)
     for name, value in (("stream", "maybe"), ("stream", 2), ("stream", [1]), ("stream_options", "x"),
                         ("stream_options", {"include_usage": "x"}), ("stream_options", [1]),
                         ("stop", 5), ("stop", [1]), ("stop", [""]), ("stop", ["a"] * 10), ("stop", {"a": 1}),
-                        ("logprobs", 5), ("logprobs", True), ("tools", [{"type": "function"}]), ("tools", "x"),
+                        ("logprobs", 5), ("logprobs", "x"), ("top_logprobs", 3), ("tools", [{"type": "function"}]), ("tools", "x"),
                         ("functions", [{}]), ("response_format", {"type": "json_object"}), ("response_format", "x"),
                         ("acceptance", "fast"), ("acceptance", 1), ("model", 5), ("model", ["m"]), ("model", {"a": 1})):
         with_field(name, value)
@@ -426,3 +429,58 @@ def test_malformed_requests_are_all_4xx_and_the_server_answers_after(served):
     print(f"bad input: {len(bodies) + 1} malformed requests and 3 half-sent ones: {statuses[400]} 400s, "
           f"{statuses[413] + 1} 413s, no 5xx; the next good request answered")
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_penalties_and_logprobs_through_the_openai_client_equal_plain_decoding(served):
+    """llama.cpp's penalties as llama-server takes them (repeat_penalty and repeat_last_n beside OpenAI's presence and
+    frequency penalties), and logprobs with 3 alternatives: the answer, PPD on the server, equals plain decoding's in
+    this process, and so does every logprob, to the last bit, streamed or not."""
+    client, service, app, url = served
+    penalties = {"repeat_penalty": 1.3, "repeat_last_n": 32, "presence_penalty": 0.5, "frequency_penalty": 0.3}
+    engine = service.engine
+    with service.turn():
+        plain = engine.generate(engine.chat_ids(STORY), "vanilla", 40, sampling=SamplingParams(**penalties), logprobs=3)
+    expected = [item for step in plain.steps for item in step.logprobs]
+    asked = dict(model="m", messages=STORY, temperature=0, max_tokens=40, logprobs=True, top_logprobs=3,
+                 presence_penalty=penalties["presence_penalty"], frequency_penalty=penalties["frequency_penalty"],
+                 extra_body={name: penalties[name] for name in ("repeat_penalty", "repeat_last_n")})
+    answer = client.chat.completions.create(**asked)
+    assert answer.choices[0].message.content == plain.text
+    streamed = list(client.chat.completions.create(stream=True, **asked))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == plain.text
+    streamed_entries = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    for entries in (answer.choices[0].logprobs.content, streamed_entries):
+        assert len(entries) == len(expected)
+        for entry, item in zip(entries, expected):
+            assert bytes(entry.bytes) == engine.token_bytes(item.token) and entry.logprob == item.logprob
+            assert [(bytes(t.bytes), t.logprob) for t in entry.top_logprobs] == \
+                [(engine.token_bytes(token), logprob) for token, logprob in item.top]
+    unpenalised = client.chat.completions.create(model="m", messages=STORY, temperature=0, max_tokens=40,
+                                                 extra_body={"repeat_penalty": 1.0})
+    assert unpenalised.choices[0].message.content != plain.text and answer.choices[0].logprobs.content[0].logprob <= 0
+
+
+def test_unset_sampling_fields_get_the_models_defaults_and_bad_ones_a_400(served):
+    """A request leaving the sampling unset gets what /v1/models names (the model's recommendation, else ppd's
+    measured repeat penalty, else llama-server's defaults); bad penalties and logprobs are one-line 400s."""
+    client, service, app, url = served
+    card = client.models.list().data[0].model_extra["ppd"]["sampling_defaults"]
+    assert card["temperature"] == {"value": 0.8, "from": "llama-server's default"}  # the default model recommends none
+    assert card["repeat_penalty"] == {"value": 1.1, "from": "ppd's default (measured)"}
+    from app.api import ChatCompletionRequest, sampling_of
+
+    chosen = service.snapshot().sampling_defaults
+    unset = sampling_of(ChatCompletionRequest(messages=QUESTION), chosen)
+    assert unset == SamplingParams(temperature=0.8, top_p=0.95, top_k=40, repeat_penalty=1.1, repeat_last_n=64)
+    assert sampling_of(ChatCompletionRequest(messages=QUESTION, temperature=0, repeat_penalty=1.0), chosen) == \
+        SamplingParams(top_p=0.95, top_k=40)
+    endpoint = f"{url}/v1/chat/completions"
+    for field, value in [("repeat_penalty", 0), ("repeat_last_n", -2), ("presence_penalty", 2.5),
+                         ("frequency_penalty", -3), ("top_logprobs", 21)]:
+        body = {"messages": QUESTION, field: value, **({"logprobs": True} if field == "top_logprobs" else {})}
+        error = error_of(httpx.post(endpoint, json=body, timeout=30))
+        assert error["param"] == field and "\n" not in error["message"], (field, error)
+    error = error_of(httpx.post(endpoint, json={"messages": QUESTION, "top_logprobs": 2}, timeout=30))
+    assert error["param"] == "top_logprobs" and "logprobs" in error["message"]
+    assert not service.queue.busy and app.state.ppd.running == 0

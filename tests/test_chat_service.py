@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_service import LOOKUP_MARK, ChatService, ChatSettings, Highlighter
+from app.chat_service import LOOKUP_MARK, PROMPT_MARK, ChatService, ChatSettings, Highlighter
 from app.history import Conversation, ConversationStore
 from app.system_info import device_panel, guess_sources
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core.engine import Engine, EngineConfig, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_highlighter_marks_accepted_guesses(service):
     highlighter.add(ids[3:], from_guesses=0)
     assert "".join(p for p, _ in highlighter.pieces) == tokenizer.decode(ids)
     assert [source for _, source in highlighter.pieces] == ["prompt tokens"] * 2 + [None] * (len(ids) - 2)
-    assert highlighter.html.startswith("<mark>")
+    assert highlighter.html.startswith(PROMPT_MARK)
     copied = Highlighter(tokenizer)
     copied.add(ids[:4], from_guesses=3, from_lookup=2)  # one prompt-token guess, two lookup guesses, the model's own
     assert [source for _, source in copied.pieces] == ["prompt tokens", "lookup", "lookup", None]
@@ -311,13 +311,13 @@ def test_while_a_pages_answer_streams_send_is_off_and_another_send_or_regenerate
     handlers, session = Handlers(service, ConversationStore(tmp_path / "c")), new_session()
     updates = handlers.send("Tell me a story.", session, *SETTINGS)
     taken = next(updates)
-    assert taken[1] == "" and taken[6:] == ({**keep, "interactive": False}, {**keep, "visible": True})
-    assert list(handlers.send("Another one.", session, *SETTINGS)) == [(keep, keep, keep, keep, session, keep, keep, keep)]
-    assert list(handlers.regenerate(session, *SETTINGS)) == [(keep, keep, keep, session, keep, keep)]
+    assert taken[1] == "" and taken[6:8] == ({**keep, "interactive": False}, {**keep, "visible": True})
+    assert list(handlers.send("Another one.", session, *SETTINGS)) == [(keep, keep, keep, keep, session, keep, keep, keep, keep)]
+    assert list(handlers.regenerate(session, *SETTINGS)) == [(keep, keep, keep, session, keep, keep, keep)]
     *_, last = updates
-    assert last[6:] == ({**keep, "interactive": True}, {**keep, "visible": False})
+    assert last[6:8] == ({**keep, "interactive": True}, {**keep, "visible": False})
     assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"] and not service.queue.waiting
-    *_, (chat, _, _, _, send, stop) = handlers.regenerate(session, *SETTINGS)  # free again once it ended
+    *_, (chat, _, _, _, send, stop, _) = handlers.regenerate(session, *SETTINGS)  # free again once it ended
     assert send == {**keep, "interactive": True} and stop == {**keep, "visible": False}
     assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"]
 
@@ -381,37 +381,51 @@ def test_a_full_disk_during_an_answer_is_one_line_and_the_next_save_catches_up(s
 
 
 def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_model_dir, tmp_path):
-    """A model whose generation_config.json samples: the page opens with its temperature, top-p and top-k, and
-    Compare stays greedy; one that does not (the tiny model, the default): greedy, sliders unchanged."""
+    """A model whose generation_config.json samples (and sets a repetition penalty): the page opens with its
+    temperature, top-p and penalty, each widget saying it is the model's, the rest llama-server's defaults; one that
+    recommends nothing (the tiny model, the default) opens on llama-server's defaults and ppd's measured repeat
+    penalty. Compare stays greedy, with the page's penalties."""
     import shutil
 
-    from app.ui import Handlers, new_session, sampling_defaults
+    from app.ui import SAMPLING_LABELS, Handlers, new_session, sampling_defaults
+    from ppd_core.sampling_defaults import default_sampling
     from ppd_core.sampling_params import recommended
 
     assert recommended({"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20}) == {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
     assert recommended({"temperature": 0.6}) == {} and recommended({"do_sample": True, "temperature": -1}) == {}
+    assert recommended({"repetition_penalty": 1.2}) == {"repeat_penalty": 1.2, "repeat_last_n": -1}  # transformers': all
     assert service.engine.recommended_sampling() == {}
-    assert sampling_defaults({}) == ({"__type__": "update"},) * 3
+    plain = dict(zip(SAMPLING_LABELS, sampling_defaults(default_sampling({}))))
+    assert plain["temperature"]["value"] == 0.8 and "llama-server's default" in plain["temperature"]["label"]
+    assert plain["repeat_penalty"]["value"] == 1.1 and "ppd's default" in plain["repeat_penalty"]["label"]
 
     folder = tmp_path / "sampler"
     shutil.copytree(tiny_model_dir, folder)
     config = json.loads((folder / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps({**config, "do_sample": True, "temperature": 0.6, "top_p": 0.9}))
+    (folder / "generation_config.json").write_text(json.dumps({**config, "do_sample": True, "temperature": 0.6, "top_p": 0.9,
+                                                               "repetition_penalty": 1.15}))
     sampler = ChatService(Engine.load(EngineConfig(model=str(folder), device="cpu", tree="auto", auto_calibrate=False,
                                                    max_context=160)))
-    assert sampler.engine.recommended_sampling() == {"temperature": 0.6, "top_p": 0.9}
+    assert sampler.engine.recommended_sampling() == {"temperature": 0.6, "top_p": 0.9, "repeat_penalty": 1.15,
+                                                     "repeat_last_n": -1}
     handlers = Handlers(sampler, ConversationStore(tmp_path / "c"))
-    *_, temperature, top_p, top_k, picker, _, _ = handlers.load(new_session())
-    assert temperature["value"] == 0.6 and "the model recommends 0.6" in temperature["label"]
-    assert top_p["value"] == 0.9 and top_k == {"__type__": "update"}
+    widgets = len(SAMPLING_LABELS)
+    shown = dict(zip(SAMPLING_LABELS, handlers.load(new_session())[-3 - widgets:-3]))
+    assert shown["temperature"]["value"] == 0.6 and "the model" in shown["temperature"]["label"]
+    assert shown["top_p"]["value"] == 0.9 and shown["top_k"]["value"] == 40 and "llama-server" in shown["top_k"]["label"]
+    assert shown["repeat_penalty"]["value"] == 1.15 and shown["repeat_last_n"]["value"] == -1
+    picker = handlers.load(new_session())[-3]
     assert picker["value"] == "default" and picker["choices"][0] == "default"  # the loaded model's name, as --model takes it
-    *_, temperature, top_p, top_k, picker, _, _ = handlers.model_panels()  # the timer's next tick: the user's choices stay
-    assert temperature == top_p == top_k == {"__type__": "update"} and "value" not in picker
+    *_, picker, _, _ = later = handlers.model_panels()  # the timer's next tick: the user's choices stay
+    assert all(update == {"__type__": "update"} for update in later[-3 - widgets:-3]) and "value" not in picker
     settings = ChatSettings(temperature=0.6, top_p=0.9, top_k=20)
     assert settings.sampling().top_k == 20 and settings.sampling().temperature == 0.6
     messages = [user("Hello there")]
-    result = sampler.compare(messages, ChatSettings(max_new_tokens=16))  # Compare: greedy both ways
-    assert result.identical and result.vanilla_text == sampler.engine.generate(sampler.engine.chat_ids(messages), "vanilla", 16).text
+    penalised = ChatSettings(max_new_tokens=16, temperature=0.9, repeat_penalty=1.5)
+    result = sampler.compare(messages, penalised)  # Compare: greedy both ways, with the page's penalty
+    expected = sampler.engine.generate(sampler.engine.chat_ids(messages), "vanilla", 16,
+                                       sampling=SamplingParams(repeat_penalty=1.5))
+    assert result.identical and result.vanilla_text == expected.text
 
 
 def wait_for(condition, seconds: float = 120.0) -> None:

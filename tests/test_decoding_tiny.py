@@ -152,3 +152,25 @@ def test_multi_turn_reuses_the_kv_cache_and_stays_exact(tiny_model_dir):
     stream.close()
     again = engine.generate(ids, "ppd", 20, reuse_cache=True)
     assert again.tokens == fresh.tokens and again.stats.reused_tokens == len(ids) - 1
+
+
+@pytest.mark.parametrize("forward", ["transformers", "lean"])
+def test_logprobs_and_penalties_under_trees_on_torch(forward):
+    """On the torch backend, with a repeat penalty, PPD's tokens equal plain decoding's and its logprobs (the rows of
+    its accepted paths, which torch computes in another order than plain steps) are within 1e-4 of plain's."""
+    from ppd_core.sampling_params import SamplingParams
+
+    decoder = pick_decoder(tiny_llama(seed=3), forward)
+    family = family_from_spec("chain", CHAIN, 3, 1)
+    prompt = list(range(5, 25))
+    sampling = SamplingParams(repeat_penalty=1.4, repeat_last_n=16, frequency_penalty=0.2)
+    results = {}
+    for name, (tree, table) in {"plain": (vanilla_family(), None), "ppd": (family, prompt_table(3, seed=1, scale=5))}.items():
+        steps = list(generate(Speculator(TorchDecoder(decoder), tree, table),
+                              Request(prompt, 60, frozenset(), 256, sampling, logprobs=4)))
+        results[name] = [item for step in steps for item in step.logprobs]
+    assert [i.token for i in results["ppd"]] == [i.token for i in results["plain"]]
+    assert len(results["plain"]) == 60
+    for ours, theirs in zip(results["ppd"], results["plain"]):
+        assert abs(ours.logprob - theirs.logprob) < 1e-4
+        assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(ours.top, theirs.top))

@@ -25,7 +25,7 @@ from app.api import create_api, make_server
 from app.chat_service import ChatService, ChatSettings, SwitchBusy, SwitchFailed
 from app.history import ConversationStore
 from app.training_job import TrainingJob
-from app.ui import Handlers
+from app.ui import SAMPLING_LABELS, Handlers
 from ppd_core.backends.llamacpp import LIVE_MODELS, LlamaCppDecoder
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.faults import FaultError, fault, inject
@@ -168,7 +168,7 @@ def test_when_no_model_loads_the_page_and_the_api_say_so_in_one_line_and_stay_re
     assert refused.value.status_code == 503 and refused.value.body["message"] == line
 
     panels = Handlers(service, ConversationStore(tmp_path / "conversations")).model_panels()
-    startup, send, device, timer, picker = panels[0], panels[1], panels[2], panels[5], panels[9]
+    startup, send, device, timer, picker = panels[0], panels[1], panels[2], panels[5], panels[6 + len(SAMPLING_LABELS)]
     assert startup == f"**{line}**" and device == "No model is loaded."
     assert send["interactive"] is False and timer.active is False  # nothing is loading: the page stops asking
     assert picker["interactive"] is True  # and another model can be picked

@@ -91,6 +91,8 @@ def test_hub_errors_are_one_line(local_hub, model, line):
 
 
 def test_no_network_and_nothing_cached_is_one_line(local_hub, monkeypatch):
+    """(huggingface_hub retries a refused file request five times, 23 s of back-off: its waits are skipped here.)"""
+    monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda seconds: None)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", "http://127.0.0.1:9/{repo_id}/resolve/{revision}/{filename}")
     for model in ("hf:me/tiny-llama", "hf:me/smol-gguf:smol.Q4_1.gguf"):

@@ -26,6 +26,8 @@ PAGE_QUESTION = "Give me three tips for staying healthy."
 MAX_TOKENS = 32
 TIMEOUT = 120  # seconds a client waits for its whole answer
 
+NO_PENALTY = (1.0, 64, 0.0, 0.0)  # the page's repetition penalties off (it opens with a repeat penalty of 1.1)
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -81,7 +83,7 @@ def test_sixteen_streaming_clients_and_a_page_answer_at_once(chat_server):
     for thread in threads:
         thread.start()
     page = Client(f"{url}/", verbose=False)
-    job = page.submit(PAGE_QUESTION, "", 0.0, 1.0, MAX_TOKENS, True, "lossless", False, api_name="/send")
+    job = page.submit(PAGE_QUESTION, "", 0.0, 1.0, MAX_TOKENS, True, "lossless", False, 0, *NO_PENALTY, api_name="/send")
     deadline = time.monotonic() + TIMEOUT
     while not service.queue.busy and not job.done():  # the page's answer first, then all 16 clients at once
         assert time.monotonic() < deadline, "the page's answer did not start"

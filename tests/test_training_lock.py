@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
@@ -17,7 +18,7 @@ import pytest
 
 from app.chat_service import ChatService
 from app.cli import main
-from app.trainer_lock import OWNER_NAME, live_trainer
+from app.trainer_lock import OWNER_NAME, Trainer, live_trainer
 from app.training_job import TrainingJob, work_dir
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.errors import PpdError
@@ -167,12 +168,27 @@ def test_a_side_file_naming_a_dead_or_reused_pid_is_no_trainer(tmp_path):
     me = psutil.Process()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    for pid, started, alive in [(me.pid, me.create_time(), True), (dead.pid, time.time() - 5, False),
-                                (me.pid, me.create_time() - 3600, False)]:  # a PID reused by another process
-        (tmp_path / OWNER_NAME).write_text(json.dumps({"pid": pid, "started": started}))
-        assert (live_trainer(tmp_path) is not None) == alive, (pid, started)
+    mine = Trainer.of(me)
+    for trainer, alive in [(mine, True), (Trainer(dead.pid, time.time() - 5, mine.after_boot - 5), False),
+                           (Trainer(me.pid, mine.started - 3600, mine.after_boot - 3600), False),  # a PID reused
+                           # the clock was corrected since it started (the boot time psutil adds moved): still it
+                           (Trainer(me.pid, mine.started + 2, mine.after_boot), True)]:
+        (tmp_path / OWNER_NAME).write_text(json.dumps(asdict(trainer)))
+        assert (live_trainer(tmp_path) is not None) == alive, trainer
     (tmp_path / OWNER_NAME).write_text('{"pid": 12')  # torn
     assert live_trainer(tmp_path) is None
+
+
+def test_the_same_trainer_whatever_the_boot_time_reads(monkeypatch):
+    """The kernel's boot time (psutil's ``boot_time``, added to every start time) stepped by a second between the
+    trainer writing its side file and the app reading it: the trainer is still found (a chaos run lost it once)."""
+    mine = Trainer.of(psutil.Process())
+    booted = psutil.boot_time()
+    monkeypatch.setattr(psutil, "boot_time", lambda: booted + 1.0)
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: booted + 1.0)
+    moved = psutil.Process()
+    assert abs(moved.create_time() - mine.started - 1.0) < 0.02  # every start time moved with it
+    assert mine.process() is not None and mine.process().pid == mine.pid
 
 
 KILL_MID_REWRITE = """

@@ -19,6 +19,8 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 
+NO_PENALTY = (1.0, 64, 0.0, 0.0)  # the page's repetition penalties off (it opens with a repeat penalty of 1.1)
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -53,7 +55,7 @@ def test_gradio_client_streams_the_answer_of_ppd_generate(running_app, capsys):
     url, service, store = running_app
     question = "Name the capital city of France."
     client = Client(url, verbose=False)
-    job = client.submit(question, "", 0.0, 1.0, 48, True, "lossless", False, api_name="/send")
+    job = client.submit(question, "", 0.0, 1.0, 48, True, "lossless", False, 0, *NO_PENALTY, api_name="/send")
     updates = list(job)
     chats = [u[0] for u in updates if isinstance(u[0], list) and u[0]]  # the last update only refreshes the list
     answers = [text_of(c[-1]["content"]) for c in chats if c[-1]["role"] == "assistant"]
@@ -294,3 +296,51 @@ def test_the_page_comes_first_and_shows_the_model_loading_and_calibrating(tmp_pa
         app.close()
         if service.ready:
             service.engine.close()
+
+
+def test_highlight_marks_accepted_guesses_in_two_colours_while_streaming_and_after(running_app, monkeypatch):
+    """With "Highlight" ticked (and the repeat penalty off, so the answer copies), the answer under the chat shows its
+    accepted guesses marked, prompt tokens yellow and copied tokens blue, while it streams and once it has ended
+    (Chromium, 1400 px); the chat's own message and what is saved stay plain text."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, service, store = running_app
+    decode = service.decode
+
+    def slow_decode(*args, **kwargs):  # a step every 30 ms at most: the answer streams long enough to be seen
+        for event in decode(*args, **kwargs):
+            yield event
+            time.sleep(0.03)
+
+    monkeypatch.setattr(service, "decode", slow_decode)
+    service.engine.set_lookup(4)
+    question = "List the days of the week, then list them again in the same order."
+    colours = "Array.from(document.querySelectorAll('#marked mark')).map(m => getComputedStyle(m).backgroundColor)"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(url)
+            expect(page.locator("#send")).to_be_enabled(timeout=60_000)
+            page.locator("#highlight input").check()
+            page.locator("#greedy").click()
+            page.get_by_text("Repetition penalties (llama.cpp's)").click()
+            penalty = page.locator("#repeat-penalty input[type='number']")
+            penalty.fill("1")
+            penalty.press("Enter")
+            page.locator("#message textarea").fill(question)
+            page.locator("#send").click()
+            readout = page.locator("#readout")
+            expect(readout).to_contain_text("(streaming)", timeout=120_000)
+            expect(page.locator("#marked mark").first).to_be_visible(timeout=60_000)
+            assert "(streaming)" in readout.inner_text()  # marked while it streams
+            expect(readout).not_to_contain_text("(streaming)", timeout=180_000)
+            found = set(page.evaluate(colours))
+            assert {"rgb(255, 224, 102)", "rgb(191, 227, 255)"} <= found, found  # yellow and blue, once it ended
+            bot = page.locator("#chat [data-testid='bot']").last.inner_text()
+            browser.close()
+    finally:
+        service.engine.set_lookup(None)
+    assert "<mark" not in bot and "mark>" not in bot
+    saved = [c for c in store.list() if c.messages and c.messages[0]["content"] == question][0].messages[-1]["content"]
+    assert "<mark" not in saved and "Monday" in saved and "Monday" in bot
