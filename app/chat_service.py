@@ -46,6 +46,9 @@ class ChatSettings:
         self.system_prompt = self.system_prompt or ""
         self.temperature, self.top_p, self.top_k = float(self.temperature), float(self.top_p), int(self.top_k or 0)
         self.max_new_tokens, self.ppd, self.highlight = int(self.max_new_tokens), bool(self.ppd), bool(self.highlight)
+        for name in PENALTY_FIELDS:  # a cleared number box sends None: the field's default (off)
+            if getattr(self, name) is None:
+                setattr(self, name, type(self).__dataclass_fields__[name].default)
         self.repeat_penalty, self.repeat_last_n = float(self.repeat_penalty), int(self.repeat_last_n)
         self.presence_penalty, self.frequency_penalty = float(self.presence_penalty), float(self.frequency_penalty)
 

@@ -244,6 +244,11 @@ def test_generate_bad_input(capsys, no_model_load):
     assert_error(capsys, "the message is empty", "generate", "   ")
     assert_error(capsys, "--max-new-tokens must be at least 1", "generate", "hi", "--max-new-tokens", 0)
     assert_error(capsys, "temperature must be between 0 and 100, got -1.0", "generate", "hi", "--temperature", -1)
+    assert_error(capsys, "repeat-penalty must be above 0 (1: off), got 0.0", "generate", "hi", "--repeat-penalty", 0)
+    assert_error(capsys, "repeat-last-n must be -1 (the whole context), 0 (off) or positive, got -2", "bench",
+                 "--repeat-last-n", -2)
+    assert_error(capsys, "presence-penalty must be between -2 and 2, got 3.0", "generate", "hi", "--presence-penalty", 3)
+    assert_error(capsys, "frequency-penalty must be between -2 and 2, got -2.5", "bench", "--frequency-penalty", -2.5)
     assert_error(capsys, "unknown tree 'huge'; use auto, small, medium, large or a token budget such as 12",
                  "generate", "hi", "--tree", "huge")
     assert_error(capsys, "--threads must be at least 1, got 0", "generate", "hi", "--threads", 0)

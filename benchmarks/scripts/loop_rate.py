@@ -15,8 +15,8 @@ under each setting:
 - ``greedy@P`` for each ``--penalties`` value P: greedy with repeat penalty P over the default window (the sweep that
   picked the default).
 
-An answer **ends in a loop** (``loops``) when a line of at least 8 characters occurs 3 or more times in it, or a run
-of 8 words does. The JSON has, per setting, how many answers loop, which, and the tokens per answer.
+An answer **ends in a loop** (``loops``) when it runs to the token limit and, in its last third, a line of at least 8
+characters occurs 3 or more times, or a run of 8 words does. The JSON has, per setting, how many answers loop, which, and the tokens per answer.
 """
 
 from __future__ import annotations
@@ -34,13 +34,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def loops(text: str, repeats: int = 3, words: int = 8, line_chars: int = 8) -> bool:
-    """Whether ``text`` repeats itself: a line (of ``line_chars`` or more) or a run of ``words`` words, ``repeats``
-    times or more."""
-    lines = Counter(line.strip() for line in text.splitlines() if len(line.strip()) >= line_chars)
+def loops(text: str, stopped_at_limit: bool, repeats: int = 3, words: int = 8, line_chars: int = 8) -> bool:
+    """Whether an answer ends in a loop: it ran to the token limit, and its last third repeats itself (a line of
+    ``line_chars`` or more, or a run of ``words`` words, ``repeats`` times or more there)."""
+    if not stopped_at_limit:
+        return False
+    tail = text[len(text) * 2 // 3:]
+    lines = Counter(line.strip() for line in tail.splitlines() if len(line.strip()) >= line_chars)
     if lines and max(lines.values()) >= repeats:
         return True
-    tokens = re.findall(r"\S+", text)
+    tokens = re.findall(r"\S+", tail)
     runs = Counter(tuple(tokens[i:i + words]) for i in range(len(tokens) - words + 1))
     return bool(runs) and max(runs.values()) >= repeats
 
@@ -77,21 +80,23 @@ def main() -> None:
     from ppd_core.engine import Engine, EngineConfig
 
     questions = first_turns()[::4][: args.questions]
-    engine = Engine.load(EngineConfig(model=str(args.model or default_gguf()), backend="llamacpp", tree="vanilla",
+    engine = Engine.load(EngineConfig(model=str(args.model or default_gguf()), backend="llamacpp", tree="medium",
                                       threads=args.threads))
     results = {}
     try:
         for name, sampling_of in settings(args.settings.split(","), [float(p) for p in args.penalties.split(",") if p]).items():
-            started, looped, tokens = time.perf_counter(), [], 0
+            started, looped, tokens, tails = time.perf_counter(), [], 0, {}
             for number, question in enumerate(questions):
                 sampling = sampling_of(number)
                 answer = engine.generate(engine.chat_ids([{"role": "user", "content": question}]), "vanilla",
                                          args.max_new_tokens, sampling=sampling)
                 tokens += len(answer.tokens)
-                if loops(answer.text):
+                if loops(answer.text, answer.stop_reason == "length"):
                     looped.append(number)
+                    tails[number] = answer.text[-160:]
             results[name] = {"sampling": sampling.describe(), "answers": len(questions), "loops": len(looped),
-                             "looping_questions": looped, "tokens_per_answer": tokens / len(questions),
+                             "looping_questions": looped, "looping_tails": tails,
+                             "tokens_per_answer": tokens / len(questions),
                              "seconds": round(time.perf_counter() - started, 1)}
             print(f"{name}: {len(looped)} of {len(questions)} answers loop", file=sys.stderr, flush=True)
     finally:

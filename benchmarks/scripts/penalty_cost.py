@@ -48,7 +48,7 @@ def main() -> None:
     from ppd_core.sampling_params import SamplingParams
     from ppd_core.verify import accept
 
-    engine = Engine.load(EngineConfig(model=str(args.model or default_gguf()), backend="llamacpp", tree="vanilla",
+    engine = Engine.load(EngineConfig(model=str(args.model or default_gguf()), backend="llamacpp", tree="medium",
                                       threads=args.threads))
     try:
         ids = engine.chat_ids([{"role": "user", "content": "Write a short story about a lighthouse keeper."}])

@@ -51,9 +51,10 @@ LIVE_MODELS: set[int] = set()  # decoders whose llama.cpp model is loaded (tests
 # more than 32 rows can pay there; a GPU's flat curve takes wide trees
 TREE_ROWS = {"cpu": 32, "gpu": 128}
 BATCH_ROWS = 512  # rows per llama_decode (prefill is split into batches this long)
-# rows llama.cpp computes at once (n_ubatch): 64 processed prompts 5% faster than 32 for 6 MB more memory on the 2-core
-# EPYC (128: 9% for 21 MB; the page's memory target is 320 MB)
-PREFILL_ROWS = 64
+# rows llama.cpp computes at once (n_ubatch): prompts split into fewer micro-batches. On the 2-core EPYC, plain decoding
+# against llama-server over the 80 MT-Bench first turns: 0.977x with 32, 0.978x with 64, 0.997x with 96; the page's
+# RSS after an answer 311.5 MB with 96 (target 320; 128 measured 21 MB more than 32)
+PREFILL_ROWS = 96
 SPARE_CELLS = 512  # cells beyond the context for parked rows and one step's tree (6 MB of the default's Q8_0 cache)
 DEFAULT_MAX_CONTEXT = 8192  # positions held at most (the model's own if smaller): 12 KB of Q8_0 cache each here
 # positions the context is made for at first; it doubles (up to max_context) when a conversation needs more.
