@@ -345,7 +345,8 @@ def test_openai_client_on_the_torch_backend(default_engine):
         assert (meta["backend"], meta["quant"]) == ("torch", "none")
         stream = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=32, stream=True)
         text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
-        expected = engine.generate(engine.chat_ids(QUESTION), "ppd", 32).text  # not bitwise here: PPD's own answer
+        defaults = ChatService(engine).snapshot().sampling_defaults.params(temperature=0.0)  # the default penalty
+        expected = engine.generate(engine.chat_ids(QUESTION), "ppd", 32, sampling=defaults).text  # PPD's own answer
         assert text == expected and "Paris" in expected
     finally:
         server.should_exit = True
