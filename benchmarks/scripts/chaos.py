@@ -442,25 +442,31 @@ class Chaos:
     def round(self, number: int) -> str:
         """One round, (a) to (g); its verdict line. Broken on the first invariant that does not hold."""
         rng = random.Random(number)
-        started = time.monotonic()
+        started, took = time.monotonic(), Phases()
         self.app.quit()  # (a) the last round's app, stopped as a service manager does
         self.launch()
         self.page.clear()
+        took("quit, launch")
         self.ask(f"Round {number}: say hello in three words.")  # (b)
+        took("answer")
         broken = self.broken[(number - 1) % len(self.broken)]
         self.broken_switch(broken)  # (c)
+        took("broken model")
         self.ask(f"Round {number}: name one color.")
         trainer = self.start_training()  # (d)
+        took("answer, training started")
         self.kill_mid_answer(f"Round {number}: {STORY}", rng)  # (e)
         self.app.start()  # (f) the trainer outlived the app: adopted, not started twice
         self.page.open()
         adopted = self.running_training("adopted, not run twice")
+        took("kill, adopted")
         check(adopted.pid == trainer.pid, "adopted, not run twice", f"trainer {trainer.pid}, now {adopted.pid}")
         # mid-training: once the trainer answers its conversations (before, it loads torch and its model: ~40 s)
         answered = wait_for(lambda: (done := trainer_answers(self.work_dir)) >= TRAINER_ANSWERS and done,
                             ANSWER_SECONDS, "training runs",
                             lambda: f"no answers from the trainer: {self.train_log_tail()}")
         check(adopted.is_running(), "training runs", lambda: f"the trainer ended: {self.train_log_tail()}")
+        took("trainer answering")
         self.app.kill()
         also = number % 2 == 0  # the trainer dies too: a stale lock is left behind
         if also:
@@ -472,16 +478,19 @@ class Chaos:
         check(kept >= answered, "the trainer's answers are on disk", f"{answered} answered, {kept} cached")
         one_trainer(self.work_dir)
         no_leaked_model(self.app)
+        took("kill, relaunch")
         resumed = self.resume()
+        took("stop, resume")
         self.ask(f"Round {number}: what is two plus two?")
         no_leaked_model(self.app)
         self.messages_on_disk()
+        took("answer")
         kind = BROKEN_KINDS[(number - 1) % len(BROKEN_KINDS)]
         return (f"round {number}: ok in {time.monotonic() - started:.0f} s: answered; {kind} model refused in one "
                 f"line, back on the default; training {trainer.pid} adopted after kill -9 mid-answer, then "
                 f"mid-training ({answered} answers in){' (trainer killed too)' if also else ''}; {len(self.typed)} "
                 f"messages and {kept} trainer answers on disk, one trainer ({resumed.pid}, resumed), one llama.cpp "
-                "model; the page answers")
+                f"model; the page answers (seconds: {took})")
 
     def close(self) -> None:
         """Quit the app; trainers left working in the folder (one, or more where an invariant broke) are stopped
@@ -492,6 +501,21 @@ class Chaos:
             process.terminate()
         for process in psutil.wait_procs(left, timeout=30)[1]:
             process.kill()
+
+
+class Phases:
+    """Seconds per phase of a round, called with each phase's name as it ends; ``str``: "launch 3, answer 2, ..."."""
+
+    def __init__(self):
+        self.last, self.spent = time.monotonic(), []
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.spent.append((name, now - self.last))
+        self.last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.0f}" for name, seconds in self.spent)
 
 
 @contextmanager
