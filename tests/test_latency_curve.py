@@ -207,3 +207,19 @@ def test_calibrate_with_a_curve_end_to_end(capsys, tiny_model_dir, tmp_path, mon
     assert (f"latency curve from {FLAT}: {curve.device} (source: {curve.source}); not saved as this device's profile; "
             f"guess acceptance from {profile['acceptance_from']}") in lines
     assert "profile saved to" not in printed
+
+
+@pytest.mark.parametrize("name", ["rtx3090-llama1b-f16", "rtx3090-llama8b-q4_0"])
+def test_the_shipped_gpu_curves_are_read_and_choose_the_brute_force_best(name):
+    """The published RTX 3090 curves in profiles/curves/ (the README's forecasts): read with their device and source,
+    and the search's choice on each is the brute-force best over every budget and chain combination; on the 8B Q4_0
+    curve (steep at 2-8 rows) the prompt tokens' tree stays small."""
+    curve = read_curve(ROOT / "profiles" / "curves" / f"{name}.json")
+    assert "RTX 3090" in curve.device and "not measured here" in curve.source
+    stats, conversations = answers(0)
+    search = choose_tree_and_chains(PROBS, stats, 3, 1, curve.latency_ms)
+    latency = {s: search.seconds(s) * 1000 for s in range(1, max(curve.latency_ms[0]) + 1)}
+    rates = brute_force(conversations, search, latency)
+    assert rates[search.budget, tuple(search.lengths)] == pytest.approx(max(rates.values()), rel=1e-9)
+    if name.endswith("q4_0"):
+        assert search.budget <= 4
