@@ -11,6 +11,10 @@ the very answers they are scored on: an optimistic figure): once with the step l
 (default: the shipped llama.cpp profile), once with a step cost that does not grow with the tree (up to 16 tokens,
 as on a GPU that is far from busy). Then *foresight*: every step carries exactly the chain tokens that turn out
 right, where copying them pays on the measured curve: no lookup policy can beat it on these answers and this curve.
+Between them, *adaptive*: ppd's own ``AdaptiveChains`` (ppd_core/lookup_policy.py) choosing every step's chain from
+what its conversation showed before it, with the same answers' acceptance as its prior (as the fixed lengths are fitted
+on them); and *held out*: fixed lengths and the adaptive prior fitted on half the conversations and scored on the
+other half (two folds), as calibration's figures come from other answers than a user's.
 Prints one JSON object (and writes it to ``--json``). (``benchmarks/measurements/lookup-ceiling.json`` was measured
 on the former torch int4 forward and its profile; ``lookup-ceiling-llamacpp-avx512.json`` on llama.cpp.)
 """
@@ -23,7 +27,8 @@ from app.bench import read_questions
 from app.cli import DEFAULT_QUESTIONS
 from ppd_core.calibration.latency import step_seconds
 from ppd_core.engine import Engine, EngineConfig
-from ppd_core.lookup import LookupStats, chain_lengths, with_lookup
+from ppd_core.lookup import LookupStats, chain_lengths, replay_steps, with_lookup
+from ppd_core.lookup_policy import AdaptiveChains, replay_adaptive
 from ppd_core.options import BACKEND_CHOICES
 from measurement import DEFAULT_PROFILE, profile_latency, report
 
@@ -39,6 +44,47 @@ def expectation(stats: LookupStats, seconds) -> dict:
         tokens, step_seconds = with_lookup(stats.select(keep), lengths, 1.0, 1, seconds)
         out[name] = {"tokens_per_step": round(tokens, 4), "speedup": round(tokens / step_seconds * seconds(1), 4)}
     return out
+
+
+def adaptive(stats: LookupStats, seconds, prior: list[list[float]]) -> dict:
+    """The product's adaptive policy (``AdaptiveChains``): each conversation's chains chosen step by step from what it
+    showed before (its two turns in order), with ``prior`` as calibration's acceptance."""
+    out = {}
+    for name, keep in TURNS:
+        steps, accepted, chains = replay_adaptive(stats, AdaptiveChains(prior, seconds), keep)
+        spent = sum(count * seconds(1 + length) for length, count in chains.items())
+        out[name] = {"tokens_per_step": round((steps + accepted) / steps, 4),
+                     "speedup": round((steps + accepted) / spent * seconds(1), 4)}
+    return out
+
+
+def conversations(stats: LookupStats, keep) -> LookupStats:
+    """The conversations (a first turn and the answers after it) whose number passes ``keep``."""
+    out, number = LookupStats.empty(len(stats.hits[0]), len(stats.trials)), -1
+    for turn, answer in zip(stats.turns, stats.matches):
+        number += turn == 1
+        if keep(number):
+            out.start_answer(turn)
+            for n, right, proposed in answer:
+                out.add_position(n, right, proposed)
+    return out
+
+
+def held_out(stats: LookupStats, seconds) -> dict:
+    """Two-fold, by conversation: the fixed lengths and the adaptive policy's prior fitted on the even conversations
+    and scored on the odd ones, and the other way round (as calibration's figures come from other answers)."""
+    totals = {name: {"fixed": [0.0, 0.0], "adaptive": [0.0, 0.0]} for name, _ in TURNS}
+    for fold in (0, 1):
+        train, test = conversations(stats, lambda n: n % 2 == fold), conversations(stats, lambda n: n % 2 != fold)
+        lengths = chain_lengths(train, 1.0, 1, seconds)
+        for name, keep in TURNS:
+            for kind, (steps, accepted, chains) in (
+                    ("fixed", replay_steps(test.select(keep), lengths)),
+                    ("adaptive", replay_adaptive(test, AdaptiveChains(train.probs, seconds), keep))):
+                totals[name][kind][0] += steps + accepted
+                totals[name][kind][1] += sum(count * seconds(1 + length) for length, count in chains.items())
+    return {name: {kind: round(tokens / spent * seconds(1), 4) for kind, (tokens, spent) in kinds.items()}
+            for name, kinds in totals.items()}
 
 
 def foresight(stats: LookupStats, seconds) -> dict:
@@ -87,6 +133,8 @@ def main() -> None:
         "answers": len(stats.matches), "latency_from": args.profile,
         "step_cost_measured_here": expectation(stats, measured),
         "step_cost_flat_up_to_16_tokens": expectation(stats, flat),
+        "adaptive_on_the_measured_curve": adaptive(stats, measured, stats.probs),
+        "held_out_speedup_on_the_measured_curve": held_out(stats, measured),
         "foresight_on_the_measured_curve": foresight(long_chains, measured),
     }
     report(result, args.json)
