@@ -35,6 +35,19 @@ def text_of(content) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
+def slow_down(service, monkeypatch, seconds: float) -> None:
+    """At most a decoding step every ``seconds`` from ``service`` for this test: its answers stream long enough for a
+    browser to watch them."""
+    decode = service.decode
+
+    def slow_decode(*args, **kwargs):
+        for event in decode(*args, **kwargs):
+            yield event
+            time.sleep(seconds)
+
+    monkeypatch.setattr(service, "decode", slow_decode)
+
+
 @pytest.fixture(scope="module")
 def running_app(tmp_path_factory):
     """The app on the default model on the llama.cpp backend, on localhost; a quick calibration so the button
@@ -127,14 +140,7 @@ def test_send_is_off_and_enter_sends_nothing_while_an_answer_streams(running_app
     from playwright.sync_api import expect, sync_playwright
 
     url, service, store = running_app
-    decode = service.decode
-
-    def slow_decode(*args, **kwargs):  # a step every 50 ms at most: the answer streams for seconds on any machine
-        for event in decode(*args, **kwargs):
-            yield event
-            time.sleep(0.05)
-
-    monkeypatch.setattr(service, "decode", slow_decode)
+    slow_down(service, monkeypatch, 0.05)  # the answer streams for seconds on any machine
     monkeypatch.setattr(service, "background", "A background job runs (test).")
     story, fruit = "Tell me a long story about a lighthouse keeper and a whale.", "Name one fruit."
 
@@ -305,14 +311,7 @@ def test_highlight_marks_accepted_guesses_in_two_colours_while_streaming_and_aft
     from playwright.sync_api import expect, sync_playwright
 
     url, service, store = running_app
-    decode = service.decode
-
-    def slow_decode(*args, **kwargs):  # a step every 30 ms at most: the answer streams long enough to be seen
-        for event in decode(*args, **kwargs):
-            yield event
-            time.sleep(0.03)
-
-    monkeypatch.setattr(service, "decode", slow_decode)
+    slow_down(service, monkeypatch, 0.03)  # the answer streams long enough to be seen
     service.engine.set_lookup(4)
     question = "List the days of the week, then list them again in the same order."
     colours = "Array.from(document.querySelectorAll('#marked mark')).map(m => getComputedStyle(m).backgroundColor)"
