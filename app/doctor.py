@@ -61,8 +61,11 @@ def check_answers(engine: Engine, questions: list[str], max_new_tokens: int,
     comparisons = []
     for number, question in enumerate(questions):
         ids = engine.chat_ids([{"role": "user", "content": question}])
-        answers = {mode: timed_answer(engine, ids, mode, max_new_tokens, [totals[mode]], GREEDY)
-                   for mode in (("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla"))}
+        answers = {}
+        for mode in ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla"):
+            engine.forget_conversation()  # each answer processes its prompt: the second would reuse the first's
+            answers[mode] = timed_answer(engine, ids, mode, max_new_tokens, [totals[mode]], GREEDY)
+        engine.forget_conversation()
         comparisons.append(compare_answer(number, ids, answers["vanilla"], answers["ppd"], engine.next_token_logits))
         same = "identical" if comparisons[-1].identical else f"part at token {comparisons[-1].difference.index}"
         print(f"ppd doctor: [{number + 1}/{len(questions)}] answers {same}", file=log, flush=True)

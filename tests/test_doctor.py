@@ -193,3 +193,23 @@ def test_environment_without_the_optional_packages(monkeypatch):
     assert env["bitsandbytes"] == "not installed"
     assert env["torch"] == torch.__version__ and env["device"]["threads"] == 1 and env["gpu"] is None
     assert env["memory_source"] == "system" and 0 < env["memory"]["used_bytes"] < env["memory"]["total_bytes"]
+
+
+@pytest.mark.slow
+def test_every_timed_answer_processes_its_own_prompt(llama_default, monkeypatch):
+    """Plain and PPD answer the same prompt in turn: the second must not reuse the cache the first left, or it
+    skips the prompt and the bench's ratio favours whichever mode went second."""
+    from app import doctor
+
+    reused = []
+    generate = llama_default.generate
+
+    def spy(*args, **kwargs):
+        result = generate(*args, **kwargs)
+        reused.append(result.stats.reused_tokens)
+        return result
+
+    monkeypatch.setattr(llama_default, "generate", spy)
+    comparisons, totals = doctor.check_answers(llama_default, ["Name a colour.", "Name a fruit."], 6, log=sys.stderr)
+    assert len(comparisons) == 2 and totals["vanilla"].new_tokens and totals["ppd"].new_tokens
+    assert reused == [0] * 6  # two warm-ups, then four answers from an empty cache
