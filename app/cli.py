@@ -67,22 +67,23 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help=f"guess tree: auto (calibrated for this device), {', '.join(STATIC_TREE_NAMES)}, or a token budget such as 12",
     )
     parser.add_argument(
-        "--lookup", type=lookup_length, default=None, metavar="auto|N",
-        help="guesses copied from the conversation (n-gram lookup) per PPD step: auto (default: the lengths "
-        "calibration chose), 0 (off) or up to N tokens",
+        "--lookup", type=lookup_length, default=None, metavar="auto|fixed|N",
+        help="guesses copied from the conversation (n-gram lookup) per PPD step: auto (default: chains as long as "
+        "they pay, learnt per conversation from calibration's figures), fixed (calibration's lengths), 0 (off) or up "
+        "to N tokens",
     )
 
 
-def lookup_length(text: str) -> int | None:
-    """``--lookup``: "auto" (None) or a chain length."""
-    if text == "auto":
-        return None
+def lookup_length(text: str) -> int | str | None:
+    """``--lookup``: "auto" (None), "fixed" or a chain length."""
+    if text in ("auto", "fixed"):
+        return None if text == "auto" else text
     try:
         length = int(text)
     except ValueError:
         length = -1
     if not 0 <= length <= MAX_LOOKUP:
-        raise argparse.ArgumentTypeError(f"expected auto, 0 (off) or a number of tokens up to {MAX_LOOKUP}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected auto, fixed, 0 (off) or a number of tokens up to {MAX_LOOKUP}, got {text!r}")
     return length
 
 

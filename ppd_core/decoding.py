@@ -19,7 +19,8 @@ import numpy as np
 from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
 from ppd_core.logprobs import token_logprobs
-from ppd_core.lookup import MATCH_CLASSES, ChainedTrees, NgramIndex, match_class
+from ppd_core.lookup import ChainedTrees, NgramIndex, match_class, right_guesses
+from ppd_core.lookup_policy import ChainPolicy
 from ppd_core.penalties import window
 from ppd_core.sampling_params import GREEDY, SamplingParams
 from ppd_core.stats import StepStats
@@ -41,11 +42,6 @@ class Speculator:
     decoder: Decoder
     family: TreeFamily  # one tree per number of guessed depths; a root-only family is plain decoding
     prompt_table: np.ndarray | None = None  # [n * V, hidden] float32
-    lookup_lengths: tuple[int, ...] = ()  # lookup chain length by match class (``lookup.MATCH_CLASSES``; empty or 0: none)
-
-    def __post_init__(self) -> None:
-        if self.lookup_lengths and len(self.lookup_lengths) != len(MATCH_CLASSES):
-            raise ValueError(f"lookup_lengths needs one length per match class ({len(MATCH_CLASSES)}), got {self.lookup_lengths}")
 
     @property
     def top_k(self) -> int:
@@ -71,6 +67,7 @@ class Request:
     guess_hook: GuessHook | None = None
     history: Sequence[int] = ()  # the tokens ``cache`` already holds (lookup guesses copy from them too)
     logprobs: int | None = None  # report each token's log-probability and this many alternatives; None: none
+    chains: ChainPolicy | None = None  # lookup chains copied from the conversation, and how long; None: none
 
 
 @dataclass
@@ -169,7 +166,8 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
     prompt_end = decoder.cache_length(cache) + len(request.input_ids)  # sequence length before the answer
     check_prompt_fits(prompt_end, max_context)
     last_resort = root_only_tree()
-    lookup = NgramIndex([*request.history, *request.input_ids]) if any(speculator.lookup_lengths) else None
+    chains = request.chains
+    lookup = NgramIndex([*request.history, *request.input_ids]) if chains is not None else None
     chained = ChainedTrees(speculator.lookup_rank)
 
     sampling = request.sampling
@@ -192,17 +190,21 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
 
         # the depth-0 tree (no guesses yet) only attaches prompt tokens to the root
         tree = speculator.family.for_depth(0 if state.guesses is None else state.guesses.shape[0])
+        offered, match, drafted = [], 0, 0  # the lookup's proposal, its match class, the tokens drafted of it
         if lookup is not None:
             lookup.extend(stats.tokens)
-            lengths = speculator.lookup_lengths
-            chain, match = lookup.propose(max(lengths))
-            chain = chain[: lengths[match_class(match)]] if chain else []  # the length for this match
-            chain = chain[: max(0, decoder.max_tree_rows - tree.num_tokens)]  # rows the backend runs in one step
-            if chain:
-                tree, state.guesses = chained.step(tree, state.guesses, chain)
+            offered, match = lookup.propose(chains.longest)
+            if offered:
+                match = match_class(match)
+                drafted = min(chains.length(match, len(offered)), max(0, decoder.max_tree_rows - tree.num_tokens))
+                if drafted:
+                    tree, state.guesses = chained.step(tree, state.guesses, offered[:drafted])
         if prompt_end + len(produced) - 1 + tree.max_offset >= max_context:
-            tree = last_resort  # no room left for guesses near the end of the context
+            tree, drafted = last_resort, 0  # no room left for guesses near the end of the context
         stats = tree_step(speculator, state, tree)
+        if offered:  # the emitted tokens show how much of the proposal was right, drafted or not
+            chains.observe(match, right_guesses(offered, stats.tokens, 0), drafted, len(offered))
+            stats.chain, stats.chain_match = drafted, match
         if request.guess_hook is not None and state.guesses is not None:
             state.guesses = request.guess_hook(produced + stats.tokens, state.guesses)
 

@@ -21,7 +21,8 @@ from ppd_core import decoding
 from ppd_core.backends.llamacpp import LIVE_MODELS, chat_model
 from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, measure_record, profile_key
 from ppd_core.calibration.curves import LatencyCurve, read_curve
-from ppd_core.calibration.latency import measure_latency
+from ppd_core.calibration.calibrate import within
+from ppd_core.calibration.latency import mean_curve, measure_latency, step_seconds
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.calibration.tree_search import design_family
@@ -37,6 +38,7 @@ from ppd_core.loading import LoadedModel, load_model
 from ppd_core.memory import limit_malloc_arenas, release_free_heap
 from ppd_core.logprobs import MAX_TOP_LOGPROBS  # noqa: F401 - app/'s API reads it here
 from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
+from ppd_core.lookup_policy import AdaptiveChains, ChainPolicy, FixedChains
 from ppd_core.options import MAX_LOOKUP
 from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.sampling_defaults import ChosenSampling, default_sampling  # noqa: F401 - app/'s defaults
@@ -103,6 +105,7 @@ class KeptCache:
 
     cache: object  # the backend's
     ids: list[int]  # the tokens whose keys and values the cache holds
+    chains: ChainPolicy | None = None  # the conversation's lookup chain policy: what its turns so far taught it
 
 
 @dataclass
@@ -130,6 +133,7 @@ class Engine:
         self._prompt_table = prompt_tokens.table() if prompt_tokens.num_prompt_tokens else None  # [n * V, hidden]
         self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match class (empty: none)
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
+        self.chain_policy = "adaptive"  # with a profile: chains learnt per conversation, or "fixed": calibration's
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
@@ -197,18 +201,36 @@ class Engine:
             raise PpdError(f"{profile.acceptance_from} holds no record for these prompt tokens")
         return path
 
-    def set_lookup(self, length: int | None) -> None:
-        """Lookup chains of up to ``length`` tokens (0: none); None: the lengths calibration chose (none without a profile)."""
-        self._lookup = length
+    def set_lookup(self, length: int | str | None) -> None:
+        """Lookup chains of up to ``length`` tokens (0: none); None: learnt per conversation from the profile's figures
+        (``new_chains``); "fixed": the lengths calibration chose (none without a profile)."""
+        self.chain_policy = "fixed" if length == "fixed" else "adaptive"
+        self._lookup = None if length == "fixed" else length
+        self._refresh_lookup()
+
+    def _refresh_lookup(self) -> None:
+        """``lookup_lengths`` for the asked-for length or the profile in use."""
+        length = self._lookup
         if length is None:
             self.lookup_lengths = tuple(self.profile.lookup_lengths) if self.profile is not None else ()
         else:
             self.lookup_lengths = (length,) * len(MATCH_CLASSES) if length else ()
 
+    def new_chains(self) -> ChainPolicy | None:
+        """A new conversation's lookup chain policy: the asked-for length (``set_lookup``), or, with a profile,
+        chains learnt per conversation from calibration's acceptance and latency curve (``AdaptiveChains``; "fixed":
+        calibration's lengths); None: no lookup."""
+        profile = self.profile
+        if self._lookup is None and self.chain_policy == "adaptive" and profile is not None and profile.lookup_acceptance:
+            seconds = within(step_seconds(profile.latency_ms), max(mean_curve(profile.latency_ms)))
+            tokens_per_step = self.calibration_expectation()["expected_tokens_per_step"] or 1.0
+            return AdaptiveChains(profile.lookup_acceptance, seconds, tokens_per_step, self.family.trees[-1].num_tokens)
+        return FixedChains(self.lookup_lengths) if any(self.lookup_lengths) else None
+
     def use_profile(self, profile: DeviceProfile, budget: int | None = None) -> None:
         """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
         self.profile, self.tree_budget = profile, budget
-        self.set_lookup(self._lookup)
+        self._refresh_lookup()
         if budget is None:
             self.set_tree(profile.family())
             return
@@ -351,27 +373,34 @@ class Engine:
         if mode not in MODES:
             raise PpdError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         family = self.family if mode == "ppd" else self._vanilla
-        cache, reused = self._take_cache(input_ids) if reuse_cache else (None, 0)
+        cache, reused, chains = self._take_cache(input_ids) if reuse_cache else (None, 0, None)
         stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
         text = text_stream(self.tokenizer)  # incremental: O(new tokens) per step
-        lookup = self.lookup_lengths if mode == "ppd" and not self.plain_only else ()
-        speculator = decoding.Speculator(self.loaded.backend, family, self._prompt_table, lookup)
+        if mode != "ppd" or self.plain_only:
+            chains = None
+        elif chains is None:  # a new conversation (a follow-up goes on with what its turns taught)
+            chains = self.new_chains()
+        speculator = decoding.Speculator(self.loaded.backend, family, self._prompt_table)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
-                                   sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs)
+                                   sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
+                                   chains=chains)
         steps = decoding.generate(speculator, request)
         try:
             for step in steps:
                 stats.add(step)
+                if step.chain_match >= 0:  # the lookup proposed: what its policy made of it
+                    done = f"drafted {step.chain} copied tokens" if step.chain else "drafted none"
+                    stats.lookup_note = f"{done} ({chains.why(step.chain_match, step.chain)})"
                 tokens.extend(step.tokens)
                 delta = text.extend(step.tokens) + (text.flush() if step.stop else "")
                 yield GenerationEvent(text.text, delta, list(tokens), step, stats, step.stop)
         except GeneratorExit:  # stopped by the consumer between steps: the cache is consistent
             if cache is not None:
-                self._keep_cache(cache, list(input_ids) + tokens)
+                self._keep_cache(cache, list(input_ids) + tokens, chains)
             raise
         if cache is not None:
-            self._keep_cache(cache, list(input_ids) + tokens)
+            self._keep_cache(cache, list(input_ids) + tokens, chains)
 
     def close(self) -> None:
         """Give the model's memory back (before another model loads: one model in memory at a time)."""
@@ -385,25 +414,28 @@ class Engine:
         """Drop the cache kept for the next turn: the next answer processes its whole prompt."""
         self._kept = None
 
-    def _take_cache(self, input_ids: Sequence[int]) -> tuple[object, int]:
-        """The kept cache cut to its common prefix with ``input_ids`` (at least one token left to prefill)."""
+    def _take_cache(self, input_ids: Sequence[int]) -> tuple[object, int, ChainPolicy | None]:
+        """The kept cache cut to its common prefix with ``input_ids`` (at least one token left to prefill), and the
+        kept conversation's chain policy where ``input_ids`` goes on with that whole conversation (a follow-up)."""
         kept, self._kept = self._kept, None
         if kept is None:
-            return self.loaded.backend.new_cache(), 0
+            return self.loaded.backend.new_cache(), 0, None
         common = 0
         for cached, new in zip(kept.ids, input_ids):
             if cached != new:
                 break
             common += 1
+        follow_up = common == len(kept.ids)
         common = min(common, len(input_ids) - 1)
         self.loaded.backend.truncate(kept.cache, common)
-        return kept.cache, common
+        return kept.cache, common, kept.chains if follow_up else None
 
-    def _keep_cache(self, cache: object, ids: list[int]) -> None:
-        """Keep ``cache`` for the next turn, holding the keys and values of a prefix of ``ids``."""
+    def _keep_cache(self, cache: object, ids: list[int], chains: ChainPolicy | None = None) -> None:
+        """Keep ``cache`` (and the conversation's ``chains``) for the next turn, holding the keys and values of a
+        prefix of ``ids``."""
         length = min(self.loaded.backend.cache_length(cache), len(ids))
         self.loaded.backend.truncate(cache, length)  # drops guesses accepted past a stop
-        self._kept = KeptCache(cache, ids[:length])
+        self._kept = KeptCache(cache, ids[:length], chains)
 
     def generate(self, input_ids: Sequence[int], mode: str = "ppd", max_new_tokens: int = 256, **kwargs) -> GenerationResult:
         """Run ``stream`` to the end."""

@@ -43,7 +43,8 @@ class EngineConfig:
     auto_calibrate: bool = True  # "auto" without a profile: calibrate now (else use the default static tree)
     max_context: int | None = None  # default: the model's
     threads: int = 0  # CPU threads (llama.cpp's; torch's process-wide); 0: one per core
-    lookup: int | None = None  # n-gram lookup chain per PPD step: None, the profile's choice; 0, none; N, up to N
+    lookup: int | str | None = None  # n-gram lookup chains: None, learnt per conversation from the profile's figures;
+    # "fixed", the profile's lengths; 0, none; N, up to N
     backend: str = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model; "torch" on a GGUF: de-quantized
     gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
 
@@ -120,8 +121,8 @@ def load_engine(cls, config: EngineConfig, progress: Progress | None = None):
     """``cls(...)`` (the ``Engine``) for ``config``: the model loaded, its prompt tokens found, the tree picked from the
     saved profile (or a calibration, with ``auto_calibrate``). A failure after the model loaded frees it first."""
     check_tree_name(config.tree)
-    if config.lookup is not None and not 0 <= config.lookup <= MAX_LOOKUP:
-        raise PpdError(f"lookup must be auto, 0 (off) or a chain length up to {MAX_LOOKUP}, got {config.lookup}")
+    if config.lookup not in (None, "fixed") and not (isinstance(config.lookup, int) and 0 <= config.lookup <= MAX_LOOKUP):
+        raise PpdError(f"lookup must be auto, fixed, 0 (off) or a chain length up to {MAX_LOOKUP}, got {config.lookup}")
     if config.threads < 0:
         raise PpdError(f"threads must be positive (or 0 for one per core), got {config.threads}")
     hub_model = hub.parse(config.model)

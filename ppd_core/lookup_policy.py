@@ -18,15 +18,52 @@ output.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from ppd_core.lookup import LookupStats, MAX_CHAIN
+from ppd_core.lookup import MAX_CHAIN, LookupStats, class_label
 
 # calibration's acceptance counts as this many observations of each (class, position): in a two-fold replay of the 80
 # MT-Bench conversations on the AVX-512 EPYC's curve, 4 / 8 / 16 gave 1.079x / 1.086x / 1.092x on second turns
 # (the best fixed lengths 1.090x) and 1.015x / 1.017x / 1.015x on first turns (1.023x)
 PRIOR_WEIGHT = 16.0
+
+
+class ChainPolicy(Protocol):
+    """How long a lookup chain each step drafts; one per conversation (decoding asks, then tells)."""
+
+    longest: int  # the longest chain it ever drafts
+
+    def length(self, match: int, offered: int) -> int:
+        """Tokens to draft of the ``offered`` a match of class ``match`` proposes (0: none)."""
+
+    def observe(self, match: int, right: int, drafted: int, offered: int) -> None:
+        """What the step showed: the first ``right`` of the ``offered`` tokens were right, ``drafted`` were drafted."""
+
+    def why(self, match: int, drafted: int) -> str:
+        """A few words on the last choice, for the page's readout."""
+
+
+@dataclass
+class FixedChains:
+    """Chains of set lengths by match class (``--lookup N``, or ``--chains fixed``: calibration's): nothing learnt."""
+
+    lengths: tuple[int, ...]  # by match class
+
+    @property
+    def longest(self) -> int:
+        return max(self.lengths, default=0)
+
+    def length(self, match: int, offered: int) -> int:
+        return min(self.lengths[match], offered)
+
+    def observe(self, match: int, right: int, drafted: int, offered: int) -> None:
+        pass
+
+    def why(self, match: int, drafted: int) -> str:
+        return f"fixed lengths: {self.lengths[match]} after a {class_label(match)}-token match"
 
 
 class AdaptiveChains:
@@ -47,6 +84,10 @@ class AdaptiveChains:
         self.latency, self.tokens_per_step, self.tree_size = latency, tokens_per_step, tree_size
         self.prior_weight, self.max_chain = prior_weight, max_chain
         self.reset()
+
+    @property
+    def longest(self) -> int:
+        return self.max_chain
 
     def reset(self) -> None:
         """A new conversation: back to calibration's figures."""
@@ -81,6 +122,12 @@ class AdaptiveChains:
         shown = min(right + 1, drafted + 1, offered, self.max_chain)  # positions whose rightness the tokens show
         self.seen[match, :shown] += 1
         self.right[match, : min(right, shown)] += 1
+
+    def why(self, match: int, drafted: int) -> str:
+        """"first token right 91% after 8-15-token matches here": the learnt chance behind the choice."""
+        chance = self.conditional(match)[0]
+        verdict = "" if drafted else ": a chain's rows would not pay"
+        return f"first copied token right {chance:.0%} after {class_label(match)}-token matches{verdict}"
 
 
 def replay_adaptive(stats: LookupStats, policy: AdaptiveChains,

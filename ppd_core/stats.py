@@ -17,6 +17,8 @@ class StepStats:
     stop: str | None = None  # set on the last step: "eos", "length" or "context"
     from_lookup: int = 0  # how many of the accepted guesses came from the n-gram lookup chain
     logprobs: list | None = None  # ``logprobs.TokenLogprob`` per token, when the request asked for them
+    chain: int = 0  # lookup tokens drafted in the step
+    chain_match: int = -1  # the match class (``lookup.MATCH_CLASSES``) of the lookup's proposal; -1: none
 
     def clip(self, keep: int) -> None:
         """Keep the first ``keep`` tokens, and count only the guesses among them (the prompt tokens' come
@@ -39,6 +41,8 @@ class GenerationStats:
     steps: int = 0  # forward passes after the prefill
     from_guesses: int = 0
     from_lookup: int = 0  # of ``from_guesses``, those the lookup chain proposed
+    drafted: int = 0  # lookup chain tokens drafted (``from_lookup`` of them accepted)
+    lookup_note: str = ""  # what the lookup chain policy did at its last proposal, and why
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     accepted_per_step: list[int] = field(default_factory=list)
@@ -47,6 +51,7 @@ class GenerationStats:
         self.new_tokens += len(step.tokens)
         self.from_guesses += step.from_guesses
         self.from_lookup += step.from_lookup
+        self.drafted += step.chain
         if step.prefill:
             self.prefill_seconds += step.seconds
         else:

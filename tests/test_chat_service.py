@@ -483,3 +483,19 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
     assert pending.is_alive() and service.engine.profile is None
     service.shutdown()  # ppd quits mid-calibration: it stops before the model is freed
     assert not pending.is_alive() and service.engine.profile is None
+
+
+def test_the_readout_says_what_the_lookup_chains_are_doing(service):
+    """With chains on, the readout says how many drafted tokens were right and what the last proposal got, and why."""
+    service.engine.set_lookup(3)
+    try:
+        prompt = "one two three four five six seven eight nine ten " * 3
+        updates = list(service.answer([user(f"Repeat: {prompt}")], ChatSettings(max_new_tokens=40)))
+        stats = updates[-1].stats
+        assert stats.lookup_note  # the tiny model's answer repeats itself: the lookup proposes
+        line = f"lookup: {stats.from_lookup} of {stats.drafted} drafted tokens right; last step {stats.lookup_note}"
+        assert line in updates[-1].readout and "fixed lengths: 3 after a" in stats.lookup_note
+        plain = list(service.answer([user(f"Repeat: {prompt}")], ChatSettings(max_new_tokens=40, ppd=False)))
+        assert "lookup:" not in plain[-1].readout  # PPD off: nothing drafted, nothing said
+    finally:
+        service.engine.set_lookup(None)

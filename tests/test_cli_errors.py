@@ -304,7 +304,7 @@ def test_bad_lookup_length(capsys, no_model_load, value):
         main(["generate", "hi", "--lookup", value])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"ppd generate: error: argument --lookup: expected auto, 0 (off) or a number of tokens up to 64, got '{value}'")
+        f"ppd generate: error: argument --lookup: expected auto, fixed, 0 (off) or a number of tokens up to 64, got '{value}'")
 
 
 def test_help_and_argument_errors_import_neither_torch_nor_model_code():

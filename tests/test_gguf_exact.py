@@ -14,6 +14,7 @@ from ppd_core.engine import Engine, EngineConfig
 from ppd_core.gguf_text import GgufTokenizer
 from ppd_core.loading import default_model_file
 from ppd_core.lookup import MATCH_CLASSES
+from ppd_core.lookup_policy import FixedChains
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import family_from_spec, vanilla_family
 from tiny_gguf import requantize, tiny_models  # noqa: F401 - the fixture
@@ -24,9 +25,9 @@ PROMPTS = ["Write a short poem about rivers and the sea.", "List five fruits, th
 CHAINS = (4,) * len(MATCH_CLASSES)
 
 
-def answer(decoder, speculator, prompt: list[int], max_new_tokens: int, hook=None) -> tuple[list[int], int]:
+def answer(decoder, speculator, prompt: list[int], max_new_tokens: int, hook=None, chains=None) -> tuple[list[int], int]:
     """The answer's tokens and how many of them came from guesses."""
-    request = Request(prompt, max_new_tokens, frozenset(), decoder.max_context, guess_hook=hook)  # no EOS: all compared
+    request = Request(prompt, max_new_tokens, frozenset(), decoder.max_context, guess_hook=hook, chains=chains)  # no EOS: all compared
     steps = list(generate(speculator, request))
     return [t for step in steps for t in step.tokens], sum(step.from_guesses for step in steps)
 
@@ -101,8 +102,8 @@ def test_tiny_architectures_greedy_ppd_equals_plain(tiny_models, architecture, t
             plain, _ = answer(decoder, Speculator(decoder, vanilla_family()), ids, 40)
             for name, spec in STATIC_TREES.items():
                 family = family_from_spec(name, spec, 3)
-                tokens, from_guesses = answer(decoder, Speculator(decoder, family, table, CHAINS), ids, 40,
-                                              planting(plain))
+                tokens, from_guesses = answer(decoder, Speculator(decoder, family, table), ids, 40,
+                                              planting(plain), FixedChains(CHAINS))
                 assert tokens == plain, (architecture, type_name, name, prompt)
                 guessed += from_guesses
         assert guessed, (architecture, type_name)

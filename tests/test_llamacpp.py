@@ -10,6 +10,7 @@ in a context that grows mid-answer, and in a follow-up turn that reuses the cach
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -20,6 +21,7 @@ from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.engine import Engine, EngineConfig
 from ppd_core.loading import default_model_file
 from ppd_core.lookup import MATCH_CLASSES
+from ppd_core.lookup_policy import FixedChains
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
 
@@ -177,8 +179,9 @@ def test_an_answer_filling_its_context_with_rebuilds_equals_plain(llama_engine):
     small = family_from_spec("small", STATIC_TREES["small"], tokens.num_prompt_tokens, tokens.ensemble_size)
     answers = []
     for family, chains in ((vanilla_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
-        speculator = Speculator(decoder, family, llama_engine._prompt_table, chains)
-        request = Request(prompt, 448, frozenset(), decoder.max_context)  # no EOS: all 448 tokens
+        speculator = Speculator(decoder, family, llama_engine._prompt_table)
+        request = Request(prompt, 448, frozenset(), decoder.max_context,  # no EOS: all 448 tokens
+                          chains=FixedChains(chains) if chains else None)
         answers.append([t for step in generate(speculator, request) for t in step.tokens])
     assert len(answers[0]) == 448 and answers[1] == answers[0]
     assert decoder.rebuilds >= 3
@@ -276,8 +279,9 @@ def test_a_context_that_grows_mid_answer_keeps_it_equal_to_plain(llama_engine):
     large.close()
     growing = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=64)
     first_cells = growing.cells
-    speculator = Speculator(growing, small, llama_engine._prompt_table, (4,) * len(MATCH_CLASSES))
-    assert [t for step in generate(speculator, request) for t in step.tokens] == plain
+    speculator = Speculator(growing, small, llama_engine._prompt_table)
+    chained = dataclasses.replace(request, chains=FixedChains((4,) * len(MATCH_CLASSES)))
+    assert [t for step in generate(speculator, chained) for t in step.tokens] == plain
     assert growing.grows >= 2 and growing.cells > 2 * first_cells
     growing.close()
     assert len(plain) == 500

@@ -16,6 +16,7 @@ from ppd_core.lookup import (
     replay_steps, with_lookup,
 )
 from ppd_core.hf_loading import pick_decoder
+from ppd_core.lookup_policy import FixedChains
 from ppd_core.sampling_params import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
@@ -213,7 +214,8 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
         decoder = pick_decoder(model, forward)
 
         def tokens(family, prompt_table, lengths):
-            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table, lengths), Request(prompt, 80, frozenset(), 256)))
+            chains = FixedChains(lengths) if lengths else None
+            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table), Request(prompt, 80, frozenset(), 256, chains=chains)))
             return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
 
         plain, _ = tokens(vanilla_family(), None, ())
@@ -246,8 +248,8 @@ def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
         params = SamplingParams(temperature=0.7, seed=seed)
 
         def tokens(lengths):
-            request = Request(prompt, 80, frozenset(), 256, params)
-            steps = list(generate(Speculator(TorchDecoder(decoder), vanilla_family(), None, lengths), request))
+            request = Request(prompt, 80, frozenset(), 256, params, chains=FixedChains(lengths) if lengths else None)
+            steps = list(generate(Speculator(TorchDecoder(decoder), vanilla_family()), request))
             return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
 
         plain, _ = tokens(())

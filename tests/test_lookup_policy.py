@@ -128,3 +128,103 @@ def test_in_a_replay_it_beats_the_best_fixed_lengths_where_copying_comes_and_goe
         by_turn[turn] = (rate(replay_steps(part, fixed), seconds), rate(adaptive, seconds))
     assert by_turn[2][1] > by_turn[2][0]
     assert by_turn[1][1] >= 0.98 * by_turn[1][0]
+
+
+# --- in decoding and in the engine ----------------------------------------------------------------
+
+
+def tiny_answers(chains):
+    """Greedy answers of a tiny model to a repetitive prompt, plain and with ``chains``: (plain, steps with chains)."""
+    from conftest import tiny_llama
+    from ppd_core.backends.torch_backend import TorchDecoder
+    from ppd_core.decoding import Request, Speculator, generate
+    from ppd_core.hf_loading import pick_decoder
+    from ppd_core.tree import vanilla_family
+
+    decoder = TorchDecoder(pick_decoder(tiny_llama(seed=7), "lean"))
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+
+    def answer(policy):
+        return list(generate(Speculator(decoder, vanilla_family()), Request(prompt, 80, frozenset(), 256, chains=policy)))
+
+    plain = [t for step in answer(None) for t in step.tokens]
+    return plain, answer(chains)
+
+
+class Spy(AdaptiveChains):
+    """Records every proposal decoding shows it and what it told decoding."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked, self.told = [], []
+
+    def length(self, match, offered):
+        self.asked.append((match, offered, super().length(match, offered)))
+        return self.asked[-1][-1]
+
+    def observe(self, match, right, drafted, offered):
+        self.told.append((match, right, drafted, offered))
+        super().observe(match, right, drafted, offered)
+
+
+@pytest.mark.slow
+def test_decoding_learns_to_draft_once_copying_shows_and_stays_exact(llama_default):
+    """A prior that says chains are never right and a device where a row is nearly free: the first proposals draft
+    nothing; each step's emitted tokens show how much of the proposal was right, and the chains grow as the answer
+    copies the prompt. Output: plain's, token for token (the default model on llama.cpp)."""
+    from ppd_core.decoding import Request, Speculator, generate
+    from ppd_core.tree import vanilla_family
+
+    text = "The quick brown fox jumps over the lazy dog while the sleepy cat watches from the warm windowsill."
+    prompt = llama_default.chat_ids([{"role": "user", "content": f"Repeat this sentence exactly, twice: {text}"}])
+    decoder = llama_default.loaded.backend
+
+    def answer(policy):
+        request = Request(prompt, 64, frozenset(), llama_default.max_context, chains=policy)
+        return list(generate(Speculator(decoder, vanilla_family()), request))
+
+    pessimist = Spy([[0.0] * MAX_CHAIN for _ in MATCH_CLASSES], lambda rows: 0.010 + 0.0001 * rows, prior_weight=4)
+    steps = answer(pessimist)
+    assert [t for step in steps for t in step.tokens] == [t for step in answer(None) for t in step.tokens]
+    drafts = [step.chain for step in steps if step.chain_match >= 0]
+    assert drafts[0] == 0 and max(drafts) >= 4 and sum(step.from_lookup for step in steps) >= 8
+    assert len(pessimist.asked) == len(pessimist.told) == len(drafts)  # told after every step it was asked about
+    for (match, offered, length), (seen, right, drafted, shown) in zip(pessimist.asked, pessimist.told):
+        assert (seen, drafted, shown) == (match, length, offered) and 0 <= right <= offered
+
+
+def test_decoding_never_drafts_where_every_row_costs_a_step():
+    """Rows that cost a whole step each: a chain can at best tie plain steps, and a tie drafts nothing."""
+    sure = [[1.0] * MAX_CHAIN for _ in MATCH_CLASSES]
+    plain, steps = tiny_answers(AdaptiveChains(sure, lambda rows: 0.010 * rows))
+    assert [t for step in steps for t in step.tokens] == plain
+    assert any(step.chain_match >= 0 for step in steps) and not any(step.chain for step in steps)
+
+
+@pytest.mark.slow
+def test_a_follow_up_goes_on_with_what_its_conversation_taught(llama_default, monkeypatch):
+    """The engine keeps one chain policy per conversation: a follow-up turn (its prompt extends the whole kept
+    conversation) gets the same one; a new conversation a new one."""
+    made = []
+    new_chains = llama_default.new_chains
+
+    def counted():
+        made.append(new_chains())
+        return made[-1]
+
+    monkeypatch.setattr(llama_default, "new_chains", counted)
+    monkeypatch.setattr(llama_default, "_lookup", 3)  # chains on, whatever this machine's calibration chose
+    llama_default._refresh_lookup()
+    try:
+        llama_default.forget_conversation()
+        history = [{"role": "user", "content": "Say: red green blue."}]
+        first = llama_default.generate(llama_default.chat_ids(history), "ppd", 12, reuse_cache=True)
+        kept = llama_default._kept.chains
+        history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Again."}]
+        llama_default.generate(llama_default.chat_ids(history), "ppd", 12, reuse_cache=True)
+        assert len(made) == 1 and llama_default._kept.chains is kept is made[0]
+        llama_default.generate(llama_default.chat_ids([{"role": "user", "content": "Say: one two."}]), "ppd", 8, reuse_cache=True)
+        assert len(made) == 2 and llama_default._kept.chains is made[1] is not kept
+    finally:
+        llama_default.forget_conversation()
+        llama_default.set_lookup(None)
