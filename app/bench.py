@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 
+from app.server_peer import ServerPeer
 from ppd_core.engine import GREEDY, Engine, SamplingParams, chat_model, describe
 from ppd_core.errors import PpdError
 
@@ -121,6 +122,8 @@ class BenchConfig:
     compare_generate: bool = False  # also time transformers generate() (greedy only)
     compare_llama_cpp: bool = False  # also time llama-cpp-python's create_chat_completion (greedy only)
     sampling: SamplingParams = GREEDY
+    llama_server: Path | None = None  # also time this llama-server binary, plain and with its n-gram drafts (greedy only)
+    server_specs: tuple[str, ...] = ("plain", "ngram-simple", "ngram-mod")
 
 
 @dataclass
@@ -132,6 +135,8 @@ class BenchRun:
     reference: ModeTotals = field(default_factory=ModeTotals)  # transformers generate()
     peer: ModeTotals = field(default_factory=ModeTotals)  # llama-cpp-python create_chat_completion
     peer_same_text: int = 0  # its answers whose text equals plain decoding's
+    servers: dict[str, dict[str, ModeTotals]] = field(default_factory=dict)  # llama-server's, by spec: "all", "turn N"
+    server_same_text: dict[str, int] = field(default_factory=dict)  # its answers whose text equals plain decoding's
     mismatches: list[int] = field(default_factory=list)  # questions whose greedy answers differ
 
 
@@ -205,10 +210,13 @@ class LlamaCppPeer:
 
 
 def bench_question(engine: Engine, number: int, question: Question, config: BenchConfig, run: BenchRun,
-                   peer: LlamaCppPeer | None = None) -> None:
+                   peer: LlamaCppPeer | None = None, servers: dict[str, ServerPeer] | None = None) -> None:
     """Each mode answers the whole conversation as the chat does: the first turn from an empty cache (its
     prompt processed whole), later turns after the mode's own answers, reusing the conversation's cache.
-    Which mode goes first alternates between questions."""
+    Which mode goes first alternates between questions; the llama-servers answer after ppd on even questions,
+    before it on odd ones."""
+    servers = servers or {}
+    server_answers = {} if number % 2 == 0 else server_conversations(servers, question, config, run)
     sampling = config.sampling
     if not sampling.greedy:  # both modes get the same seed per question
         sampling = dataclasses.replace(sampling, seed=(sampling.seed or 0) + number)
@@ -229,11 +237,51 @@ def bench_question(engine: Engine, number: int, question: Question, config: Benc
             answers[mode].append(tokens)
             history.append({"role": "assistant", "content": engine.tokenizer.decode(tokens, skip_special_tokens=True)})
     engine.forget_conversation()
+    if number % 2 == 0:
+        server_answers = server_conversations(servers, question, config, run)
+    plain = [engine.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens in answers["vanilla"]]
+    for spec, texts in server_answers.items():
+        run.server_same_text[spec] = run.server_same_text.get(spec, 0) + sum(a.strip() == b for a, b in zip(texts, plain))
     if peer is not None and sampling.greedy:
-        plain = [engine.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens in answers["vanilla"]]
         run.peer_same_text += sum(a.strip() == b for a, b in zip(peer.conversation(turns, config.max_new_tokens, run.peer), plain))
     if answers["ppd"] != answers["vanilla"]:
         run.mismatches.append(number)
+
+
+def server_conversations(servers: dict[str, ServerPeer], question: Question, config: BenchConfig,
+                         run: BenchRun) -> dict[str, list[str]]:
+    """Each llama-server's answers to the question's turns, counted into its totals (all turns, and per turn)."""
+    texts = {}
+    for spec, server in servers.items():
+        totals = run.servers.setdefault(spec, {})
+        answers = server.conversation(question.turns[: config.turns], config.max_new_tokens)
+        for index, (_, tokens, seconds) in enumerate(answers, 1):
+            for name in ("all", f"turn {index}"):
+                totals.setdefault(name, ModeTotals()).new_tokens += tokens
+                totals[name].seconds += seconds
+        texts[spec] = [text for text, _, _ in answers]
+    return texts
+
+
+def start_servers(engine: Engine, config: BenchConfig) -> dict[str, ServerPeer]:
+    """The llama-servers of ``config`` on the engine's GGUF file and threads, each warmed up on one answer."""
+    if config.llama_server is None:
+        return {}
+    gguf = engine.loaded.gguf_file
+    if gguf is None:
+        raise PpdError("--compare-llama-server needs a GGUF model (the default is one)")
+    if not config.sampling.greedy:
+        raise PpdError("--compare-llama-server compares greedy answers: leave --temperature at 0")
+    servers: dict[str, ServerPeer] = {}
+    try:
+        for spec in config.server_specs:
+            servers[spec] = ServerPeer(config.llama_server, gguf, engine.threads, spec, config.sampling)
+            servers[spec].answer([{"role": "user", "content": "Say hello."}], 16)  # its warm-up
+    except BaseException:
+        for server in servers.values():
+            server.close()
+        raise
+    return servers
 
 
 def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig, log=None) -> dict:
@@ -256,19 +304,48 @@ def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig
     peer = LlamaCppPeer(engine, sampling) if config.compare_llama_cpp else None
     if peer is not None:
         peer.answer([{"role": "user", "content": "Say hello."}], 16, ModeTotals())  # its warm-up
-    for number, question in enumerate(questions):
-        bench_question(engine, number, question, config, run, peer)
-        speeds = {mode: t.new_tokens / max(t.seconds, 1e-9) for mode, t in run.modes.items()}
-        line = f"[{number + 1}/{len(questions)}] ppd {speeds['ppd']:.1f} tok/s, vanilla {speeds['vanilla']:.1f} tok/s"
-        if peer is not None:
-            line += f", llama.cpp create_chat_completion {run.peer.tok_s:.1f} tok/s"
-        print(line, file=log, flush=True)
+    servers = start_servers(engine, config)
+    try:
+        for number, question in enumerate(questions):
+            bench_question(engine, number, question, config, run, peer, servers)
+            speeds = {mode: t.new_tokens / max(t.seconds, 1e-9) for mode, t in run.modes.items()}
+            line = f"[{number + 1}/{len(questions)}] ppd {speeds['ppd']:.1f} tok/s, vanilla {speeds['vanilla']:.1f} tok/s"
+            if peer is not None:
+                line += f", llama.cpp create_chat_completion {run.peer.tok_s:.1f} tok/s"
+            line += "".join(f", llama-server {spec} {run.servers[spec]['all'].tok_s:.1f} tok/s" for spec in servers)
+            print(line, file=log, flush=True)
+    finally:
+        for server in servers.values():
+            server.close()
     result = summary(engine, len(questions), config, run)
+    if servers:
+        result["llama_server"] = server_summary(engine, servers, run, result)
     if peer is not None:
         result["llama_cpp"] = {**run.peer.to_json(False), **peer.describe(), "same_text_as_plain": run.peer_same_text,
                                "plain_over_llama_cpp": round(result["vanilla"]["tok_s"] / run.peer.tok_s, 4) if run.peer.tok_s else 0.0,
                                "ppd_over_llama_cpp": round(result["ppd"]["tok_s"] / run.peer.tok_s, 4) if run.peer.tok_s else 0.0}
     return result
+
+
+def server_summary(engine: Engine, servers: dict[str, ServerPeer], run: BenchRun, result: dict) -> dict:
+    """Each llama-server's tokens/s, all turns and per turn, and ppd's (plain and PPD) over it on the same parts."""
+    ours = {"all": {mode: result[mode]["tok_s"] for mode in ("vanilla", "ppd")}}
+    for name, group in result["groups"].items():
+        if name.startswith("turn "):
+            ours[name] = {"vanilla": group["vanilla_tok_s"], "ppd": group["ppd"]["tok_s"]}
+    out = {}
+    for spec, server in servers.items():
+        totals = run.servers[spec]
+        out[spec] = {
+            **{key: value for key, value in totals["all"].to_json(False).items() if key != "peak_mem_mb"},
+            **server.describe(engine.loaded.gguf_file),
+            "same_text_as_plain": run.server_same_text.get(spec, 0),
+            "by_part": {part: {"tok_s": totals[part].tok_s,
+                               **{f"{mode}_over_it": round(ours[part][mode] / totals[part].tok_s, 4) if totals[part].tok_s else 0.0
+                                  for mode in ("vanilla", "ppd")}}
+                        for part in ours if part in totals},
+        }
+    return out
 
 
 def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchRun) -> dict:

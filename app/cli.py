@@ -136,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare-generate", action="store_true", help="also time transformers generate()")
     bench.add_argument("--compare-llama-cpp", action="store_true",
                        help="also time llama-cpp-python's create_chat_completion on the same GGUF file and threads")
+    bench.add_argument("--compare-llama-server", type=Path, default=None, metavar="BIN",
+                       help="also time this llama-server binary on the same GGUF file, threads and conversations: plain "
+                       "and with --spec-type ngram-simple and ngram-mod (benchmarks/scripts/llama_server_bench.py "
+                       "--build-only builds one from llama-cpp-python's own llama.cpp)")
     add_sampling_options(bench)
     add_model_options(bench)
 
@@ -557,6 +561,10 @@ def run_bench(args: argparse.Namespace) -> int:
     from app.bench import BenchConfig, read_questions, run_benchmark
 
     questions = read_questions(args.questions, None)  # a missing or malformed file fails before the model loads
+    if args.compare_llama_server is not None:
+        from app.server_peer import executable
+
+        args.compare_llama_server = executable(args.compare_llama_server)  # fails before the model loads
     if args.category is not None:
         categories = sorted({q.category for q in questions})
         questions = [q for q in questions if q.category == args.category]
@@ -564,7 +572,8 @@ def run_bench(args: argparse.Namespace) -> int:
             raise PpdError(f"no question of category {args.category!r}; the file has {', '.join(categories)}")
     questions = questions[: args.limit] if args.limit else questions
     engine = load_engine(args)
-    config = BenchConfig(args.turns, args.max_new_tokens, args.compare_generate, args.compare_llama_cpp, sampling)
+    config = BenchConfig(args.turns, args.max_new_tokens, args.compare_generate, args.compare_llama_cpp, sampling,
+                         args.compare_llama_server)
     result = run_benchmark(engine, questions, config)
     text = json.dumps(result, indent=2)
     if args.json_path:
