@@ -34,13 +34,15 @@ from ppd_core.engine_load import (
     EngineConfig, load_engine, model_signature, user_prompt_tokens_path,
 )
 from ppd_core.errors import PpdError
-from ppd_core.loading import LoadedModel, load_model
+from ppd_core.loading import LoadedModel, load_model, model_path  # noqa: F401 - app/'s `ppd quantize` reads model_path
 from ppd_core.memory import limit_malloc_arenas, release_free_heap
 from ppd_core.logprobs import MAX_TOP_LOGPROBS  # noqa: F401 - app/'s API reads it here
 from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
 from ppd_core.lookup_policy import AdaptiveChains, ChainPolicy, FixedChains
 from ppd_core.options import MAX_LOOKUP
+from ppd_core.perplexity import SHIPPED_TEXT, perplexity  # noqa: F401 - app/'s `ppd quantize`
 from ppd_core.prompt_tokens import PromptTokens
+from ppd_core.quantize import TYPES as QUANT_TYPES, plan as quantize_plan, quantize  # noqa: F401 - `ppd quantize`
 from ppd_core.sampling_defaults import ChosenSampling, default_sampling  # noqa: F401 - app/'s defaults
 from ppd_core.sampling_params import GREEDY, SamplingParams, recommended
 from ppd_core.snapshot import ModelSnapshot, PromptTokensInfo
