@@ -174,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--latency-curve", type=Path, default=None, metavar="FILE",
                            help="choose the tree for this step-latency curve (JSON: tree tokens -> ms, e.g. a GPU's) "
                            "instead of timing this device; the result is not saved as this device's profile")
+    calibrate.add_argument("--no-type-curves", action="store_true",
+                           help="for an F16/BF16/Q8_0 file, skip timing the flatter types Q4_0, IQ4_NL and Q4_K_M")
     add_model_options(calibrate)
 
     train = commands.add_parser("train", help="learn prompt tokens by self-distillation")
@@ -296,7 +298,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         from ppd_core.engine import read_curve
 
         curve = read_curve(args.latency_curve)  # a bad file fails before the model loads
-    args.tree = "medium"  # calibration replaces it; never calibrate twice
+    args.tree = "auto"  # with auto_calibrate off: no calibration at load (a static tree would need prompt tokens)
     engine = load_engine(args, auto_calibrate=False)
     profile = engine.calibrate(ProgressBars()) if curve is None else engine.calibrate_with_curve(curve, ProgressBars())
     measured = set(next(iter(profile.latency_ms.values())))
@@ -326,7 +328,32 @@ def run_calibrate(args: argparse.Namespace) -> int:
         write_output(args.json_path, json.dumps(profile.to_json(), indent=1) + "\n")
     if args.acceptance_file:
         print(f"acceptance record written to {engine.export_acceptance(args.acceptance_file, profile)}")
+    if curve is None and engine.loaded.gguf_file is not None and not args.no_type_curves:
+        report_type_curves(engine)
     return 0
+
+
+def report_type_curves(engine) -> None:
+    """For an F16/BF16/Q8_0 file: this device's step curve for it, and what flatter types would decode at."""
+    from ppd_core.engine import TYPE_CURVE_CONTEXT, TYPE_CURVE_SIZES, other_type_curves, read_source
+
+    gguf, threads, layers = engine.loaded.gguf_file, engine.threads, engine.loaded.kernels.get("gpu_layers")
+    own_type = read_source(gguf)[0]
+    if own_type not in ("F32", "F16", "BF16", "Q8_0"):
+        return
+    print(f"step ms after {TYPE_CURVE_CONTEXT} cached tokens, {' / '.join(map(str, TYPE_CURVE_SIZES))} rows "
+          "(other types made in a temporary folder and timed here; this takes a while):", flush=True)
+    curves = {f"{own_type} (this file)": engine.step_curve(TYPE_CURVE_SIZES, TYPE_CURVE_CONTEXT)}
+    engine.close()  # one model in memory at a time
+    curves.update(other_type_curves(gguf, threads, layers))
+    for name, curve in curves.items():
+        if isinstance(curve, str):
+            print(f"  {name}: not measured ({curve})")
+            continue
+        sizes = TYPE_CURVE_SIZES
+        how = "" if "this file" in name else f"; `ppd quantize {gguf.name} --to {name}` makes it and reports its perplexity"
+        print(f"  {name}: {' / '.join(f'{curve[s]:.1f}' for s in sizes)}; {sizes[-1]} rows cost "
+              f"{curve[sizes[-1]] / curve[1]:.1f}x one; plain {1000 / curve[1]:.1f} tokens/s{how}")
 
 
 def write_output(path: Path, text: str) -> None:

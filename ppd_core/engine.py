@@ -25,6 +25,8 @@ from ppd_core.calibration.calibrate import within
 from ppd_core.calibration.latency import mean_curve, measure_latency, step_seconds
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import beside, copy_records, save_record
+from ppd_core.calibration.type_curves import CONTEXT as TYPE_CURVE_CONTEXT, SIZES as TYPE_CURVE_SIZES  # noqa: F401
+from ppd_core.calibration.type_curves import other_type_curves  # noqa: F401 - `ppd calibrate` on an F16/BF16/Q8_0 file
 from ppd_core.calibration.tree_search import design_family
 from ppd_core.decoding import check_prompt_fits
 from ppd_core.device_info import describe, memory_of
@@ -42,7 +44,7 @@ from ppd_core.lookup_policy import AdaptiveChains, ChainPolicy, FixedChains
 from ppd_core.options import MAX_LOOKUP
 from ppd_core.perplexity import SHIPPED_TEXT, perplexity  # noqa: F401 - app/'s `ppd quantize`
 from ppd_core.prompt_tokens import PromptTokens
-from ppd_core.quantize import TYPES as QUANT_TYPES, plan as quantize_plan, quantize  # noqa: F401 - `ppd quantize`
+from ppd_core.quantize import TYPES as QUANT_TYPES, plan as quantize_plan, quantize, read_source  # noqa: F401 - `ppd quantize`
 from ppd_core.sampling_defaults import ChosenSampling, default_sampling  # noqa: F401 - app/'s defaults
 from ppd_core.sampling_params import GREEDY, SamplingParams, recommended
 from ppd_core.snapshot import ModelSnapshot, PromptTokensInfo
@@ -152,6 +154,10 @@ class Engine:
         except ProfileError as error:
             log.warning("ignoring the saved calibration: %s; recalibrating", error)
             return None
+
+    def step_curve(self, sizes: Sequence[int], context: int) -> dict[int, float]:
+        """Milliseconds of one step of each size in ``sizes`` rows after ``context`` cached tokens, on this model."""
+        return measure_latency(self.loaded.backend, None, 0, 1, sizes, (context,), repeats=5)[context]
 
     def calibrate(self, progress: Progress | None = None, **options) -> DeviceProfile:
         """Measure this device, save the profile, and switch to its tree."""

@@ -96,3 +96,23 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, tiny_models, tmp_path,
     code, stdout, stderr = run_cli(capsys, "quantize", source, *[a.format(**names) for a in args])
     assert code == 2 and stdout == "" and stderr.startswith(f"ppd: error: {line.format(**names)}")
     assert len(stderr.splitlines()) == 1 and sorted(tmp_path.rglob("*")) == before and exists.read_text() == "keep me"
+
+
+def test_calibrate_times_flatter_types_for_a_wide_file_only(capsys, tiny_models, monkeypatch, tmp_path):  # noqa: F811
+    """An F16 file (with no prompt tokens: lookup alone) calibrates, then its curve and Q4_0's, IQ4_NL's and
+    Q4_K_M's, made in a temporary folder that is gone afterwards; a Q4_0 file gets no such lines."""
+    import re
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the candidates are made
+    source = tiny_models.get("llama", "F16")
+    code, stdout, stderr = run_cli(capsys, "calibrate", "--model", source, "--threads", "1")
+    assert code == 0, stderr
+    lines = stdout[stdout.index("step ms after 256 cached tokens, 1 / 2 / 4 / 8 / 16 rows"):].splitlines()[1:]
+    number = r"\d+\.\d"
+    for line, name in zip(lines, ("F16 \\(this file\\)", "Q4_0", "IQ4_NL", "Q4_K_M")):
+        assert re.fullmatch(rf"  {name}: ({number} / ){{4}}{number}; 16 rows cost {number}x one; plain {number} tokens/s.*", line), line
+    assert len(lines) == 4 and "`ppd quantize tiny-llama-F16.gguf --to Q4_0` makes it" in lines[1]
+    assert not list(tmp_path.iterdir())
+    code, stdout, stderr = run_cli(capsys, "calibrate", "--model", tiny_models.get("llama", "Q4_0"), "--threads", "1")
+    assert code == 0 and "step ms after" not in stdout
