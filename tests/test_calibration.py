@@ -87,9 +87,9 @@ def test_latency_stops_at_the_sizes_that_cannot_beat_plain_decoding(monkeypatch,
     decoder = LeanDecoder(tiny_llama(seed=1))
     calls = []
 
-    def fake_step(speculator, cache, tree, guesses, context, warmup, repeats, between=None):
+    def fake_step(speculator, cache, tree, guesses, context, warmup, repeats, between=None, then=None):
         calls.append((context, tree.num_tokens))
-        return float(costs[tree.num_tokens])
+        return float(costs[tree.num_tokens] + costs[then.num_tokens])  # the probe, then a 1-token step
 
     monkeypatch.setattr(latency, "step_ms", fake_step)
     result = measure_latency(TorchDecoder(decoder), np.zeros((3, 64), np.float32), 3, 1, sorted(costs), contexts=(64, 96), ceiling=3.5)

@@ -5,6 +5,12 @@ compaction, next guesses) over a tree of the given number of tokens, after a con
 realistic length; the cache is cut back to the context after every probe. Medians of
 repeated runs after a warm-up. A step ends with its answers on the host (the accepted
 tokens and the next guesses), so a GPU's work is done when the clock is read.
+
+A probe is timed as decoding meets it, between steps of another shape: each run is the tree's step and then a
+1-token step, and a size's figure is that pair less half a pair of 1-token steps. llama.cpp rebuilds its compute
+graph (and on CUDA its CUDA graph) whenever the batch's shape changes, a cost a step of one size repeated never
+pays: on an H200 with the default model, a 2-to-8-token step repeated cost 1.4-2.4x a 1-token step, yet decoding with
+the chains that curve chose ran at 0.75x plain on first turns (README, "On a GPU").
 """
 
 from __future__ import annotations
@@ -66,7 +72,9 @@ def measure_latency(
     vocab, max_context = decoder.vocab_size, decoder.max_context
     generator = np.random.default_rng(0)
     measured: dict[tuple[int, int], float] = {}  # (context, size) -> ms
-    total, done, sizes = len(contexts) * len(sizes), 0, sorted(sizes)
+    sizes = sorted(set(sizes) | {1})  # every figure is taken against the 1-token step's
+    total, done = len(contexts) * len(sizes), 0
+    plain = probe_tree(1, num_prompt_tokens, ensemble_size)
     for first, context in enumerate(contexts):
         context = min(context, max_context - max(sizes) - 4)
         cache = decoder.new_cache()
@@ -75,7 +83,10 @@ def measure_latency(
             tree = probe_tree(size, num_prompt_tokens, ensemble_size)
             guesses = generator.integers(vocab, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))  # [depth, K]
             speculator = Speculator(decoder, TreeFamily(f"probe-{size}", (tree,)), prompt_table)
-            measured[context, size] = step_ms(speculator, cache, tree, guesses, context, warmup, repeats, between)
+            pair = step_ms(speculator, cache, tree, guesses, context, warmup, repeats, between, then=plain)
+            if size == 1:
+                single = pair / 2  # a 1-token step after a 1-token step
+            measured[context, size] = max(pair - single, 1e-3)
             done += 1
             if first == 0 and ceiling is not None and beyond_reach(measured, context, sizes, size, ceiling):
                 sizes = [s for s in sizes if s <= size]  # the larger trees cannot win: not measured
@@ -102,19 +113,21 @@ def beyond_reach(measured: dict, context: int, sizes: Sequence[int], size: int, 
 
 
 def step_ms(speculator: Speculator, cache, tree: Tree, guesses: np.ndarray, context: int, warmup: int, repeats: int,
-            between: Callable[[], bool] | None = None) -> float:
-    """Median milliseconds of a real ``tree_step`` after ``context`` cached tokens (the cache is cut back after each):
-    at most ``repeats`` runs after the warm-up, fewer once the median holds still (within ``STABLE``)."""
+            between: Callable[[], bool] | None = None, then: Tree | None = None) -> float:
+    """Median milliseconds of a real ``tree_step`` after ``context`` cached tokens (the cache is cut back after each),
+    and of a ``then`` step after it where given: at most ``repeats`` runs after the warm-up, fewer once the median
+    holds still (within ``STABLE``)."""
     times = []
     run = 0
     while run < warmup + repeats:
         if between is not None and between():  # the model did other work meanwhile: warm up and time anew
             times, run = [], 0
         start = time.perf_counter()
-        tree_step(speculator, DecodeState(cache, root=0, guesses=guesses), tree)
+        for step in (tree, then) if then is not None else (tree,):
+            tree_step(speculator, DecodeState(cache, root=0, guesses=guesses), step)
+            speculator.decoder.truncate(cache, context)
         if run >= warmup:
             times.append(time.perf_counter() - start)
-        speculator.decoder.truncate(cache, context)
         run += 1
         if len(times) >= MIN_RUNS and abs(statistics.median(times) - statistics.median(times[:-1])) <= STABLE * statistics.median(times):
             break
