@@ -92,6 +92,15 @@ def notes_of(engine: Engine, environment) -> list[str]:
     return notes
 
 
+def ppd_version() -> str:
+    """The installed package's version; "not installed" when ppd runs from a source folder on the path (the report
+    is still written: on the H200 that missing name ended the doctor after all its checks)."""
+    try:
+        return importlib.metadata.version("ppd")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed (run from source)"
+
+
 def run_doctor(engine: Engine, questions: list[str], config: DoctorConfig, log=None) -> dict:
     """Every check on ``engine``; the report object (``doctor.json``). Progress lines go to ``log`` (default: stderr)."""
     log = log or sys.stderr
@@ -103,7 +112,7 @@ def run_doctor(engine: Engine, questions: list[str], config: DoctorConfig, log=N
     curve = engine.latency_curve(GPU_SIZES if on_gpu(engine) else CPU_SIZES, contexts=(CONTEXT,))
     plain, ppd = totals["vanilla"].to_json(True), totals["ppd"].to_json(True)
     return {
-        "ppd_version": importlib.metadata.version("ppd"),
+        "ppd_version": ppd_version(),
         "command": config.command,
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "verdict": "PASS" if result.passed else "FAIL",
@@ -151,6 +160,8 @@ def environment_lines(report: dict) -> list[str]:
     gpu_layers = f", {eng['gpu_layers']} GPU layers" if eng["gpu_layers"] is not None else ""
     chains = eng["tree"]["lookup_chain_by_match_length"]
     lookup = f"; lookup {chains_text(chains)}" if any(chains) else "; no lookup chains"
+    if eng["tree"].get("lookup_policy") == "adaptive":
+        lookup = f"; lookup chains learnt per conversation, starting from calibration's {chains_text(chains)}"
     lines = [
         f"ppd {report['ppd_version']}; Python {env['python']}; {env['os']} ({env['arch']})",
         f"torch {env['torch']} (" + (f"CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}" if env["torch_cuda"] else

@@ -24,7 +24,10 @@ def guess_sources(model: ModelSnapshot) -> str:
     if summary["candidates"] or summary["prompt_tokens"]:
         sources.append(f"prompt tokens ({summary['candidates']} candidates, {summary['prompt_tokens']} prompt tokens per step)")
     chains = summary["lookup_chain_by_match_length"]
-    if any(chains):
+    if summary.get("lookup_policy") == "adaptive":
+        sources.append(f"n-gram lookup in the conversation (chains learnt per conversation, starting from calibration's "
+                       f"{chains_text(chains)})")
+    elif any(chains):
         sources.append(f"n-gram lookup in the conversation ({chains_text(chains)})")
     if sources:
         return " + ".join(sources)

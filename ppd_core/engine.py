@@ -224,12 +224,19 @@ class Engine:
         else:
             self.lookup_lengths = (length,) * len(MATCH_CLASSES) if length else ()
 
+    def lookup_policy(self) -> str:
+        """"adaptive" (chains learnt per conversation, ``new_chains``), "fixed" or "none"."""
+        profile = self.profile
+        if self._lookup is None and self.chain_policy == "adaptive" and profile is not None and profile.lookup_acceptance:
+            return "adaptive"
+        return "fixed" if any(self.lookup_lengths) else "none"
+
     def new_chains(self) -> ChainPolicy | None:
         """A new conversation's lookup chain policy: the asked-for length (``set_lookup``), or, with a profile,
         chains learnt per conversation from calibration's acceptance and latency curve (``AdaptiveChains``; "fixed":
         calibration's lengths); None: no lookup."""
         profile = self.profile
-        if self._lookup is None and self.chain_policy == "adaptive" and profile is not None and profile.lookup_acceptance:
+        if self.lookup_policy() == "adaptive":
             seconds = within(step_seconds(profile.latency_ms), max(mean_curve(profile.latency_ms)))
             tokens_per_step = self.calibration_expectation()["expected_tokens_per_step"] or 1.0
             return AdaptiveChains(profile.lookup_acceptance, seconds, tokens_per_step, self.family.trees[-1].num_tokens)
@@ -301,6 +308,7 @@ class Engine:
             "prompt_tokens": deepest.num_tokens - deepest.num_nodes,
             "tokens_by_guess_depth": [tree.num_tokens for tree in self.family.trees],
             "lookup_chain_by_match_length": list(self.lookup_lengths),  # by match class; empty: no lookup guesses
+            "lookup_policy": self.lookup_policy(),
             "lookup_match_classes": [class_label(i) for i in range(len(MATCH_CLASSES))],
         }
 

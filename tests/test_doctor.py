@@ -213,3 +213,17 @@ def test_every_timed_answer_processes_its_own_prompt(llama_default, monkeypatch)
     comparisons, totals = doctor.check_answers(llama_default, ["Name a colour.", "Name a fruit."], 6, log=sys.stderr)
     assert len(comparisons) == 2 and totals["vanilla"].new_tokens and totals["ppd"].new_tokens
     assert reused == [0] * 6  # two warm-ups, then four answers from an empty cache
+
+
+def test_the_version_line_survives_a_source_checkout(monkeypatch):
+    """Run from a source folder on PYTHONPATH (no installed metadata), the report says so instead of failing."""
+    import importlib.metadata
+
+    from app import doctor
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    assert doctor.ppd_version() == importlib.metadata.version("ppd")
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert doctor.ppd_version() == "not installed (run from source)"
