@@ -99,8 +99,9 @@ def plan(source: Path, output: Path, type_name: str, force: bool = False) -> Qua
     return QuantizePlan(source, output, type_name, source_type, parameters, estimated, warning)
 
 
-def quantize(job: QuantizePlan, threads: int) -> Path:
-    """Write ``job.output`` with llama.cpp's quantizer (to a temporary name, renamed when complete)."""
+def quantize_file(source: Path, output: Path, type_name: str, threads: int, embedding_type: int | None = None) -> None:
+    """``source`` written to ``output`` in ``type_name`` (a TYPES key) by ``llama_model_quantize``, re-quantizing
+    allowed; the token embedding in the ggml type id ``embedding_type`` where given. No checks: ``plan`` makes them."""
     from ppd_core.backends.llamacpp import import_llama_cpp, quiet_logs  # noqa: PLC0415
 
     llama = import_llama_cpp()
@@ -108,13 +109,20 @@ def quantize(job: QuantizePlan, threads: int) -> Path:
     quiet_logs(llama)
     params = llama.llama_model_quantize_default_params()
     params.nthread = threads
-    params.ftype = getattr(llama, f"LLAMA_FTYPE_{TYPES[job.type_name][0]}")
+    params.ftype = getattr(llama, f"LLAMA_FTYPE_{TYPES[type_name][0]}")
     params.allow_requantize = True
+    if embedding_type is not None:
+        params.token_embedding_type = embedding_type
+    status = llama.llama_model_quantize(str(source).encode(), str(output).encode(), ctypes.byref(params))
+    if status != 0:
+        raise PpdError(f"llama.cpp's quantizer failed on {Path(source).name} to {type_name} (status {status})")
+
+
+def quantize(job: QuantizePlan, threads: int) -> Path:
+    """Write ``job.output`` with llama.cpp's quantizer (to a temporary name, renamed when complete)."""
     partial = job.output.with_name(job.output.name + ".partial")
     try:
-        status = llama.llama_model_quantize(str(job.source).encode(), str(partial).encode(), ctypes.byref(params))
-        if status != 0:
-            raise PpdError(f"llama.cpp's quantizer failed on {job.source.name} to {job.type_name} (status {status})")
+        quantize_file(job.source, partial, job.type_name, threads)
         partial.replace(job.output)
     finally:
         partial.unlink(missing_ok=True)

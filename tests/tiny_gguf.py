@@ -276,23 +276,13 @@ def quiet_llama_logs(llama) -> None:
 
 def requantize(src: Path, dst: Path, type_name: str, embedding_type: str | None = None, threads: int = 2) -> Path:
     """``src`` re-quantized to ``type_name`` (a key of FILE_TYPES) by llama.cpp's ``llama_model_quantize``
-    (``allow_requantize``), its ``token_embd`` to the ggml type ``embedding_type`` where given (e.g. "Q3_K",
-    "IQ3_S", "Q1_0"; not IQ2_XXS/IQ2_XS/IQ1_S, which ggml quantizes only with an importance matrix)."""
-    import llama_cpp  # noqa: PLC0415
+    (``ppd_core.quantize.quantize_file``), its ``token_embd`` to the ggml type ``embedding_type`` where given (e.g.
+    "Q3_K", "IQ3_S", "Q1_0"; not IQ2_XXS/IQ2_XS/IQ1_S, which ggml quantizes only with an importance matrix)."""
+    from ppd_core.quantize import quantize_file  # noqa: PLC0415
 
     if type_name not in FILE_TYPES:
         raise ValueError(f"unknown quantization {type_name}; one of {', '.join(FILE_TYPES)}")
-    llama_cpp.llama_backend_init()
-    quiet_llama_logs(llama_cpp)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.nthread = threads
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{FILE_TYPES[type_name]}")
-    params.allow_requantize = True
-    if embedding_type is not None:
-        params.token_embedding_type = type_id_of(embedding_type)
-    status = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if status != 0:
-        raise RuntimeError(f"llama_model_quantize to {type_name} failed with status {status}")
+    quantize_file(src, dst, type_name, threads, None if embedding_type is None else type_id_of(embedding_type))
     return dst
 
 
