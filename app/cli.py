@@ -189,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--accumulate", type=int, default=4, help="conversations per optimizer step")
     train.add_argument("--ensemble", type=int, default=2, help="ensemble members per prompt token")
     train.add_argument("--lr", type=float, default=1e-2)
+    train.add_argument("--loss", choices=("kl", "top20", "hard"), default="kl",
+                       help="kl: forward KL to the model's whole distribution (default); top20: cross-entropy on its 20 "
+                            "likeliest tokens; hard: cross-entropy on its own next token")
+    train.add_argument("--curriculum", type=float, default=0.0, metavar="FRACTION",
+                       help="train depth 1 alone for this fraction of the steps first (default 0)")
     train.add_argument("--max-prompt-tokens", type=int, default=384)
     train.add_argument("--max-new-tokens", type=int, default=192, help="length of the model's teacher answers")
     train.add_argument("--generation-batch", type=int, default=16)
@@ -706,6 +711,8 @@ def run_train(args: argparse.Namespace) -> int:
             raise PpdError(f"--{option.replace('_', '-')} must be positive, got {getattr(args, option)}")
     if args.eval_limit < 0:
         raise PpdError(f"--eval-limit must be 0 (no evaluation) or positive, got {args.eval_limit}")
+    if not 0 <= args.curriculum < 1:
+        raise PpdError(f"--curriculum must be a fraction of the steps, at least 0 and below 1, got {args.curriculum}")
     if not 0 <= args.acceptance_prompts <= 40:  # the calibration conversations shipped
         raise PpdError(f"--acceptance-prompts must be between 0 (skip) and 40, got {args.acceptance_prompts}")
     # user files fail here, in one line, before the model loads and answers are generated
@@ -767,7 +774,8 @@ def train_model(args: argparse.Namespace, eval_questions: Path | None, claim) ->
     config = TrainConfig(
         samples=args.samples, epochs=args.epochs, cuts=args.cuts, accumulate=args.accumulate,
         ensemble_size=args.ensemble, lr=args.lr, max_prompt_tokens=args.max_prompt_tokens,
-        max_new_tokens=args.max_new_tokens, generation_batch=args.generation_batch, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, generation_batch=args.generation_batch, seed=args.seed, loss=args.loss,
+        curriculum=args.curriculum,
     )
     out = args.out or user_prompt_tokens_path(loaded.name, model_signature(loaded))  # where the engine looks first
     run = TrainRun(out=out, data=args.data, eval_questions=eval_questions, eval_limit=args.eval_limit, work_dir=args.work_dir,

@@ -35,8 +35,10 @@ class CutLayout:
     allowed: torch.Tensor  # [R, L + R] bool: context columns, then student columns
 
 
-def cut_layout(cuts: torch.Tensor, num_prompt_tokens: int, ensemble_size: int, context_length: int) -> CutLayout:
-    """Positions, table rows and attention pattern of the student rows (pure tensor math)."""
+def cut_layout(cuts: torch.Tensor, num_prompt_tokens: int, ensemble_size: int, context_length: int,
+               chained: bool = True) -> CutLayout:
+    """Positions, table rows and attention pattern of the student rows (pure tensor math); ``chained``: a row sees
+    the earlier prompt tokens of its cut and member (decoding's tree), else the context and itself only."""
     n, V = num_prompt_tokens, ensemble_size
     rows = torch.arange(len(cuts) * n * V)
     cut_of = rows // (n * V)  # [R]
@@ -44,7 +46,8 @@ def cut_layout(cuts: torch.Tensor, num_prompt_tokens: int, ensemble_size: int, c
     member_of = rows % V  # [R]
     context = torch.arange(context_length)[None, :] <= cuts[cut_of][:, None]  # [R, L]
     same_chain = (cut_of[:, None] == cut_of[None, :]) & (member_of[:, None] == member_of[None, :])
-    student = same_chain & (token_of[None, :] <= token_of[:, None])  # [R, R]
+    earlier = token_of[None, :] <= token_of[:, None] if chained else token_of[None, :] == token_of[:, None]
+    student = same_chain & earlier  # [R, R]
     return CutLayout(
         positions=cuts[cut_of] + token_of + 1,
         embedding_index=token_of * V + member_of,
@@ -69,6 +72,7 @@ def student_logits(
     cuts: torch.Tensor,  # [C]
     num_prompt_tokens: int,
     ensemble_size: int,
+    chained: bool = True,
 ) -> torch.Tensor:
     """Ensemble-averaged logits [C, n, vocab] of the prompt tokens attached at each cut.
 
@@ -76,7 +80,7 @@ def student_logits(
     """
     n, V = num_prompt_tokens, ensemble_size
     length = kv_cache.cache_length(cache)
-    layout = cut_layout(cuts.cpu(), n, V, length)
+    layout = cut_layout(cuts.cpu(), n, V, length, chained)
     device = table.device
     weight = model.get_input_embeddings().weight
     embeds = table[layout.embedding_index.to(device)].to(weight.dtype)  # [R, hidden]

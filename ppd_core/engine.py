@@ -162,10 +162,7 @@ class Engine:
     def calibrate(self, progress: Progress | None = None, **options) -> DeviceProfile:
         """Measure this device, save the profile, and switch to its tree."""
         log.warning("calibrating the guess tree for this device")
-        try:
-            profile = calibrate(self.loaded, self.prompt_tokens, progress, **options)
-        finally:
-            self.loaded.release_model()  # its acceptance pass needed the transformers model; decoding does not
+        profile = calibrate(self.loaded, self.prompt_tokens, progress, **options)
         self.profile_path = save_profile(profile)
         self.use_profile(profile)
         return profile
@@ -177,10 +174,7 @@ class Engine:
         decoded with here."""
         if not isinstance(curve, LatencyCurve):
             curve = read_curve(curve)
-        try:
-            return calibrate(self.loaded, self.prompt_tokens, progress, curve=curve, **options)
-        finally:
-            self.loaded.release_model()  # its acceptance pass needed the transformers model; decoding does not
+        return calibrate(self.loaded, self.prompt_tokens, progress, curve=curve, **options)
 
     def record_acceptance(self, progress: Progress | None = None, prompts: int = 12, max_new_tokens: int = 96) -> Path:
         """Measure the guesses' acceptance with this engine's numerics and write the record beside the prompt-token
@@ -188,11 +182,8 @@ class Engine:
         if self.prompt_tokens.source is None:
             raise PpdError("these prompt tokens were not read from a file: nowhere to put their acceptance record")
         key = acceptance_key(self.loaded, self.prompt_tokens, prompts, max_new_tokens)
-        try:
-            record = measure_record(self.loaded, self.prompt_tokens, key, prompts, max_new_tokens,
-                                    progress or (lambda phase, done, total: None))
-        finally:
-            self.loaded.release_model()  # the acceptance pass needed the transformers model; decoding does not
+        record = measure_record(self.loaded, self.prompt_tokens, key, prompts, max_new_tokens,
+                                progress or (lambda phase, done, total: None))
         return save_record(record, beside(self.prompt_tokens.source))
 
     def recommended_sampling(self) -> dict:

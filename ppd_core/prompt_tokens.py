@@ -86,13 +86,20 @@ class PromptTokens:
     def num_bytes(self) -> int:
         return self.embeddings.nbytes
 
-    def with_ensemble_size(self, ensemble_size: int) -> PromptTokens:
-        """The same tokens with ``ensemble_size`` members: unchanged, or averaged into one."""
+    def with_ensemble_size(self, ensemble_size: int, seed: int = 0) -> PromptTokens:
+        """The same tokens with ``ensemble_size`` members: unchanged, averaged into one, or one member copied into
+        several with a small seeded perturbation each (so that training can make them differ)."""
         if ensemble_size == self.ensemble_size:
             return self
-        if ensemble_size != 1:
-            raise PromptTokenError(f"can only shrink an ensemble of {self.ensemble_size} to 1 member, not {ensemble_size}")
-        return dataclasses.replace(self, embeddings=self.embeddings.mean(1, keepdims=True, dtype=np.float32))
+        if ensemble_size == 1:
+            return dataclasses.replace(self, embeddings=self.embeddings.mean(1, keepdims=True, dtype=np.float32))
+        if self.ensemble_size != 1 or ensemble_size < 1:
+            raise PromptTokenError(f"can shrink an ensemble to 1 member or grow 1 member into several, "
+                                   f"not {self.ensemble_size} into {ensemble_size}")
+        grown = np.repeat(self.embeddings, ensemble_size, axis=1)  # [n, V, hidden]
+        scale = 0.02 * np.linalg.norm(self.embeddings, axis=-1, keepdims=True) / self.hidden_size ** 0.5  # [n, 1, 1]
+        grown = grown + np.random.default_rng(seed).standard_normal(grown.shape) * scale
+        return dataclasses.replace(self, embeddings=grown.astype(np.float32))
 
     @property
     def fingerprint(self) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ppd_core.calibration.acceptance import (
-    AcceptanceStats, batched_answers, calibration_prompts, conversation_answers, decoder_answers, guess_ranks,
+    CUTS_PER_STEP, AcceptanceStats, answer_ranks, calibration_prompts, conversation_answers, decoder_answers, guess_ranks,
 )
 from conftest import tiny_llama
 from ppd_core.calibration import latency
@@ -39,10 +39,35 @@ def test_acceptance_counts_are_conditional_on_earlier_depths():
 
 
 def test_guess_ranks_finds_the_models_token_among_the_guesses():
-    student = torch.tensor([[[0.1, 0.9, 0.5, 0.0]], [[0.8, 0.1, 0.3, 0.2]]])  # [C=2, n=1, vocab=4]
-    teacher = torch.tensor([[[0.0, 0.0, 1.0, 0.0]], [[0.0, 1.0, 0.0, 0.0]]])
-    # cut 0: token 2 is the 2nd guess (rank 1); cut 1: token 1 is 4th, outside the top 3
-    assert guess_ranks(student, teacher, top_k=3).tolist() == [[1], [-1]]
+    guesses = np.array([[[1, 2, 0]], [[0, 2, 3]]])  # [C=2, n=1, k=3], best first
+    # cut 0: token 2 is the 2nd guess (rank 1); cut 1: token 1 is not among the 3 guesses
+    assert guess_ranks(guesses, np.array([[2], [1]])).tolist() == [[1], [-1]]
+
+
+def test_ranks_through_the_decoder_equal_trainings_evaluation_on_the_transformers_model(tiny_model_dir):
+    """The acceptance calibration records (the decoding backend's tree rows, several cuts per step) ranks the guesses
+    as ``ppd train``'s evaluation does (``distillation``'s student rows over the teacher's own pass), cut for cut."""
+    from ppd_core.distillation import student_logits, teacher_pass, valid_cuts
+
+    engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", auto_calibrate=False))
+    tokens, backend = engine.prompt_tokens, engine.loaded.backend
+    n, V = tokens.num_prompt_tokens, tokens.ensemble_size
+    assert n == 3 and CUTS_PER_STEP == 16  # 40 answer tokens: steps of 16, 16 and 8 cuts
+    eos = sorted(engine.loaded.eos_token_ids)
+    prompt = engine.chat_ids([{"role": "user", "content": "Tell me a long story about a cat."}])
+    [answer] = decoder_answers(backend, 40, [])([prompt])  # no EOS: 40 tokens
+    assert len(answer) == 40 and eos
+    ranks = answer_ranks(backend, tokens.table(), n, V, prompt, answer, top_k=1600)  # a random model: a wide top k
+    model = engine.loaded.model
+    cache, teacher = teacher_pass(model, prompt + answer)
+    cuts = valid_cuts(len(prompt), len(prompt) + len(answer), n)
+    with torch.no_grad():
+        student = student_logits(model, cache, tokens.flat(torch.float32, "cpu"), cuts, n, V)  # [C, n, vocab]
+    truth = teacher.argmax(-1)[cuts[:, None] + torch.arange(1, n + 1)[None, :]]  # [C, n]
+    expected = guess_ranks(student.topk(1600, dim=-1).indices.numpy(), truth.numpy())
+    assert ranks.shape == (len(cuts), n) == (37, 3)
+    assert np.array_equal(ranks, expected)
+    assert (ranks >= 0).any() and (ranks == -1).any()  # both outcomes occur: the comparison is not vacuous
 
 
 def test_calibration_prompts_are_not_from_mt_bench():
@@ -60,9 +85,9 @@ def test_calibration_prompts_are_not_from_mt_bench():
 def test_a_follow_up_is_answered_after_the_earlier_answer(tiny_model_dir):
     """Turn 2 of a conversation is asked with turn 1 and the model's answer to it in the chat, as a chat holds them."""
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", auto_calibrate=False))
-    model, tokenizer, eos = engine.loaded.model, engine.tokenizer, sorted(engine.loaded.eos_token_ids)
+    tokenizer, eos = engine.tokenizer, sorted(engine.loaded.eos_token_ids)
     conversations = [["Hello there", "Say it again"], ["Name a colour"]]
-    answers = conversation_answers(tokenizer, conversations, batched_answers(model, 12, eos[0], eos))
+    answers = conversation_answers(tokenizer, conversations, decoder_answers(engine.loaded.backend, 12, eos))
     assert [(turn, prompt) for turn, prompt, _ in answers[:2]] == [(1, engine.chat_ids([{"role": "user", "content": t[0]}])) for t in conversations]
     turn, prompt, answer = answers[2]
     first = tokenizer.decode(answers[0][2], skip_special_tokens=True)

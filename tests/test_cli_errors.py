@@ -234,6 +234,8 @@ def test_train_data_without_conversations(capsys, tmp_path, tiny_model_dir):
 def test_train_bad_numbers(capsys, no_model_load):
     assert_error(capsys, "--samples must be positive, got 0", "train", "--samples", 0)
     assert_error(capsys, "--eval-limit must be 0 (no evaluation) or positive, got -1", "train", "--eval-limit", -1)
+    assert_error(capsys, "--curriculum must be a fraction of the steps, at least 0 and below 1, got 1.0", "train",
+                 "--curriculum", 1)
     assert_error(capsys, "--acceptance-prompts must be between 0 (skip) and 40, got 41", "train", "--acceptance-prompts", 41)
 
 

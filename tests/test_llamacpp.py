@@ -311,3 +311,34 @@ def test_a_gguf_files_recommended_sampling_becomes_the_default(llama_engine, tmp
     finally:
         engine.loaded.backend.close()
     assert llama_engine.recommended_sampling() == {}  # the shipped file
+
+
+def test_acceptance_through_llama_cpp_equals_one_cut_at_a_time(llama_engine, decoder, reference):
+    """The acceptance calibration records on a GGUF: the shipped prompt tokens' guesses at every cut of a greedy
+    answer, measured 8 cuts per llama.cpp step (a chain of the answer's tokens, each with its prompt-token rows),
+    rank the model's own next tokens exactly as one step per cut does (a cache of the text up to the cut, then the
+    cut's token and its prompt-token rows), the model's tokens read from the answer itself."""
+    from ppd_core.calibration.acceptance import answer_ranks, decoder_answers, guess_ranks
+
+    tokens = llama_engine.prompt_tokens
+    n, V, table = tokens.num_prompt_tokens, tokens.ensemble_size, tokens.table()
+    prompt = llama_engine.chat_ids([{"role": "user", "content": "Write a short poem about autumn leaves."}])
+    [answer] = decoder_answers(decoder, 30, [])([prompt])
+    ranks = answer_ranks(decoder, table, n, V, prompt, answer)
+    assert decoder.max_tree_rows // (1 + n * V) == 8 and ranks.shape == (30 - n, n)  # 4 steps, the last of 6 cuts
+
+    sequence = prompt + answer
+    cache = reference.new_cache()
+    after_last = int(reference.prefill(cache, sequence).argmax()[0])  # the model's token after the answer's last
+    reference.truncate(cache, 0)
+    model_tokens = sequence[len(prompt) + 1 :] + [after_last]  # greedy: each answer token is the model's own
+    single = build_tree(TreeSpec({(): n}), n, V)
+    guesses = []
+    for cut in range(len(prompt), len(sequence) - n):
+        reference.prefill(cache, sequence[:cut])
+        logits = reference.tree_logits(cache, single, np.array([sequence[cut]]), table[single.prompt_embedding_index])
+        guesses.append(logits.top_of_mean(single.prompt_slots[0], 10))  # [n, 10]
+        reference.truncate(cache, 0)
+    truth = np.array([model_tokens[c + 1 : c + n + 1] for c in range(len(answer) - n)])  # [C, n]
+    assert np.array_equal(ranks, guess_ranks(np.array(guesses), truth))
+    assert (ranks[:, 0] >= 0).sum() >= 5 and (ranks == -1).any()  # the shipped tokens guess some, miss some

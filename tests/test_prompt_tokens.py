@@ -88,8 +88,19 @@ def test_an_ensemble_shrinks_to_one_averaged_member():
     assert single.embeddings.shape == (3, 1, 64)
     assert np.array_equal(single.embeddings[:, 0], tokens.embeddings.mean(1))
     assert tokens.with_ensemble_size(2) is tokens
-    with pytest.raises(PromptTokenError, match="can only shrink an ensemble of 2 to 1"):
+    with pytest.raises(PromptTokenError, match="not 2 into 3"):
         tokens.with_ensemble_size(3)
+
+
+def test_one_member_grows_into_several_close_but_different_members():
+    single = make(tiny_llama(), V=1)
+    grown = single.with_ensemble_size(3, seed=1)
+    assert grown.embeddings.shape == (3, 3, 64)
+    spread = np.abs(grown.embeddings - single.embeddings).max()
+    assert 0 < spread < 0.2 * np.abs(single.embeddings).max()
+    assert not np.array_equal(grown.embeddings[:, 0], grown.embeddings[:, 1])
+    assert np.array_equal(grown.embeddings, single.with_ensemble_size(3, seed=1).embeddings)  # seeded
+    assert np.allclose(grown.with_ensemble_size(1).embeddings, single.embeddings, atol=0.05 * np.abs(single.embeddings).max())
 
 
 def test_the_users_tokens_are_found_by_the_models_fingerprint_not_its_name(tiny_model_dir, tmp_path):

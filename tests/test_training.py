@@ -12,7 +12,7 @@ from ppd_core.distillation import cut_layout, student_logits, teacher_pass, teac
 from ppd_core.prompt_tokens import PromptTokens
 from ppd_core.training.answers import build_answer_cache, read_cache
 from ppd_core.training.data import iter_json_array, normalize, prompt_histories, read_conversations
-from ppd_core.training.distill import acceptance_hits, distill_loss
+from ppd_core.training.distill import acceptance_hits, depth_weights, distill_loss
 
 
 def test_ensemble_mask_member_sees_context_and_own_chain_only():
@@ -30,6 +30,16 @@ def test_ensemble_mask_member_sees_context_and_own_chain_only():
                 assert seen == context | chain
                 assert layout.positions[row] == cut + k + 1
                 assert layout.embedding_index[row] == k * V + j
+
+
+def test_unchained_layout_rows_see_the_context_and_themselves_only():
+    n, V, L = 3, 2, 10
+    cuts = torch.tensor([4, 7])
+    chained, alone = cut_layout(cuts, n, V, L), cut_layout(cuts, n, V, L, chained=False)
+    assert torch.equal(chained.positions, alone.positions) and torch.equal(chained.embedding_index, alone.embedding_index)
+    for row in range(2 * n * V):
+        seen = set(torch.nonzero(alone.allowed[row]).flatten().tolist())
+        assert seen == set(range(cuts[row // (n * V)].item() + 1)) | {L + row}
 
 
 def test_student_rows_equal_sequential_forward():
@@ -87,6 +97,27 @@ def test_loss_formula_and_hits():
     torch.testing.assert_close(distill_loss(student, teacher), expected)
     hits = acceptance_hits(teacher, teacher)
     assert hits.tolist() == [[4, 4]] * 3
+
+
+def test_the_other_losses_and_the_curriculum_weights_against_their_formulas():
+    torch.manual_seed(3)
+    teacher, student = torch.randn(4, 3, 40), torch.randn(4, 3, 40)
+    log_student = torch.log_softmax(student, -1)
+    hard = torch.stack([torch.stack([-log_student[c, k, teacher[c, k].argmax()] for k in range(3)]) for c in range(4)])
+    top = torch.zeros(4, 3)
+    for c in range(4):
+        for k in range(3):
+            best = sorted(range(40), key=lambda t: -teacher[c, k, t].item())[:20]
+            q = torch.softmax(teacher[c, k, best], -1)
+            top[c, k] = -(q * log_student[c, k, best]).sum()
+    decay = torch.tensor([1.0, 0.8, 0.64])
+    torch.testing.assert_close(distill_loss(student, teacher, kind="hard"), (hard.mean(0) * decay).sum() / 3)
+    torch.testing.assert_close(distill_loss(student, teacher, kind="top20"), (top.mean(0) * decay).sum() / 3)
+    first = depth_weights(3, 0.8, depths=1)
+    assert first.tolist() == [1.0, 0.0, 0.0]
+    torch.testing.assert_close(distill_loss(student, teacher, kind="hard", weights=first), hard[:, 0].mean() / 3)
+    with pytest.raises(ValueError, match="unknown distillation loss 'l2'"):
+        distill_loss(student, teacher, kind="l2")
 
 
 def test_sharegpt_reader_on_a_truncated_file(tmp_path):

@@ -1,8 +1,8 @@
 """Acceptance statistics p_d(r) of the prompt tokens, measured on this model.
 
-The model answers the calibration prompts greedily; then, as in training, prompt tokens are
-attached at every position of each answer in one batched forward, and the rank of the
-model's own token among each prompt token's guesses is recorded. p_d(r) counts rank r at
+The decoding backend answers the calibration prompts greedily; then, as in training, prompt tokens are
+attached at every position of each answer (many positions per step, through the backend's own tree rows), and the
+rank of the model's own token among each prompt token's guesses is recorded. p_d(r) counts rank r at
 depth d among the positions where depths 1..d-1 were guessed within the top k. n-gram lookup
 is replayed on the decoding backend's own greedy answers to the same conversations.
 """
@@ -21,9 +21,10 @@ from ppd_core.backends import Decoder
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.lookup import LookupStats
 from ppd_core.text import chat_ids
-from ppd_core.tree import vanilla_family
+from ppd_core.tree import Tree, TreeSpec, build_tree, vanilla_family
 
 TOP_K = 10
+CUTS_PER_STEP = 16  # the most answer positions one acceptance step measures (fewer where the backend's rows end)
 
 
 def calibration_prompts() -> list[list[str]]:
@@ -51,13 +52,6 @@ def conversation_answers(tokenizer, conversations: Sequence[Sequence[str]], answ
             histories[i].append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
             out.append((turn + 1, prompt, reply))
     return out
-
-
-def batched_answers(model, max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]) -> Answerer:
-    """Greedy answers from the transformers model, a batch per turn."""
-    from ppd_core.greedy_answers import greedy_batch  # noqa: PLC0415 - torch: the transformers model's path
-
-    return lambda prompts: greedy_batch(model, prompts, max_new_tokens, pad_id, eos_ids)
 
 
 def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int],
@@ -116,54 +110,56 @@ class AcceptanceStats:
             eligible &= found >= 0
 
 
-def guess_ranks(student, teacher, top_k: int):
-    """Ranks [C, n] of the teacher's argmax among the student's top k; -1 where absent (torch tensors)."""
-    import torch  # noqa: PLC0415 - the transformers model's path
-
-    truth = teacher.argmax(-1)  # [C, n]
-    ranked = student.topk(top_k, dim=-1).indices  # [C, n, K]
-    found = ranked == truth[..., None]  # [C, n, K]
-    return torch.where(found.any(-1), found.float().argmax(-1), torch.full_like(truth, -1))
+def guess_ranks(guesses: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Ranks [C, n] of the model's tokens ``truth`` [C, n] among ``guesses`` [C, n, k] (best first); -1 where absent."""
+    found = guesses == truth[..., None]  # [C, n, k]
+    return np.where(found.any(-1), found.argmax(-1), -1)
 
 
-def measure_acceptance(
-    model,
-    tokenizer,
-    prompt_table,  # [n * V, hidden] torch tensor
-    num_prompt_tokens: int,
-    ensemble_size: int,
-    conversations: Sequence[Sequence[str]],
-    eos_ids: Sequence[int],
-    max_new_tokens: int = 96,
-    top_k: int = TOP_K,
-    chunk: int = 64,
-    progress: Callable[[int, int], None] | None = None,
-) -> AcceptanceStats:
-    """p_d(r) over the transformers model's greedy answers to every turn of ``conversations``."""
-    import torch  # noqa: PLC0415 - the transformers model's path
-
-    from ppd_core.distillation import student_logits, teacher_pass, teacher_targets, valid_cuts  # noqa: PLC0415
-
-    with torch.inference_mode():
-        return _measure(model, tokenizer, prompt_table, num_prompt_tokens, ensemble_size, conversations, eos_ids,
-                        max_new_tokens, top_k, chunk, progress, (student_logits, teacher_pass, teacher_targets, valid_cuts))
+def chain_tree(length: int, num_prompt_tokens: int, ensemble_size: int) -> Tree:
+    """``length`` consecutive tokens as a chain of nodes, each with all prompt tokens attached: one step measures the
+    guesses at ``length`` cuts, with the masks and positions decoding gives them."""
+    spec = TreeSpec({(0,) * depth: num_prompt_tokens for depth in range(length)})
+    return build_tree(spec, num_prompt_tokens, ensemble_size, max_depth=length - 1)
 
 
-def _measure(model, tokenizer, prompt_table, num_prompt_tokens, ensemble_size, conversations, eos_ids, max_new_tokens,
-             top_k, chunk, progress, distillation) -> AcceptanceStats:
-    student_logits, teacher_pass, teacher_targets, valid_cuts = distillation
-    n = num_prompt_tokens
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    answers = conversation_answers(tokenizer, conversations, batched_answers(model, max_new_tokens, pad, eos_ids))
-    stats = AcceptanceStats(hits=[[0] * top_k for _ in range(n)], trials=[0] * n)
-    for done, (turn, prompt, answer) in enumerate(answers, 1):
-        sequence = prompt + answer
-        cache, teacher = teacher_pass(model, sequence)
-        cuts = valid_cuts(len(prompt), len(sequence), n)
-        for start in range(0, len(cuts), chunk):
-            part = cuts[start : start + chunk]
-            student = student_logits(model, cache, prompt_table, part, n, ensemble_size)  # [C, n, vocab]
-            stats.add(guess_ranks(student, teacher_targets(teacher, part, n), top_k).cpu().numpy())
+def answer_ranks(decoder: Decoder, prompt_table: np.ndarray, num_prompt_tokens: int, ensemble_size: int,
+                 prompt: list[int], answer: list[int], top_k: int = TOP_K, trees: dict[int, Tree] | None = None) -> np.ndarray:
+    """Ranks [C, n] of the model's own tokens among the prompt tokens' guesses at every cut c inside a greedy
+    ``answer`` (x[c] the last context token; prompt token k guesses the model's token at c + k + 1), through the
+    decoding backend's tree rows, many cuts per step; -1 outside the top k. ``prompt_table`` [n * V, hidden]."""
+    n, V = num_prompt_tokens, ensemble_size
+    per_step = max(1, min(CUTS_PER_STEP, decoder.max_tree_rows // (1 + n * V)))
+    trees = {} if trees is None else trees
+    sequence = prompt + answer
+    cache = decoder.new_cache()
+    model_tokens, guesses = [], []  # the model's token after each answer position; [n, k] guesses at each
+    try:
+        decoder.prefill(cache, prompt)
+        for start in range(len(prompt), len(sequence), per_step):
+            nodes = np.asarray(sequence[start : start + per_step], dtype=np.int64)
+            tree = trees.get(len(nodes)) or trees.setdefault(len(nodes), chain_tree(len(nodes), n, V))
+            logits = decoder.tree_logits(cache, tree, nodes, prompt_table[tree.prompt_embedding_index])
+            model_tokens.extend(logits.argmax(slice(0, len(nodes))).tolist())
+            guesses.extend(logits.top_of_mean(tree.prompt_slots[i], top_k) for i in range(len(nodes)))
+            decoder.keep(cache, start, list(range(len(nodes))))
+    finally:
+        decoder.truncate(cache, 0)
+    cuts = max(0, len(answer) - n)  # those whose n targets the model's tokens cover (``distillation.valid_cuts``)
+    truth = np.array([model_tokens[c + 1 : c + n + 1] for c in range(cuts)], dtype=np.int64).reshape(cuts, n)
+    return guess_ranks(np.array(guesses[:cuts], dtype=np.int64).reshape(cuts, n, top_k), truth)
+
+
+def decoder_acceptance(decoder: Decoder, prompt_table: np.ndarray, num_prompt_tokens: int, ensemble_size: int,
+                       answers: Sequence[tuple[int, list[int], list[int]]], top_k: int = TOP_K,
+                       progress: Callable[[int, int], None] | None = None) -> AcceptanceStats:
+    """p_d(r) through the decoding backend itself (llama.cpp on a GGUF: its kernels, quantization and masks) on its own
+    greedy ``answers`` (``conversation_answers``): ``answer_ranks`` of each, counted as ``ppd train``'s evaluation
+    counts them on the transformers model."""
+    stats = AcceptanceStats(hits=[[0] * top_k for _ in range(num_prompt_tokens)], trials=[0] * num_prompt_tokens)
+    trees: dict[int, Tree] = {}
+    for done, (_, prompt, answer) in enumerate(answers, 1):
+        stats.add(answer_ranks(decoder, prompt_table, num_prompt_tokens, ensemble_size, prompt, answer, top_k, trees))
         if progress:
             progress(done, len(answers))
     return stats

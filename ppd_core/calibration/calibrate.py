@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ppd_core.calibration.acceptance import (
-    AcceptanceStats, calibration_prompts, conversation_answers, decoder_answers, lookup_stats, measure_acceptance,
+    AcceptanceStats, calibration_prompts, conversation_answers, decoder_acceptance, decoder_answers, lookup_stats,
 )
 from ppd_core.calibration.curves import LatencyCurve
 from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency, step_seconds
@@ -64,18 +64,18 @@ def acceptance_key(loaded: LoadedModel, prompt_tokens: PromptTokens, prompts: in
 
 def measure_record(loaded: LoadedModel, prompt_tokens: PromptTokens, key: dict, prompts: int, max_new_tokens: int,
                    report: Progress) -> AcceptanceRecord:
-    """Answer the calibration prompts greedily and count how often the guesses were right."""
+    """Answer the calibration prompts greedily with the decoding backend and count how often the guesses (prompt
+    tokens' and lookup's) were right on those answers, through the same backend's tree rows."""
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
     conversations = calibration_prompts()[:prompts]
     eos = sorted(loaded.eos_token_ids)
     turns = sum(map(len, conversations))
     answer = decoder_answers(loaded.backend, max_new_tokens, eos, lambda done: report("lookup", done, turns))
-    lookup = lookup_stats(conversation_answers(loaded.tokenizer, conversations, answer))  # on decoding's own answers
+    answers = conversation_answers(loaded.tokenizer, conversations, answer)
+    lookup = lookup_stats(answers)
     stats = AcceptanceStats([], [])
-    if n:  # the prompt tokens' guesses, on the transformers model (built here if decoding did not need it)
-        model = loaded.model
-        table = prompt_tokens.flat(model.get_input_embeddings().weight.dtype, model.device)  # [n * V, hidden]
-        stats = measure_acceptance(model, loaded.tokenizer, table, n, V, conversations, eos, max_new_tokens,
+    if n:
+        stats = decoder_acceptance(loaded.backend, prompt_tokens.table(), n, V, answers,
                                    progress=lambda d, t: report("acceptance", d, t))
     return AcceptanceRecord(key, stats, lookup, now())
 

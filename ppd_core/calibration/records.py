@@ -30,7 +30,7 @@ class AcceptanceRecord:
     """Statistics measured on greedy answers to the calibration prompts, with what they depend on (``key``)."""
 
     key: dict  # model fingerprint, prompt-token fingerprint, backend, quant, dtype, prompts, answer length
-    acceptance: AcceptanceStats  # the prompt tokens' guesses, on the transformers model
+    acceptance: AcceptanceStats  # the prompt tokens' guesses, through the decoding backend
     lookup: LookupStats  # lookup chains replayed on the decoding backend's own answers
     created: str = ""
 

@@ -104,7 +104,7 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
     if run.init is not None:
         initial = PromptTokens.load(run.init)
         initial.check_compatible(embedding, loaded.name)
-        initial = initial.with_ensemble_size(config.ensemble_size)
+        initial = initial.with_ensemble_size(config.ensemble_size, config.seed)
         summary_init = {"init": portable_name(run.init), "init_training": initial.training}
     else:
         initial = PromptTokens.initialize(
@@ -119,7 +119,7 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
     if held_out:
         progress("evaluate", 0, 1, {})
         table = trained.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
-        result = evaluate(loaded.model, table, held_out, config.num_prompt_tokens, config.ensemble_size)
+        result = evaluate(loaded.model, table, held_out, config.num_prompt_tokens, config.ensemble_size, chained=config.chained)
         summary.update(
             eval_questions=portable_name(run.eval_questions), eval_answers=len(held_out), eval_cuts=result.cuts,
             eval_loss=round(result.loss, 5),

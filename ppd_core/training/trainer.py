@@ -17,7 +17,7 @@ from ppd_core.distillation import student_logits, teacher_pass, teacher_targets,
 from ppd_core.errors import PpdError
 from ppd_core.loading import LoadedModel
 from ppd_core.prompt_tokens import PromptTokens
-from ppd_core.training.distill import acceptance_hits, distill_loss
+from ppd_core.training.distill import DEPTH_DECAY, acceptance_hits, depth_weights, distill_loss
 
 
 @dataclass
@@ -35,6 +35,10 @@ class TrainConfig:
     generation_batch: int = 16
     checkpoint_every: int = 25  # optimizer steps
     seed: int = 0
+    loss: str = "kl"  # distill_loss's kind: kl | top20 | hard
+    depth_decay: float = DEPTH_DECAY  # depth k's loss weighs decay^(k-1)
+    curriculum: float = 0.0  # the first fraction of the steps trains depth 1 only
+    chained: bool = True  # prompt token k sees prompt tokens 1..k-1 of its cut (False: the context only)
 
 
 @dataclass
@@ -45,6 +49,9 @@ class Evaluation:
     loss: float
 
 
+LOSS_NAMES = {"kl": "forward KL", "top20": "cross-entropy on the teacher's top 20", "hard": "cross-entropy on the teacher's argmax"}
+
+
 def cosine_lr(step: int, total: int, warmup: int, peak: float) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -53,7 +60,8 @@ def cosine_lr(step: int, total: int, warmup: int, peak: float) -> float:
 
 
 @torch.no_grad()
-def evaluate(model, table: torch.Tensor, records: list[dict], n: int, V: int, chunk: int = 64) -> Evaluation:
+def evaluate(model, table: torch.Tensor, records: list[dict], n: int, V: int, chunk: int = 64,
+             chained: bool = True) -> Evaluation:
     """Acceptance of the prompt tokens' guesses at every cut of held-out answers."""
     hits = torch.zeros(n, 2)
     total, loss_sum = 0, 0.0
@@ -62,7 +70,7 @@ def evaluate(model, table: torch.Tensor, records: list[dict], n: int, V: int, ch
         cuts = valid_cuts(record["prompt_length"], len(record["ids"]), n)
         for start in range(0, len(cuts), chunk):
             part = cuts[start : start + chunk]
-            student = student_logits(model, cache, table, part, n, V)
+            student = student_logits(model, cache, table, part, n, V, chained)
             target = teacher_targets(teacher, part, n)
             hits += acceptance_hits(student, target).cpu().float()
             loss_sum += float(distill_loss(student, target)) * len(part)
@@ -106,6 +114,8 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = cosine_lr(step, total_steps, config.warmup_steps, config.lr)
         step_loss = 0.0
+        depths = 1 if step < config.curriculum * total_steps else None
+        weights = depth_weights(n, config.depth_decay, depths)  # [n]
         for micro in range(config.accumulate):
             record = records[order[step * config.accumulate + micro]]
             cache, teacher = teacher_pass(model, record["ids"])
@@ -114,10 +124,11 @@ def train(
                 continue
             pick = torch.randperm(len(choices), generator=torch.Generator().manual_seed(step * 997 + micro))
             cuts = choices[pick[: config.cuts]].sort().values
-            student = student_logits(model, cache, embeddings.view(n * V, -1), cuts, n, V)
-            loss = distill_loss(student, teacher_targets(teacher, cuts, n)) / config.accumulate
+            student = student_logits(model, cache, embeddings.view(n * V, -1), cuts, n, V, config.chained)
+            loss = distill_loss(student, teacher_targets(teacher, cuts, n), kind=config.loss, weights=weights)
+            loss = loss / config.accumulate
             loss.backward()
-            step_loss += float(loss)
+            step_loss += float(loss.detach())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -139,7 +150,9 @@ def train(
     )
     summary = {
         "trained": True,
-        "method": "self-distillation, forward KL, depth decay 0.8, ensemble prompt tokens",
+        "method": f"self-distillation, {LOSS_NAMES[config.loss]}, depth decay {config.depth_decay}"
+                  + (f", depth 1 alone for the first {config.curriculum:.0%} of steps" if config.curriculum else "")
+                  + ("" if config.chained else ", each prompt token sees the context only") + ", ensemble prompt tokens",
         "samples": len(records),
         "steps": step,
         "final_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 5),
