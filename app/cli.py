@@ -722,7 +722,7 @@ def run_train(args: argparse.Namespace) -> int:
     if eval_questions is not None:
         read_questions(eval_questions, args.eval_limit)
     if args.init is not None:
-        PromptTokens.load(args.init)
+        PromptTokens.load(args.init).with_ensemble_size(args.ensemble)  # a file or a size it cannot become: one line, now
     from app.trainer_lock import WorkDirLock
 
     held: list[WorkDirLock] = []

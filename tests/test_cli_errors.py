@@ -220,6 +220,13 @@ def test_train_missing_init(capsys, no_model_load, tmp_path):
     assert_error(capsys, f"prompt-token file not found: {missing}", "train", "--init", missing)
 
 
+def test_train_init_into_an_ensemble_it_cannot_become(capsys, no_model_load):
+    """The shipped 2-member ensemble can be distilled into 1 member, not regrown into 3: one line before any model loads."""
+    ensemble = Path(__file__).resolve().parents[1] / "assets" / "smollm2-135m-instruct.prompt-tokens-ensemble2.safetensors"
+    assert_error(capsys, "can shrink an ensemble to 1 member or grow 1 member into several, not 2 into 3", "train",
+                 "--init", ensemble, "--ensemble", 3)
+
+
 def test_train_data_without_conversations(capsys, tmp_path, tiny_model_dir):
     """Checked where the data is read (after the model loads: the tiny one here)."""
     data = tmp_path / "chats.jsonl"
