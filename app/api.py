@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API: ``GET /v1/models``, ``POST /v1/chat/completions``, ``GET /health``.
+"""The OpenAI-compatible HTTP API: ``GET /v1/models[/{id}]``, ``POST /v1/chat/completions``, ``GET /health``.
 
 One job: turn OpenAI chat-completion requests into ``Engine.stream`` calls and the answers
 back into OpenAI's JSON and server-sent events. ``ppd serve`` runs it alone (``create_api``);
@@ -40,10 +40,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Mount, Route
 
-from app.chat_service import ChatService
-from app.model_catalog import available
+from app.chat_service import ChatService, ModelChanged
+from app.model_catalog import available, public_name
 from app.model_queue import Busy, Queued
-from ppd_core.engine import MAX_TOP_LOGPROBS, ChosenSampling, ModelSnapshot, SamplingParams, live_llama_cpp_models
+from ppd_core.engine import (MAX_TOP_LOGPROBS, ChosenSampling, ModelSnapshot, SamplingParams, UnencodableText,
+                             live_llama_cpp_models, utf8)
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ class Outcome:
     text: str | None = None  # the answer, cut before a stop string
     completion_tokens: int = 0
     stats: Any = None  # GenerationStats
-    queued_seconds: float = 0.0  # waiting for the model
+    queued_seconds: float = 0.0  # waiting for the model: until the job's turn began (its prompt's prefill not counted)
     started_at: float = 0.0  # unix times of taking and releasing the model
     finished_at: float = 0.0
     steps_after_cancel: int = 0  # forward passes that ran after the cancel flag was set (at most one)
@@ -179,20 +180,31 @@ class StopCutter:
 # ---- validation: every client mistake is an ApiError before the response starts ----
 
 
+def encodable(text: str, param: str) -> str:
+    """``text``, or a 400 naming ``param`` where it holds a lone UTF-16 surrogate (what JSON's ``"\\ud800"`` escape
+    decodes to). Text UTF-8 cannot encode is the client's mistake: a 400, not a 500 from the tokenizer, and not a
+    U+FFFD put in its place behind the client's back."""
+    try:
+        utf8(text, param)
+    except UnencodableText as error:
+        raise ApiError(str(error), param, "invalid_text") from None
+    return text
+
+
 def message_text(message: Message, index: int) -> str:
     """A message's text: its string content, or its text parts joined."""
     param = f"messages[{index}].content"
     content = message.content
     if content is None or isinstance(content, str):
-        return content or ""
+        return encodable(content or "", param)
     if not isinstance(content, list):
         raise ApiError(f"{param} must be a string or a list of text parts", param)
     parts = []
-    for part in content:
+    for number, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text" or not isinstance(part.get("text"), str):
             raise ApiError(f"{param}: only text parts ({{'type': 'text', 'text': ...}}) are supported, got {part!r:.60}", param)
-        parts.append(part["text"])
+        parts.append(encodable(part["text"], f"{param}[{number}].text"))
     return "".join(parts)
 
 
@@ -263,7 +275,7 @@ def stop_strings(request: ChatCompletionRequest) -> list[str]:
         raise ApiError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
     if any(not s for s in stops):
         raise ApiError("stop strings must not be empty", "stop")
-    return stops
+    return [encodable(s, "stop" if isinstance(request.stop, str) else f"stop[{i}]") for i, s in enumerate(stops)]
 
 
 def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
@@ -340,13 +352,14 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
             if isinstance(event, Queued):
                 continue
             if outcome.model is None:  # the first step: no switch can happen until this job's turn ends
-                outcome.queued_seconds, outcome.started_at = time.monotonic() - queued, time.time()
+                outcome.queued_seconds, outcome.started_at = turn_taken(queued, event)
                 outcome.model = service.snapshot()
                 entries = None if job.logprobs is None else LogprobEntries(service.engine.token_bytes)
             if entries is not None:
                 entries.add(event.step.logprobs)
             if not answer_step(event, outcome, cutter, cancelled, emit, entries):
                 break
+        finished = time.time()  # before the turn ends (closing ``events``): the next job starts after it
     if entries is not None and (rest := entries.take()) and not cancelled.is_set():
         emit("", rest)  # tokens that added no text of their own (the end-of-turn token)
     if outcome.started_at == 0.0:  # never reached the model
@@ -355,9 +368,18 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
         outcome.text = event.text[: cutter.sent]
         outcome.completion_tokens = len(event.tokens)
         outcome.stats = event.stats
-        outcome.finished_at = time.time()
         outcome.logprobs = entries.all if entries is not None else None
+        outcome.finished_at = finished
     return outcome
+
+
+def turn_taken(queued: float, first) -> tuple[float, float]:
+    """The seconds from ``queued`` (a ``time.monotonic()``) until the job took the model, and that moment's unix time,
+    at its ``first`` event: the time until then less the first step's own (the prompt's prefill). What is left beside
+    the wait is the engine setting the answer up, well under a millisecond."""
+    now = time.monotonic()
+    taken = max(queued, now - first.step.seconds)
+    return taken - queued, time.time() - (now - taken)
 
 
 class LogprobEntries:
@@ -489,13 +511,18 @@ def choice(delta: dict, reason: str | None = None, logprobs: list[dict] | None =
              "finish_reason": reason}]
 
 
+def unloaded_card(name: str, created: int) -> dict:
+    """A model ppd has but has not loaded (named by ``public_name``)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "ppd", "ppd": {"loaded": False}}
+
+
 def model_card(model: ModelSnapshot, spec: str, created: int) -> dict:
     tokens = model.prompt_tokens
     return {
         "id": model.name, "object": "model", "created": created, "owned_by": "ppd",
         "ppd": {
             "loaded": True,
-            "model": spec,  # as --model names it
+            "model": public_name(spec),  # as --model names it (a local path: its file name)
             "quant": model.quant,
             "dtype": model.dtype,
             "device": model.device,
@@ -596,9 +623,17 @@ class OpenAIApi:
         except PpdError as error:
             raise not_ready(self.service, error) from None
 
-    @property
-    def model_name(self) -> str:
-        return self.snapshot().name
+    def loaded_ids(self, loaded: ModelSnapshot) -> set[str]:
+        """The ids that name the loaded model: its name, its spec, and the spec as listed (``public_name``)."""
+        return {loaded.name, self.service.spec, public_name(self.service.spec)}
+
+    async def others(self, loaded: ModelSnapshot) -> list[str]:
+        """The ids of the models ppd could load instead (``model_catalog.available``; local ones by name only). A
+        request naming one is refused (``model_not_loaded``); one naming anything else, a local path included, is
+        answered by the loaded model, as llama-server answers any name."""
+        specs = await run_in_threadpool(available, self.service.spec)  # reads the Hub cache: off the event loop
+        names = dict.fromkeys(public_name(spec) for spec in specs if spec.isprintable())  # no undecodable file names
+        return [name for name in names if name not in self.loaded_ids(loaded)]
 
     def routes(self) -> list:
         return [Route("/health", self.health, methods=["GET"]), Mount("/v1", app=BodyLimit(self.v1))]
@@ -613,6 +648,7 @@ class OpenAIApi:
         queue = self.service.queue
         return JSONResponse({"status": "ok", "model": model, "busy": queue.busy, "waiting": queue.waiting,
                              "max_waiting": queue.max_waiting, "running": self.state.running,
+                             "background": self.service.background,  # e.g. a first launch's calibration
                              "llama_cpp_models": live_llama_cpp_models()})  # one while a GGUF is loaded: none leaked
 
     async def check_ready(self) -> None:
@@ -637,27 +673,30 @@ class OpenAIApi:
 
         @v1.get("/models")
         async def models():
-            others = await run_in_threadpool(available, service.spec)  # reads the Hub cache: off the event loop
-            return {"object": "list", "data": [model_card(self.snapshot(), service.spec, state.created)] + [
-                {"id": spec, "object": "model", "created": state.created, "owned_by": "ppd", "ppd": {"loaded": False}}
-                for spec in others if spec != service.spec]}
+            loaded = self.snapshot()
+            return {"object": "list", "data": [model_card(loaded, service.spec, state.created)] + [
+                unloaded_card(name, state.created) for name in await self.others(loaded)]}
 
         @v1.get("/models/{model_id:path}")
         async def model(model_id: str):
+            """The loaded model's card for its name, its spec (``default``, ``hf:...``) or its listed id; another
+            listed model's (not loaded) card; else 404."""
             loaded = self.snapshot()
-            if model_id != loaded.name:
-                raise ApiError(f"the model {model_id!r} does not exist; this server has {loaded.name!r}", "model",
-                               "model_not_found", status=404)
-            return model_card(loaded, service.spec, state.created)
+            if model_id in self.loaded_ids(loaded):
+                return model_card(loaded, service.spec, state.created)
+            if model_id in await self.others(loaded):
+                return unloaded_card(model_id, state.created)
+            raise ApiError(f"the model {model_id!r} does not exist; this server has {loaded.name!r}", "model",
+                           "model_not_found", status=404)
 
         @v1.post("/chat/completions")
         async def chat_completions(body: ChatCompletionRequest, request: Request):
             # every client mistake is a 400 here, before the model is asked; tokenizing is off the event loop
-            loaded = self.model_name
-            if body.model not in (None, loaded, service.spec) and body.model in await run_in_threadpool(
-                    available, service.spec):
+            loaded = self.snapshot()
+            if body.model is not None and encodable(body.model, "model") not in self.loaded_ids(loaded) and \
+                    body.model in await self.others(loaded):
                 raise ApiError(f"the model {body.model!r} is available but not loaded: this server answers with "
-                               f"{loaded!r} (switch models on the page)", "model", "model_not_loaded")
+                               f"{loaded.name!r} (switch models on the page)", "model", "model_not_loaded")
             job = await run_in_threadpool(make_job, service, body)
             try:
                 ticket = service.queue.join()
@@ -679,7 +718,7 @@ class OpenAIApi:
                     except (asyncio.TimeoutError, TimeoutError):
                         kind = value = None
                     if kind == "error":
-                        raise value
+                        raise failure(value)
                     if kind == "done":
                         outcome = value
                         break
@@ -712,7 +751,7 @@ class OpenAIApi:
                     text, entries = value
                     yield chunk(job, model, choice({"content": text}, logprobs=entries))
                 elif kind == "error":
-                    message = f"ppd failed while answering: {type(value).__name__}"
+                    message = failure(value).message
                     yield sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
                     break
                 else:
@@ -724,6 +763,14 @@ class OpenAIApi:
             yield sse("[DONE]")
         finally:
             decoding.cancel()
+
+
+def failure(error: BaseException) -> ApiError:
+    """An answer that failed on the model's side: a refusal in one line (the model was switched while the request
+    waited: 503, ask again), else a bug (500, its type only)."""
+    if isinstance(error, ModelChanged):
+        return ApiError(str(error), code="model_changed", status=503, kind="server_error", headers={"Retry-After": "1"})
+    return ApiError(f"ppd failed while answering: {type(error).__name__}", status=500, kind="server_error")
 
 
 def retry_header(service: ChatService) -> dict:

@@ -179,6 +179,7 @@ class ChatService:
                  train_options: list[str] | None = None, calibrate_in_background: bool = False):
         self.startup = Startup(ready=engine is not None)  # ``ppd chat`` serves the page while the model loads
         self._engine = engine
+        self._latest = engine  # the model loaded last: still the one replaced while a switch loads the next
         self.spec = spec  # the loaded model, as --model names it
         self.loader = loader  # loads a model by its --model name: what switching models calls
         self.switch_note = ""  # why the last switch did not happen, for the page
@@ -191,7 +192,7 @@ class ChatService:
         self.calibration_options = calibration_options or {}  # e.g. fewer prompts for a quick check
         self.last_comparison: Comparison | None = None
         self._comparisons = 0  # alternates which mode a comparison runs first
-        self.queue = ModelQueue(max_waiting)
+        self.queue = ModelQueue(max_waiting, stamp=lambda: self._latest)  # each ticket: the model loaded as it joined
         self.calibrates_in_background = calibrate_in_background  # a model without a profile: calibrate beside answers
         self.background: str | None = None  # what runs in the background (a first launch's calibration), for the page
         self._background_thread: threading.Thread | None = None
@@ -217,7 +218,7 @@ class ChatService:
         calibrates = self.calibrates_in_background and needs_calibration(engine)
         if calibrates:  # said before the page can see the model, so its timer keeps ticking until the calibration ends
             self.background = BACKGROUND_CALIBRATION.format(progress="")
-        self._engine = engine
+        self._engine = self._latest = engine
         self.startup.ready = True
         remember(self.spec)
         if calibrates:
@@ -281,16 +282,27 @@ class ChatService:
         return True
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """ppd is quitting: its trainings stop where they are (resumable, asking nothing), a background calibration
-        stops at its next step (llama.cpp must not be running when the interpreter exits), then the model is freed."""
+        """ppd is quitting, within ``timeout`` seconds: answers end at their next step (streams get their last
+        chunk), trainings stop where they are (resumable, asking nothing), a background calibration stops at its next
+        step, then the model is freed (llama.cpp must not be running when the interpreter exits). What has not stopped
+        by then is left to the process's exit (``app.cli.entry`` ends it at once)."""
+        deadline = time.monotonic() + timeout
         self._stopping.set()
         for job in list(self._jobs.values()):
-            job.stop(timeout)
+            job.terminate()
+        for job in list(self._jobs.values()):
+            job.wait(max(deadline - time.monotonic(), 0.0))
         if self._background_thread is not None:
-            self._background_thread.join(timeout)
-        if self._engine is not None:
-            with self.turn():
+            self._background_thread.join(max(deadline - time.monotonic(), 0.0))
+        ticket = self.queue.hold(stop=lambda: time.monotonic() > deadline)
+        if ticket is None:
+            log.warning("quitting while the model is still busy")
+            return
+        try:
+            if self._engine is not None:
                 self._engine.close()
+        finally:
+            self.queue.leave(ticket)
 
     def switch(self, spec: str) -> None:
         """Load ``spec`` in place of the loaded model, freeing that one's memory first (one model in memory); runs on
@@ -402,23 +414,37 @@ class ChatService:
 
     def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
                stop: Callable[[], bool] | None = None, ticket: int | None = None,
-               logprobs: int | None = None) -> Iterator[Queued | GenerationEvent]:
+               logprobs: int | None = None, made_for: Engine | None = None,
+               remake: Callable[[Engine], list[int]] | None = None) -> Iterator[Queued | GenerationEvent]:
         """``Queued`` while waiting, then the engine's events; ends right after the event during which ``stop()``
         turned true. Close it (``contextlib.closing``) when leaving it early.
 
         ``ticket``: a place in line taken beforehand (``queue.join``); else one is taken here (``Busy`` if full).
         ``logprobs``: the engine's (each step's tokens' log-probabilities and that many alternatives).
+
+        Ids mean something only to the model that made them, and a switch waiting ahead in line may replace it before
+        this call's turn. ``made_for``: the engine that made ``ids`` (default: the model loaded when the ticket was
+        taken; make the ids just before). Where another one holds the model by this call's turn, ``remake(engine)``
+        makes them again with it (it may refuse them: a PpdError, one line); without ``remake`` the call is refused in
+        one line.
         """
         ticket = self.queue.join() if ticket is None else ticket
+        made_for = made_for if made_for is not None else self.queue.stamp_of(ticket)
         try:
             if not (yield from self.queue.wait(ticket, stop)):
                 return  # stopped while waiting
-            stream = self.engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling,
-                                        logprobs=logprobs)
+            engine = self.engine  # no switch until this call's turn ends
+            if made_for is not None and made_for is not engine:
+                if remake is None:
+                    raise ModelChanged(f"the model changed while this request waited for it (now {engine.loaded.name}): "
+                                       "ask again")
+                ids = remake(engine)
+            stream = engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling,
+                                   logprobs=logprobs)
             try:
                 for event in stream:
                     yield event
-                    if stop is not None and stop():
+                    if (stop is not None and stop()) or self._stopping.is_set():  # the user, or ppd quitting
                         return
             finally:
                 stream.close()  # between steps: the engine is left ready for the next call
@@ -441,17 +467,19 @@ class ChatService:
             return f"{self.engine.expected_speedup():.2f}x (expected: calibration)"
         return "not measured yet (run Compare or Calibrate)"
 
-    def prepare(self, messages: list[dict], settings: ChatSettings) -> tuple[list[int], str]:
-        """Chat-template ids for the conversation, dropping the oldest turns until prompt + answer fit."""
+    def prepare(self, messages: list[dict], settings: ChatSettings, engine: Engine | None = None) -> tuple[list[int], str]:
+        """Chat-template ids for the conversation, dropping the oldest turns until prompt + answer fit; made by
+        ``engine`` (default: the one loaded now), the only one that may decode them."""
         if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
             raise PpdError("the message is empty")
+        engine = engine or self.engine
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
-        limit = self.engine.max_context
+        limit = engine.max_context
         kept = list(messages)
-        ids = self.engine.chat_ids(system + kept)
+        ids = engine.chat_ids(system + kept)
         while len(ids) + settings.max_new_tokens > limit and len(kept) > 1:
             kept = kept[2:] if len(kept) > 2 else kept[1:]  # a user turn and its answer
-            ids = self.engine.chat_ids(system + kept)
+            ids = engine.chat_ids(system + kept)
         if len(ids) >= limit:
             raise PpdError(f"the message is too long: {len(ids)} tokens, but the model's context holds {limit}")
         dropped = len(messages) - len(kept)
@@ -461,22 +489,36 @@ class ChatService:
     def answer(self, messages: list[dict], settings: ChatSettings, stop: Callable[[], bool] | None = None) -> Iterator[AnswerUpdate]:
         """Stream the answer to the last user message; ends within one decoding step of ``stop()`` turning true.
 
-        Refused (``PpdError``) before anything runs when the conversation does not fit or the line is full.
+        Refused (``PpdError``) before anything runs when the conversation does not fit (for the model loaded now) or
+        the line is full; a model switched in before its turn makes the ids again (and may refuse them then).
         """
-        ids, note = self.prepare(messages, settings)
+        engine = self.engine
+        ids, note = self.prepare(messages, settings, engine)
         self.queue.check_room()
-        return self._answer(ids, settings, note, stop)
+        return self._answer(ids, engine, messages, settings, note, stop)
 
-    def _answer(self, ids: list[int], settings: ChatSettings, note: str, stop: Callable[[], bool] | None) -> Iterator[AnswerUpdate]:
-        highlighter = Highlighter(self.engine.tokenizer) if settings.highlight else None
+    def _answer(self, ids: list[int], engine: Engine, messages: list[dict], settings: ChatSettings, note: str,
+                stop: Callable[[], bool] | None) -> Iterator[AnswerUpdate]:
         mode = "ppd" if settings.ppd else "vanilla"
         event: GenerationEvent | None = None
-        with closing(self.decode(ids, mode, int(settings.max_new_tokens), settings.sampling(), reuse_cache=True, stop=stop)) as events:
+        highlighter: Highlighter | None = None
+        notes = [note]  # the trimming note of the ids that are decoded
+
+        def remake(now: Engine) -> list[int]:  # another model was switched in before this answer's turn
+            remade, notes[0] = self.prepare(messages, settings, now)
+            return remade
+
+        events = self.decode(ids, mode, int(settings.max_new_tokens), settings.sampling(), reuse_cache=True, stop=stop,
+                             made_for=engine, remake=remake)
+        with closing(events):
             for event in events:
                 if isinstance(event, Queued):
                     yield AnswerUpdate("", "", "", f"Waiting for the model: {_answers(event.ahead)} ahead.", None,
                                        queued=event.ahead)
                     continue
+                note = notes[0]
+                if settings.highlight and highlighter is None:  # the model that answers, read under its turn
+                    highlighter = Highlighter(self.engine.tokenizer)
                 if highlighter is not None:
                     highlighter.add(event.step.tokens, event.step.from_guesses, event.step.from_lookup)
                 yield self._update(event, settings, note, highlighter, event.stop_reason)
@@ -511,16 +553,20 @@ class ChatService:
 
         Which mode runs first alternates between comparisons, so neither always gets the warmer caches.
         """
-        ids, _ = self.prepare(messages, settings)
+        engine = self.engine
+        ids, _ = self.prepare(messages, settings, engine)  # refused before waiting where it does not fit
         order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
         self._comparisons += 1
         with self.turn():
+            if self.engine is not engine:  # another model was switched in before this turn: its own ids
+                engine = self.engine
+                ids, _ = self.prepare(messages, settings, engine)
             greedy = SamplingParams(**settings.penalties())
-            results = {mode: self.engine.generate(ids, mode, int(settings.max_new_tokens), sampling=greedy) for mode in order}
+            results = {mode: engine.generate(ids, mode, int(settings.max_new_tokens), sampling=greedy) for mode in order}
         plain, ppd = results["vanilla"], results["ppd"]
         first = "plain" if order[0] == "vanilla" else "PPD"
         self.last_comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first,
-                                          self.engine.loaded.backend.bitwise)
+                                          engine.loaded.backend.bitwise)
         return self.last_comparison
 
     def calibrate(self, progress: Callable[[str, int, int], None] | None = None):
@@ -539,6 +585,10 @@ def needs_calibration(engine: Engine) -> bool:
 IDLE_BEFORE_CALIBRATION = 2.0  # seconds with no answer asked for before a background calibration starts
 BACKGROUND_CALIBRATION = ("Calibrating this device in the background{progress}: answers decode plainly until it is "
                           "done.")
+
+
+class ModelChanged(PpdError):
+    """Ids made for a model another one replaced before their turn, with no way to make them again; one line."""
 
 
 class SwitchBusy(PpdError):

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import ipaddress
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 
 # only plain data here: `ppd --help` and argument errors answer without importing torch or model code
@@ -155,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the API is served only with a key or --no-auth",
     )
     add_queue_option(chat)
+    add_guard_options(chat)
     add_model_options(chat)
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible API (/v1/chat/completions) for editors and chat front-ends")
@@ -164,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys = serve.add_mutually_exclusive_group()
     keys.add_argument("--api-key", default=None, metavar="KEY", help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set)")
     keys.add_argument("--no-auth", action="store_true", help="serve a non-loopback --host without a key (anyone who reaches it can use it)")
+    add_guard_options(serve)
     add_model_options(serve)
 
     calibrate = commands.add_parser("calibrate", help="measure this device and choose the guess tree")
@@ -276,6 +275,17 @@ def add_queue_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", type=int, default=8, metavar="N",
                         help="answers that may wait for the model behind the one running (default 8); beyond them an "
                         "API request gets 503 and a page a busy notice")
+
+
+def add_guard_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-host", action="append", default=None, metavar="NAME",
+                        help="also answer requests whose Host is NAME (a name this server is reached by, e.g. behind a "
+                        "proxy; patterns like *.lan; repeatable; default: $PPD_ALLOWED_HOSTS, comma-separated). Other "
+                        "names than localhost and the --host address are refused: a page may be trying DNS rebinding")
+    parser.add_argument("--allow-origin", action="append", default=None, metavar="ORIGIN",
+                        help="let web pages from ORIGIN call this server (e.g. http://localhost:3000 for a chat "
+                        "front-end; patterns like chrome-extension://*; repeatable; default: $PPD_ORIGINS, "
+                        "comma-separated). Pages from other origins are refused")
 
 
 def check_max_queue(args: argparse.Namespace) -> None:
@@ -420,8 +430,9 @@ def api_key_of(args: argparse.Namespace) -> tuple[bool, str | None]:
     """
     key = args.api_key if args.api_key is not None else (None if args.no_auth else os.environ.get(API_KEY_ENV) or None)
     if key is not None:
-        if not key.strip() or any(char.isspace() for char in key):
-            raise PpdError("--api-key must be a non-empty key without spaces")
+        if not key or not all("!" <= char <= "~" for char in key):  # what an Authorization header can carry
+            raise PpdError("--api-key must be a non-empty key of printable ASCII characters without spaces "
+                           "(clients cannot send others in a header)")
         return True, key
     if is_loopback(args.host):
         return True, None
@@ -476,6 +487,13 @@ def check_port_free(host: str, port: int) -> None:
                 raise PpdError(f"cannot serve on {host}:{port} ({error.strerror or error})") from None
 
 
+def guard_policy(args: argparse.Namespace):
+    """Who may call the server (``app.guard``): its own page, and the hosts and origins the options allow."""
+    from app.guard import HOSTS_ENV, ORIGINS_ENV, Policy, listed
+
+    return Policy(args.host, listed(args.allow_host, HOSTS_ENV), listed(args.allow_origin, ORIGINS_ENV))
+
+
 def run_chat(args: argparse.Namespace) -> int:
     auth = chat_auth(args)  # bad host, login, key, queue or port: fail before loading the model
     serve_api, api_key = api_key_of(args)
@@ -497,52 +515,50 @@ def run_chat(args: argparse.Namespace) -> int:
     service = ChatService(None, max_waiting=args.max_queue, spec=args.model, loader=load, calibrate_in_background=True,
                           train_options=train_options)
     # gradio's import first (loading the model beside it measured no sooner to a first answer, and the page later)
+    from app.server import Serving, server_app
     from app.ui import build_app
 
-    app = build_app(service)
-    launch = dict(server_name=args.host, server_port=args.port, inbrowser=False, quiet=True, auth=auth,
-                  prevent_thread_lock=True)
-    if serve_api:
-        from app.api import api_routes
-
-        # /health and /v1 in front of the page's routes, on Gradio's own server (its login guards only the page)
-        launch["app_kwargs"] = {"routes": api_routes(service, api_key)}
-    app.launch(**launch)
-    print(f"ppd: chat on http://{args.host}:{args.port} (Ctrl+C to quit); the page shows the model loading",
+    app = server_app(service, guard_policy(args), page=build_app(service), auth=auth, api_key=api_key,
+                     serve_api=serve_api)
+    print(f"ppd: chat on http://{url_host(args.host)}:{args.port} (Ctrl+C to quit); the page shows the model loading",
           file=sys.stderr)
-    try:
-        with sigterm_interrupts():  # `kill`, a service manager's stop: quit as on Ctrl+C (a second SIGTERM kills)
-            try:
-                service.attach(service.startup.run(lambda progress: load(args.model, progress)))
-            except BaseException:
-                app.close()  # a model that cannot load: one line here (and on the page until now), then exit
-                raise
-            if serve_api:
-                print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1"
-                      + (" (key required)" if api_key else ""), file=sys.stderr)
-            print("ppd: the model is ready", file=sys.stderr)
-            app.block_thread()  # returns on Ctrl+C or SIGTERM (Gradio closes its server)
-    finally:
-        service.shutdown()  # trainings stop (resumable), a background calibration stops, the model is freed
+
+    def ready() -> None:
+        if serve_api:
+            print(f"ppd: OpenAI-compatible API on http://{url_host(args.host)}:{args.port}/v1"
+                  + (" (key required)" if api_key else ""), file=sys.stderr)
+        print("ppd: the model is ready", file=sys.stderr)
+
+    Serving(app, args.host, args.port).run(service, lambda progress: load(args.model, progress), ready)
     return 0
 
 
 def run_serve(args: argparse.Namespace) -> int:
     _, api_key = api_key_of(args)  # bad host, key, queue or port: fail before loading the model
     check_max_queue(args)
+    check_threads(args)
     check_port_free(args.host, args.port)
-    from app.api import create_api, make_server
     from app.chat_service import ChatService
+    from app.server import Serving, server_app
     from ppd_core.engine import limit_malloc_arenas
 
     limit_malloc_arenas()  # before the server's threads start
-
-    engine = load_engine(args)  # the first launch on a device calibrates it
-    server_app = create_api(ChatService(engine, max_waiting=args.max_queue, spec=args.model), api_key)
-    print(f"ppd: OpenAI-compatible API on http://{args.host}:{args.port}/v1" + (" (key required)" if api_key else "")
-          + " (Ctrl+C to quit)", file=sys.stderr)
-    make_server(server_app, args.host, args.port).run()
+    # listening at once (/health and /v1 answer 503 with Retry-After while the model loads); a first launch on this
+    # device calibrates behind the answers
+    service = ChatService(None, max_waiting=args.max_queue, spec=args.model, calibrate_in_background=True)
+    app = server_app(service, guard_policy(args), api_key=api_key)
+    url = f"http://{url_host(args.host)}:{args.port}/v1"
+    print(f"ppd: OpenAI-compatible API on {url}" + (" (key required)" if api_key else "")
+          + " (Ctrl+C to quit); it answers once the model is loaded", file=sys.stderr)
+    Serving(app, args.host, args.port).run(
+        service, lambda progress: load_engine(args, auto_calibrate=False, progress=progress),
+        lambda: print("ppd: the model is ready", file=sys.stderr))
     return 0
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -553,7 +569,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise PpdError("the message is empty")
     from ppd_core.engine import check_prompt_fits
 
-    engine = load_engine(args, auto_calibrate=args.tree != "auto")  # "auto" calibrates below, after the checks
+    engine = load_engine(args, auto_calibrate=False)  # the answer never waits for a calibration
     if engine.has_chat_template:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.text}
@@ -564,9 +580,11 @@ def run_generate(args: argparse.Namespace) -> int:
             raise PpdError(f"--system needs a chat template, and {engine.loaded.name} has none")
         print(f"ppd: {engine.loaded.name} has no chat template: completing the text as written", file=sys.stderr)
         ids = engine.completion_ids(args.text)
-    check_prompt_fits(len(ids), engine.max_context)  # bad input fails before any calibration
-    if args.tree == "auto" and engine.profile is None and args.mode == "ppd":
-        engine.calibrate(ProgressBars())  # the first run on this device
+    check_prompt_fits(len(ids), engine.max_context)
+    if engine.awaiting_calibration and args.mode == "ppd":
+        print("ppd: this device is not calibrated for this model yet: plain steps with chains copied from the "
+              "conversation (`ppd calibrate` measures it once; `ppd chat` and `ppd serve` do it in the background)",
+              file=sys.stderr)
     event = None
     for event in engine.stream(ids, args.mode, args.max_new_tokens, sampling=sampling):
         if not args.json:
@@ -733,6 +751,8 @@ def run_train(args: argparse.Namespace) -> int:
             held.append(WorkDirLock(folder).acquire())
 
     try:
+        from app.signals import sigterm_interrupts
+
         with sigterm_interrupts():  # the chat app's Stop: the run stops where it is, resumable, and lets the folder go
             if args.work_dir is not None:
                 claim(args.work_dir)  # before the model loads (else once loaded: the default folder is named after it)
@@ -740,23 +760,6 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         for lock in held:
             lock.release()
-
-
-@contextlib.contextmanager
-def sigterm_interrupts():
-    """SIGTERM raises KeyboardInterrupt (in the main thread) while inside: ``finally`` blocks run, exit code 130."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def train_model(args: argparse.Namespace, eval_questions: Path | None, claim) -> int:
@@ -848,5 +851,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `ppd` command. The servers (chat, serve) have stopped everything they could within their quit time when
+    main returns: the process then ends at once, not waiting on a thread still inside llama.cpp (a calibration step)
+    or a worker; what matters is on disk already (conversations and trainings are written atomically as they go)."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv and argv[0] in ("chat", "serve"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -60,6 +60,12 @@ def hub_cached() -> list[str]:
     return specs
 
 
+def public_name(spec: str) -> str:
+    """How the API names ``spec``: a local file or folder by its name alone (the API shows no path of the server's
+    file system), ``default`` and ``hf:...`` as they are."""
+    return spec if spec == "default" or spec.startswith("hf:") else Path(spec).name
+
+
 def available(current: str) -> list[str]:
     """Every model to offer, the loaded one (``current``) first, each once."""
     return list(dict.fromkeys([current, "default", *recent(), *hub_cached()]))

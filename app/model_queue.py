@@ -40,7 +40,7 @@ class Queued:
 class ModelQueue:
     """A first-come first-served lock with at most ``max_waiting`` waiters behind the holder."""
 
-    def __init__(self, max_waiting: int = 8):
+    def __init__(self, max_waiting: int = 8, stamp: Callable[[], object] | None = None):
         if max_waiting < 0:
             raise PpdError(f"the queue length must be 0 or more, got {max_waiting}")
         self.max_waiting = max_waiting
@@ -50,6 +50,8 @@ class ModelQueue:
         self._holder: int | None = None
         self._held_since = 0.0
         self._hold_seconds: deque[float] = deque(maxlen=16)  # recent holds, for Retry-After
+        self._stamp = stamp or (lambda: None)  # what each ticket records when it joins (``stamp_of``)
+        self._stamps: dict[int, object] = {}
 
     @property
     def busy(self) -> bool:
@@ -75,7 +77,13 @@ class ModelQueue:
             self._refuse_if_full()
             ticket = next(self._tickets)
             self._line.append(ticket)
+            self._stamps[ticket] = self._stamp()
             return ticket
+
+    def stamp_of(self, ticket: int) -> object:
+        """What ``stamp()`` said when ``ticket`` joined (ChatService: the model loaded then); None once it left."""
+        with self._changed:
+            return self._stamps.get(ticket)
 
     def wait(self, ticket: int, stop: Callable[[], bool] | None = None) -> Iterator[Queued]:
         """Yield ``Queued`` while waiting; return True once ``ticket`` holds the model, False when ``stop()`` turned
@@ -106,6 +114,7 @@ class ModelQueue:
                 self._hold_seconds.append(time.monotonic() - self._held_since)
             elif ticket in self._line:
                 self._line.remove(ticket)
+            self._stamps.pop(ticket, None)
             self._changed.notify_all()
 
     def hold(self, stop: Callable[[], bool] | None = None) -> int | None:

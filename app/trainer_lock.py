@@ -58,6 +58,13 @@ class Trainer:
             if self.ended_within(seconds):
                 return
 
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM: it stops where it is, resumable) without waiting."""
+        process = self.process()
+        if process is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.terminate()
+
     def ended_within(self, seconds: float) -> bool:
         """Wait for it to end (a non-child's end is polled; an unreaped zombie counts as ended)."""
         deadline = time.monotonic() + seconds

@@ -6,6 +6,7 @@ A trainer still running from an earlier app (or started by hand on the same fold
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ import platformdirs
 
 from app.trainer_lock import Trainer, describe, live_trainer
 from ppd_core.errors import PpdError
+
+log = logging.getLogger(__name__)
 
 INTERRUPTED = 130  # `ppd train`'s exit code when interrupted (Ctrl+C, SIGTERM): stopped where it was, resumable
 PHASES = {"answers": "answering the training conversations", "held-out answers": "answering the held-out questions",
@@ -105,6 +108,23 @@ class TrainingJob:
         elif (other := self.adopted()) is not None:
             self.stopped = True
             other.stop(timeout)
+
+    def terminate(self) -> None:
+        """Ask the training to stop where it is (resumable) without waiting: ppd is quitting (``wait`` after)."""
+        if self._own_running:
+            self.stopped = True
+            self.process.terminate()
+        elif (other := self.adopted()) is not None:
+            self.stopped = True
+            other.terminate()
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a terminated training to end; it ends by itself after that."""
+        if self.process is not None:
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("the training is still stopping; it resumes where it stopped")
 
     def status(self) -> TrainingStatus:
         reported = self._reported()

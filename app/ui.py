@@ -631,7 +631,10 @@ def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: 
                           api_name=False)
     chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
     settings.greedy.click(lambda: 0.0, None, settings.temperature, queue=False, api_name=False)  # one click to greedy
-    chat.clear.click(handlers.clear, [session], [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
+    # the chat's own trash icon is the Clear button: a new conversation (else it only emptied the display, and the
+    # next message brought the cleared turns back, to the page and to the model)
+    gr.on([chat.clear.click, chat.chatbot.clear], handlers.clear, [session],
+          [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
 
 
 def wire_history(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel) -> None:

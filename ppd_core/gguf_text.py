@@ -6,7 +6,7 @@ template is the file's ``tokenizer.chat_template``, rendered as llama-cpp-python
 renders it (sandboxed Jinja, trim_blocks and lstrip_blocks, ``raise_exception``, ``strftime_now``, the
 BOS and EOS tokens as text); a model without one gets ChatML, llama-server's fallback. The rendered
 text is tokenized with special tokens parsed and nothing added: the template writes its own BOS, as in
-transformers and llama-cpp-python.
+transformers and llama-cpp-python; special-token text inside a message stays plain text.
 
 ``ByteTextStream`` is the streaming counterpart of ``ppd_core.text.TextStream``: it joins the tokens'
 bytes and emits the longest complete UTF-8 prefix, O(new tokens) per step.
@@ -22,8 +22,10 @@ from __future__ import annotations
 import codecs
 import ctypes
 from collections.abc import Iterable, Sequence
+from functools import cached_property
 
 from ppd_core.errors import PpdError
+from ppd_core.text import Specials, plain_content_ids, utf8
 
 CHATML_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -34,6 +36,7 @@ CHATML_TEMPLATE = (
 MODEL_TEMPLATE = "the model's"
 CHATML_SOURCE = "ChatML (the model has none)"
 PIECE_BUFFER = 64  # bytes; a longer piece is read again into a buffer of its size
+C_SPACE = " \t\n\v\f\r"  # what C's isspace() strips around a special token with the lstrip or rstrip attribute
 
 
 class ChatTemplateError(PpdError):
@@ -116,17 +119,32 @@ class GgufTokenizer:
     def _token_or_none(self, token: int) -> int | None:
         return None if token < 0 else int(token)
 
+    @cached_property
+    def specials(self) -> Specials:
+        """The tokens llama.cpp parses as special in a text (control and unknown tokens), with their lstrip and
+        rstrip attributes (llama.cpp strips C's white space)."""
+        llama, vocab, ids, attributes = self.llama, self.vocab, {}, {}
+        parsed = llama.LLAMA_TOKEN_ATTR_CONTROL | llama.LLAMA_TOKEN_ATTR_UNKNOWN  # what parse_special=True parses
+        for token in range(self.vocab_size):  # ~20 ms for 49k tokens, once
+            attribute = int(llama.llama_vocab_get_attr(vocab, token))
+            text = self.token_text(token) if attribute & parsed else ""
+            if text and text not in ids:
+                ids[text], attributes[token] = token, attribute
+        return Specials(ids, frozenset(t for t, a in attributes.items() if a & llama.LLAMA_TOKEN_ATTR_LSTRIP),
+                        frozenset(t for t, a in attributes.items() if a & llama.LLAMA_TOKEN_ATTR_RSTRIP), C_SPACE)
+
     # --- tokens <-> text ------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; special-token text (``<|im_start|>``) becomes its token, as in transformers;
-        ``add_special_tokens`` adds BOS (and EOS) where the vocabulary says to."""
-        data = text.encode("utf-8")
+    def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; special-token text (``<|im_start|>``) becomes its token, as in transformers, unless
+        ``parse_special`` is False (then it is plain text); ``add_special_tokens`` adds BOS (and EOS) where the
+        vocabulary says to. UnencodableText (a PpdError, one line) for a lone surrogate."""
+        data = utf8(text)
         capacity = len(data) + 2  # a token covers at least one byte, plus BOS and EOS
         while True:
             tokens = (ctypes.c_int32 * capacity)()
             count = self.llama.llama_tokenize(self.vocab, data, len(data), tokens, capacity,
-                                              add_special_tokens, True)
+                                              add_special_tokens, parse_special)
             if count >= 0:
                 return list(tokens[:count])
             capacity = -count
@@ -166,9 +184,21 @@ class GgufTokenizer:
                             tokenize: bool = True, **variables) -> list[int] | str:
         """``messages`` in the chat template: token ids (the template's own BOS, special tokens parsed), or the
         text with ``tokenize=False``; ChatTemplateError (one line) where the template refuses them. ``variables``
-        reach the template (``enable_thinking=False``, ``tools=[...]``), as in transformers."""
+        reach the template (``enable_thinking=False``, ``tools=[...]``), as in transformers.
+
+        Special-token text inside a message (``<|im_end|>`` typed or pasted) stays plain text: only the template's
+        own markers become control tokens (``ppd_core.text.plain_content_ids``), so a message cannot fake a turn.
+        Messages without such text take the direct path (the rendered text tokenized whole): the same ids."""
         text = self.render_chat(messages, add_generation_prompt, **variables)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
+        if not tokenize:
+            return text
+        if self.specials.found_in(messages):
+            return plain_content_ids(lambda marked: self.render_chat(marked, add_generation_prompt, **variables),
+                                     messages, self.specials, self._encode_plain)
+        return self.encode(text, add_special_tokens=False)
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self.encode(text, add_special_tokens=False, parse_special=False)
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True, **variables) -> str:
         """The chat template's text for ``messages``."""

@@ -30,6 +30,8 @@ def row_counts(recent: np.ndarray, parents: Sequence[int], node_tokens: Sequence
     (``last_n`` < 0: all). Returns (rows [k], tokens [k], counts [k]) over the distinct (row, token) pairs.
     """
     count = len(parents)
+    if last_n >= len(recent) + count:  # a window past the sequence (10**30, too big for NumPy): all of it
+        last_n = -1
     depths = np.zeros(count, dtype=np.int64)  # [N]
     ancestry = np.full((count, 0), -1, dtype=np.int64)  # [N, max depth]: row i's path tokens, root's child first
     if count > 1:

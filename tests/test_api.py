@@ -269,26 +269,32 @@ def test_bad_requests_get_400_in_openai_shape(served):
 @pytest.mark.slow
 def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monkeypatch):
     """`ppd chat --host 0.0.0.0 --auth USER:PASS --api-key KEY`: page and API on one server, one model lock; no key, 401."""
-    import gradio as gr
     from gradio_client import Client
 
+    from app.server import Serving
+
     _, service, _, _ = served
-    launched = {}
-    launch = gr.Blocks.launch
+    servings = []
+    init = Serving.__init__
 
-    def launch_in_background(self, **kwargs):
-        launched["page"] = self
-        return launch(self, **kwargs)
+    def recorded(self, *args):
+        init(self, *args)
+        servings.append(self)
 
-    monkeypatch.setattr(gr.Blocks, "launch", launch_in_background)
-    monkeypatch.setattr(gr.Blocks, "block_thread", lambda self: None)  # return instead of serving until Ctrl+C
+    monkeypatch.setattr(Serving, "__init__", recorded)
     monkeypatch.setattr("app.cli.load_engine", lambda args, **_: service.engine)  # the model already loaded
-    quits = []  # the model is the module's, and the page serves on after main() returns: freed by the fixture
+    quits = []  # the model is the module's: freed by the fixture
     monkeypatch.setattr(ChatService, "shutdown", lambda self, timeout=30.0: quits.append(self.engine))
     port = free_port()
-    assert main(["chat", "--host", "0.0.0.0", "--port", str(port), "--auth", "me:secret", "--api-key", KEY]) == 0
-    assert quits == [service.engine]  # quitting frees ppd chat's model
+    codes = []
+    chat = threading.Thread(target=lambda: codes.append(main(
+        ["chat", "--host", "0.0.0.0", "--port", str(port), "--auth", "me:secret", "--api-key", KEY])))
+    chat.start()
+    deadline = time.monotonic() + 60
     base = f"http://127.0.0.1:{port}"
+    while not (servings and servings[0].server.started and httpx.get(f"{base}/health").status_code == 200):
+        assert time.monotonic() < deadline and chat.is_alive(), "ppd chat did not start"
+        time.sleep(0.05)
     try:
         for key in ("wrong", None):
             headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -312,7 +318,9 @@ def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monk
         assert answer.model_extra["ppd"]["queued_seconds"] > 0.05
         assert answer.choices[0].message.content == expected_text(service, QUESTION, 32)
     finally:
-        launched["page"].close()
+        servings[0].server.should_exit = True  # as Ctrl+C ends the serving
+        chat.join(30)
+    assert codes == [0] and quits == [service.engine]  # quitting frees ppd chat's model
 
 
 def test_serve_on_a_non_loopback_host_needs_a_key_or_no_auth(capsys, monkeypatch):

@@ -47,23 +47,34 @@ def free_port() -> int:
 
 @pytest.fixture
 def fake_chat_app(monkeypatch):
-    """Stand-ins for the model and the Gradio app: records what `launch` is given."""
+    """Stand-ins for the model, the page and the server: records what the server is built with and where it serves."""
     launched = {}
-
-    class FakeApp:
-        def launch(self, **kwargs):
-            launched.update(kwargs)
-
-        def block_thread(self):
-            launched["served until Ctrl+C"] = True
 
     def close():
         assert launched["served until Ctrl+C"]
         launched["model freed on quit"] = True
 
     calibrated = types.SimpleNamespace(profile="calibrated", close=close)  # nothing to calibrate beside the answers
+
+    def server_app(service, policy, *, page=None, auth=None, api_key=None, serve_api=True):
+        launched.update(page=page, auth=auth, guarded=policy.bound)
+        return "app"
+
+    class Serving:
+        def __init__(self, app, host, port):
+            launched.update(server_name=host, server_port=port)
+
+        def run(self, service, load, ready):
+            assert not service.ready  # listening first, the model after
+            service.attach(service.startup.run(load))
+            ready()
+            launched["served until Ctrl+C"] = True
+            service.shutdown(1.0)
+
     monkeypatch.setattr("app.cli.load_engine", lambda args, **_: calibrated)
-    monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: FakeApp()))
+    monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: "the page"))
+    monkeypatch.setattr("app.server.server_app", server_app)
+    monkeypatch.setattr("app.server.Serving", Serving)
     monkeypatch.delenv("PPD_AUTH", raising=False)
     return launched
 
@@ -121,8 +132,8 @@ def test_auth_is_passed_to_the_server(capsys, fake_chat_app):
     port = free_port()
     code, _, err = run_cli(capsys, "chat", "--host", "0.0.0.0", "--port", port, "--auth", "alice:pa:ss")
     assert code == 0 and "warning" not in err
-    assert fake_chat_app == {"server_name": "0.0.0.0", "server_port": port, "inbrowser": False, "quiet": True, "auth": ("alice", "pa:ss"),
-                             "prevent_thread_lock": True, "served until Ctrl+C": True,  # the page first, the model after
+    assert fake_chat_app == {"server_name": "0.0.0.0", "server_port": port, "auth": ("alice", "pa:ss"),
+                             "page": "the page", "guarded": "0.0.0.0", "served until Ctrl+C": True,
                              "model freed on quit": True}
 
 
@@ -336,3 +347,10 @@ print("heavy:", heavy)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("heavy: []"), done.stdout[-500:]
     assert "temperature must be between 0 and 100, got -1.0" in done.stderr and "--max-queue must be 0 or more" in done.stderr
+
+
+@pytest.mark.parametrize("key", ["clé-secrète", "two words", " "])
+def test_an_api_key_clients_cannot_send_is_refused_at_start(capsys, no_model_load, key):
+    """A key with characters outside printable ASCII could never be sent in an Authorization header."""
+    assert_error(capsys, "--api-key must be a non-empty key of printable ASCII characters without spaces (clients "
+                 "cannot send others in a header)", "serve", "--api-key", key, "--port", free_port())

@@ -1,0 +1,99 @@
+"""Issue 40, item 5: the chat's own trash icon (Gradio's Chatbot "Clear") starts a new conversation, as the Clear button
+does; before, it only emptied the display, and the next message brought the "cleared" turns back, to the page and to
+the model (Chromium on the real page, the default model on llama.cpp)."""
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from app.chat_service import ChatService
+from app.history import ConversationStore
+from app.ui import build_app
+from ppd_core.engine import Engine, EngineConfig
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FIRST, SECOND = "Name one fruit.", "Name one color."
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def answered(store: ConversationStore, question: str, seconds: float = 180.0):
+    """The saved conversation whose last turn is ``question`` with its whole answer (waits for it)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for conversation in store.list():
+            messages = conversation.messages
+            if (len(messages) >= 2 and messages[-2] == {"role": "user", "content": question}
+                    and messages[-1]["role"] == "assistant" and "interrupted" not in messages[-1]):
+                return conversation
+        assert time.monotonic() < deadline, [c.messages for c in store.list()]
+        time.sleep(0.1)
+
+
+def test_the_chats_trash_icon_starts_a_new_conversation_as_clear_does(tmp_path, monkeypatch):
+    from playwright.sync_api import expect, sync_playwright
+
+    assert CHROMIUM.exists(), "Debian's chromium is needed: apt-get install chromium (make browser does it)"
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
+    prompts: list[list[int]] = []  # what the model was given, answer by answer
+    stream = engine.stream
+
+    def seen(input_ids, *args, **kwargs):
+        prompts.append(list(input_ids))
+        return stream(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "stream", seen)
+    service = ChatService(engine)
+    store = ConversationStore(tmp_path / "conversations")
+    app = build_app(service, store)
+    port = free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(f"http://127.0.0.1:{port}/")
+            message, send = page.locator("#message textarea"), page.locator("#send")
+            users, bots = page.locator("#chat [data-testid='user']"), page.locator("#chat [data-testid='bot']")
+            expect(page.locator("#device")).to_contain_text("Device", timeout=60_000)
+
+            message.fill(FIRST)
+            send.click()
+            first = answered(store, FIRST)
+            expect(users).to_have_count(1, timeout=30_000)
+            expect(send).to_be_enabled(timeout=30_000)
+            assert len(prompts) == 1 and first.messages[0] == {"role": "user", "content": FIRST}
+
+            page.locator("#chat button[aria-label='Clear']").click()  # the chat's own trash icon
+            expect(users).to_have_count(0)
+            expect(bots).to_have_count(0)
+            message.fill(SECOND)
+            send.click()
+            second = answered(store, SECOND)
+            assert prompts[-1] == engine.chat_ids([{"role": "user", "content": SECOND}])  # the cleared turns unseen
+            expect(users).to_have_count(1, timeout=30_000)  # the page shows the new exchange only
+            expect(users.first).to_contain_text(SECOND)
+            expect(bots).to_have_count(1)
+            expect(bots.first).to_contain_text(second.messages[-1]["content"][:20])
+            assert [m["role"] for m in second.messages] == ["user", "assistant"] and second.id != first.id
+
+            saved = {c.id: c.messages for c in store.list()}  # the cleared conversation stays saved, as with Clear
+            assert saved[first.id] == first.messages and [m["role"] for m in first.messages] == ["user", "assistant"]
+            page.get_by_text("Conversations", exact=True).click()
+            page.locator("#saved input").click()
+            expect(page.get_by_role("option", name=FIRST, exact=False)).to_have_count(1)
+            expect(page.get_by_role("option", name=SECOND, exact=False)).to_have_count(1)
+            browser.close()
+    finally:
+        app.close()
+        engine.close()
