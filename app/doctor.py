@@ -173,6 +173,7 @@ def environment_lines(report: dict) -> list[str]:
         llama_line,
         f"decodes with: {eng['backend']} ({eng['forward']} forward, {eng['quant']}, {eng['dtype']}{gpu_layers}, "
         f"{eng['threads']} threads); tree {eng['tree']['name']} ({tokens(eng['tree']['tokens_per_step'])} per step){lookup}",
+        f"steps: {eng['tree'].get('step_policy', 'each its own shape')}",
         f"exactness: {eng['exactness']}",
     ]
     if env["gpu"]:

@@ -77,6 +77,7 @@ def device_panel(model: ModelSnapshot) -> str:
         prompt_tokens_line(model.prompt_tokens),
         f"**Chat template:** {model.template_note or 'the model' + chr(39) + 's own'}",
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**model.tree),
+        f"**Steps:** {model.tree.get('step_policy', 'each its own shape')}",
         f"**Guesses from:** {guess_sources(model)}",
         f"**Exactness:** {model.exactness}",
         policy_line(model),

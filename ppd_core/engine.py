@@ -23,6 +23,7 @@ from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, 
 from ppd_core.calibration.curves import LatencyCurve, read_curve
 from ppd_core.calibration.calibrate import within
 from ppd_core.calibration.latency import mean_curve, measure_latency, step_seconds
+from ppd_core.calibration.prior import uncalibrated_chains
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.calibration.type_curves import CONTEXT as TYPE_CURVE_CONTEXT, SIZES as TYPE_CURVE_SIZES  # noqa: F401
@@ -50,7 +51,7 @@ from ppd_core.sampling_params import GREEDY, SamplingParams, recommended
 from ppd_core.snapshot import ModelSnapshot, PromptTokensInfo
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.stats import GenerationStats, StepStats
-from ppd_core.text import TextStream, chat_ids, text_stream
+from ppd_core.text import TextStream, UnencodableText, chat_ids, text_stream, utf8  # noqa: F401 - app/'s API: the last two
 from ppd_core.tree import TreeFamily, family_from_specs, vanilla_family
 
 # engine.py is the API app/ uses: app/ imports from ppd_core through this module only.
@@ -138,6 +139,7 @@ class Engine:
         self.lookup_lengths: tuple[int, ...] = ()  # n-gram lookup chain length by match class (empty: none)
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
         self.chain_policy = "adaptive"  # with a profile: chains learnt per conversation, or "fixed": calibration's
+        self.awaiting_calibration = False  # --tree auto with no profile yet: plain steps and prior chains meanwhile
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
@@ -218,7 +220,8 @@ class Engine:
     def lookup_policy(self) -> str:
         """"adaptive" (chains learnt per conversation, ``new_chains``), "fixed" or "none"."""
         profile = self.profile
-        if self._lookup is None and self.chain_policy == "adaptive" and profile is not None and profile.lookup_acceptance:
+        if self._lookup is None and self.chain_policy == "adaptive" and (
+                (profile is not None and profile.lookup_acceptance) or self.awaiting_calibration):
             return "adaptive"
         return "fixed" if any(self.lookup_lengths) else "none"
 
@@ -227,15 +230,25 @@ class Engine:
         chains learnt per conversation from calibration's acceptance and latency curve (``AdaptiveChains``; "fixed":
         calibration's lengths); None: no lookup."""
         profile = self.profile
+        if self.lookup_policy() == "adaptive" and self.awaiting_calibration:
+            return uncalibrated_chains()
         if self.lookup_policy() == "adaptive":
-            seconds = within(step_seconds(profile.latency_ms), max(mean_curve(profile.latency_ms)))
+            seconds = profile.policy.seconds(within(step_seconds(profile.latency_ms), max(mean_curve(profile.latency_ms))))
             tokens_per_step = self.calibration_expectation()["expected_tokens_per_step"] or 1.0
             return AdaptiveChains(profile.lookup_acceptance, seconds, tokens_per_step, self.family.trees[-1].num_tokens)
         return FixedChains(self.lookup_lengths) if any(self.lookup_lengths) else None
 
+    @property
+    def padded_rows(self) -> int | None:
+        """The rows every PPD step is padded to (the profile's ``fixed`` step policy); None: each step its own shape
+        (also with a tree budget asked for, whose trees were priced between 1-token steps)."""
+        if self.profile is None or self.tree_budget is not None:
+            return None
+        return self.profile.policy.pads
+
     def use_profile(self, profile: DeviceProfile, budget: int | None = None) -> None:
         """Decode with the profile's chosen trees, or with the best trees for ``budget`` tokens."""
-        self.profile, self.tree_budget = profile, budget
+        self.profile, self.tree_budget, self.awaiting_calibration = profile, budget, False
         self._refresh_lookup()
         if budget is None:
             self.set_tree(profile.family())
@@ -301,6 +314,8 @@ class Engine:
             "lookup_chain_by_match_length": list(self.lookup_lengths),  # by match class; empty: no lookup guesses
             "lookup_policy": self.lookup_policy(),
             "lookup_match_classes": [class_label(i) for i in range(len(MATCH_CLASSES))],
+            "padded_rows": self.padded_rows,  # every PPD step decoded as this many rows; None: each its own shape
+            "step_policy": self.profile.policy.line() if self.profile is not None else "no calibration yet",
         }
 
     def expected_speedup(self) -> float | None:
@@ -388,7 +403,10 @@ class Engine:
             chains = None
         elif chains is None:  # a new conversation (a follow-up goes on with what its turns taught)
             chains = self.new_chains()
-        speculator = decoding.Speculator(self.loaded.backend, family, self._prompt_table)
+        backend = self.loaded.backend
+        if getattr(backend, "pads_steps", False):  # the profile's step shape for PPD; plain decoding is 1-token steps
+            backend.pad_steps(self.padded_rows if mode == "ppd" and not self.plain_only else None)
+        speculator = decoding.Speculator(backend, family, self._prompt_table)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
                                    chains=chains)

@@ -168,5 +168,7 @@ def _with_tree(cls, loaded: LoadedModel, config: EngineConfig, progress: Progres
             engine.use_profile(profile, None if config.tree == "auto" else int(config.tree))
         elif config.tree != "auto":
             raise PpdError(f"--tree {config.tree} needs a calibration profile (run `ppd calibrate`)")
+        else:  # answers do not wait for a calibration: plain steps, and chains learnt from the shipped figures
+            engine.awaiting_calibration = True
     return engine
 

@@ -161,6 +161,23 @@ def write_table_gguf(path: Path, type_name: str, rows: int = 64, architecture: s
     return table
 
 
+def add_vocabulary(writer, vocabulary: Vocabulary, tokens, token_types, chat_template: bool = True) -> None:
+    """The default model's BPE tokenizer keys on ``writer``, with ``tokens`` and ``token_types`` as its token list (the
+    vocabulary's own, or padded to a larger model's size)."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(vocabulary.pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(vocabulary.merges)
+    writer.add_bos_token_id(vocabulary.bos)
+    writer.add_eos_token_id(vocabulary.eos)
+    writer.add_unk_token_id(vocabulary.unknown)
+    writer.add_pad_token_id(vocabulary.padding)
+    writer.add_add_bos_token(False)
+    if chat_template:
+        writer.add_chat_template(vocabulary.chat_template)
+
+
 def write_tiny_gguf(path: Path, architecture: str, vocabulary: Vocabulary, seed: int = 0,
                     embedding_type: str = "F16") -> Path:
     """A tiny random ``architecture`` model at ``path``: F16 matrices, its token embedding in ``embedding_type``
@@ -202,18 +219,7 @@ def write_tiny_gguf(path: Path, architecture: str, vocabulary: Vocabulary, seed:
     if architecture == "gemma2":
         writer.add_attn_logit_softcapping(50.0)
         writer.add_final_logit_softcapping(30.0)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(vocabulary.pre)
-    writer.add_token_list(vocabulary.tokens)
-    writer.add_token_types(vocabulary.token_types)
-    writer.add_token_merges(vocabulary.merges)
-    writer.add_bos_token_id(vocabulary.bos)
-    writer.add_eos_token_id(vocabulary.eos)
-    writer.add_unk_token_id(vocabulary.unknown)
-    writer.add_pad_token_id(vocabulary.padding)
-    writer.add_add_bos_token(False)
-    if architecture != "gemma3":
-        writer.add_chat_template(vocabulary.chat_template)
+    add_vocabulary(writer, vocabulary, vocabulary.tokens, vocabulary.token_types, architecture != "gemma3")
 
     # token rows: Gemma's graph multiplies them by sqrt(256) = 16
     embedding_std = 0.05 if gemma else 0.5

@@ -161,11 +161,13 @@ class LlamaCppDecoder:
         self.threads = threads or os.cpu_count() or 1
         self.kv_type = kv_type
         params = self._params = llama.llama_context_default_params()
-        self.max_tree_rows = TREE_ROWS["gpu" if self.gpu_layers else "cpu"]
-        # sequence ids: one per leaf (a tree has at most as many leaves as rows), the park and the keep marker
-        self.seq_max = self.max_tree_rows + 2
+        self.row_limit = TREE_ROWS["gpu" if self.gpu_layers else "cpu"]
+        self.step_rows: int | None = None  # every generation step padded to this many rows (``pad_steps``)
+        # sequence ids: one per leaf (a tree has at most as many leaves as rows), the padding, the park, the keep marker
+        self.seq_max = self.row_limit + 3
         self.park, self.keep_marker = self.seq_max - 1, self.seq_max - 2  # rejected rows; a path changing hands
-        params.n_batch, params.n_ubatch = BATCH_ROWS, max(self.max_tree_rows, PREFILL_ROWS)  # a tree is one ubatch
+        self.pad_seq = self.seq_max - 3  # padding rows: no real row holds it, so none sees them
+        params.n_batch, params.n_ubatch = BATCH_ROWS, max(self.row_limit, PREFILL_ROWS)  # a tree is one ubatch
         params.n_seq_max = self.seq_max
         params.kv_unified = True
         # sliding-window models (Gemma, Mistral with a window) keep every position's cells, as other models do: the
@@ -265,6 +267,22 @@ class LlamaCppDecoder:
 
     # --- the protocol -------------------------------------------------------------------------
 
+    pads_steps = True
+
+    @property
+    def max_tree_rows(self) -> int:
+        """The most rows one step may have: the padded shape's, else what llama.cpp computes at once."""
+        return self.step_rows or self.row_limit
+
+    def pad_steps(self, rows: int | None) -> None:
+        """Decode every generation step (``tree_logits``; prompt processing apart) as exactly ``rows`` rows, all with
+        logits: the tree's, then padding rows on ``pad_seq`` that no real row sees, freed after the step. On CUDA
+        llama.cpp keeps one graph for one batch shape, so steps of one shape replay it where a tree between 1-token
+        steps re-captured it every time (README, "On a GPU"). None: each step its own shape (the CPU's best)."""
+        if rows is not None and not 1 <= rows <= self.row_limit:
+            raise LlamaCppError(f"a padded step of {rows} rows: llama.cpp computes 1 to {self.row_limit} at once here")
+        self.step_rows = rows
+
     def new_cache(self) -> LlamaCache:
         return LlamaCache()
 
@@ -284,19 +302,26 @@ class LlamaCppDecoder:
         T, start = tree.num_tokens, len(cache.tokens)
         if T > self.max_tree_rows:
             raise LlamaCppError(f"a tree of {T} rows exceeds the {self.max_tree_rows} rows llama.cpp computes per step")
-        self._make_resident(cache, T)
+        R = self.step_rows or T  # rows decoded: the tree's, then padding
+        self._make_resident(cache, R)
         self._widen(cache, tree.num_leaves)
         nodes = node_tokens.tolist()
         positions = (tree.position_offsets + start).astype(np.int32)  # [T]
         if prompt_rows is None:
             batch = self._token_batch
             batch.tokens[:T] = node_tokens
+            batch.tokens[T:R] = node_tokens[0]
         else:
             batch = self._embedding_rows_batch()
             batch.embeddings[: tree.num_nodes] = self._embeddings.rows(nodes)
             batch.embeddings[tree.num_nodes : T] = prompt_rows
-        batch.fill(positions, tree.sequences, outputs=1)
-        logits = self._run(batch, T, T)  # [T, vocab]
+            batch.embeddings[T:R] = batch.embeddings[0]
+        padding = np.arange(start, start + R - T, dtype=np.int32)  # [R - T] on the padding sequence alone
+        batch.fill(np.concatenate([positions, padding]), [*tree.sequences, *[[self.pad_seq]] * (R - T)], outputs=1)
+        logits = self._run(batch, R, R)  # [R, vocab]
+        if R > T:  # the padding's cells lie after the tree's: freed, the next step's cells take their place in order
+            self.llama.llama_memory_seq_rm(self.memory, self.pad_seq, -1, -1)
+            logits = HostLogits(logits.values[:T])  # [T, vocab]
         cache.cells += T
         cache.pending = (tree, nodes)
         return logits

@@ -19,9 +19,12 @@ from ppd_core.calibration.acceptance import (
     AcceptanceStats, calibration_prompts, conversation_answers, decoder_acceptance, decoder_answers, lookup_stats,
 )
 from ppd_core.calibration.curves import LatencyCurve
-from ppd_core.calibration.latency import CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_latency, step_seconds
+from ppd_core.calibration.latency import (
+    CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_fixed, measure_latency, step_seconds,
+)
 from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.calibration.records import AcceptanceRecord, candidate_files, find_record, now, save_record
+from ppd_core.calibration.step_policy import FIXED_LADDER, StepPolicy
 from ppd_core.calibration.tree_search import Choice, FamilyEstimate, Probs, choose_family
 from ppd_core.device_info import describe
 from ppd_core.device_policy import profile_fields, properties_of
@@ -126,6 +129,38 @@ def choose_tree_and_chains(probs: Probs, lookup: LookupStats, n: int, V: int,
     return TreeAndChains(choice, budgets, budgets[chosen], lengths, seconds)
 
 
+def fixed_search(search: TreeAndChains, lookup: LookupStats, rows: int, ms: float) -> TreeAndChains:
+    """The best trees and chains when every step is padded to ``rows`` rows and costs ``ms`` whatever it holds."""
+    seconds = StepPolicy("fixed", rows, {rows: ms}).seconds(search.seconds)
+    budgets = [b for b in search.budgets if search.choice.by_budget[b].sizes[-1] <= rows]
+    trees = [(search.choice.by_budget[b].tokens_per_step, search.choice.by_budget[b].sizes[-1]) for b in budgets]
+    chosen, lengths = best_with_chains(lookup, trees, seconds)
+    return TreeAndChains(search.choice, budgets, budgets[chosen], lengths, seconds)
+
+
+def rate(search: TreeAndChains, lookup: LookupStats) -> float:
+    """Expected tokens per second of ``search``'s trees and chains on ``lookup``'s answers."""
+    tokens, seconds = search.with_lookup(lookup)
+    return tokens / seconds
+
+
+def choose_step_policy(search: TreeAndChains, lookup: LookupStats,
+                       fixed_ms: dict[int, float]) -> tuple[TreeAndChains, StepPolicy]:
+    """Trees between 1-token steps (``search``), or every step padded to one of ``fixed_ms``' shapes (1: plain steps
+    repeated), whichever is expected to give the most tokens per second."""
+    rates = {"trees": rate(search, lookup)}
+    best, policy = search, StepPolicy("trees", 0, fixed_ms)
+    for rows, ms in sorted(fixed_ms.items()):
+        candidate = fixed_search(search, lookup, rows, ms)
+        rates[f"fixed {rows}"] = rate(candidate, lookup)
+        if rates[f"fixed {rows}"] > max(rate(best, lookup), 0.0) * (1 + 1e-9):
+            best, policy = candidate, StepPolicy("fixed" if rows > 1 else "plain", rows if rows > 1 else 0, fixed_ms)
+    if policy.kind == "trees" and best.budget == 1 and not any(best.lengths):
+        policy = StepPolicy("plain", 0, fixed_ms)
+    rounded = {name: round(value, 3) for name, value in rates.items()}
+    return best, StepPolicy(policy.kind, policy.rows, policy.fixed_ms, rounded)
+
+
 def calibrate(
     loaded: LoadedModel,
     prompt_tokens: PromptTokens,
@@ -173,6 +208,12 @@ def calibrate(
     fault("calibrate.tree_search")
     report("tree search", 0, 1)
     search = choose_tree_and_chains(stats.probs, lookup, n, V, latency)
+    plain_seconds = search.seconds(1)  # a 1-token step: what every speedup is over
+    fixed_ms = {}
+    if curve is None and getattr(loaded.backend, "pads_steps", False):  # one shape per step, as decoding would pad it
+        fixed_ms = measure_fixed(loaded.backend, table, n, V, [r for r in FIXED_LADDER if r <= max(sizes)],
+                                 contexts[0], repeats, ceiling=ceiling, between=between)
+    search, policy = choose_step_policy(search, lookup, fixed_ms)
     budget, best, lengths, seconds, choice = search.budget, search.best, search.lengths, search.seconds, search.choice
     report("tree search", 1, 1)
     lookup_tokens, lookup_seconds = search.with_lookup(lookup)
@@ -182,7 +223,7 @@ def calibrate(
         if part.matches:
             tokens, per_step = search.with_lookup(part)
             by_turn[name] = {"answers": len(part.matches), "tokens_per_step": round(tokens, 4),
-                             "speedup": round(tokens / per_step * seconds(1), 4)}
+                             "speedup": round(tokens / per_step * plain_seconds, 4)}
     key = profile_key(loaded, prompt_tokens)
     if curve is not None:
         key["device"] = curve.device_key()
@@ -195,8 +236,9 @@ def calibrate(
         trees=list(best.specs),
         tree_sizes=list(best.sizes),
         expected_tokens_per_step=round(best.tokens_per_step, 4),  # the tree alone, without chains
-        expected_ms_per_step=round(1000 * best.seconds_per_step, 3),
-        expected_speedup=round(best.tokens_per_second / choice.vanilla_tokens_per_second, 4),
+        expected_ms_per_step=round(1000 * (seconds(best.sizes[-1]) if policy.pads else best.seconds_per_step), 3),
+        expected_speedup=round(best.tokens_per_step / seconds(best.sizes[-1]) * plain_seconds if policy.pads
+                               else best.tokens_per_second / choice.vanilla_tokens_per_second, 4),
         ensemble_size=V,
         budgets=[
             {
@@ -211,7 +253,8 @@ def calibrate(
         lookup_trials=list(lookup.trials),
         lookup_lengths=lengths,
         expected_tokens_per_step_with_lookup=round(lookup_tokens, 4),
-        expected_speedup_with_lookup=round(lookup_tokens / lookup_seconds * seconds(1), 4),  # over plain decoding
+        expected_speedup_with_lookup=round(lookup_tokens / lookup_seconds * plain_seconds, 4),  # over plain decoding
+        step_policy=policy.to_json(),
         expected_with_lookup_by_turn=by_turn,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         calibration_seconds=round(time.perf_counter() - started, 1),

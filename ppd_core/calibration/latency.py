@@ -102,6 +102,42 @@ def measure_latency(
     return result
 
 
+def measure_fixed(
+    decoder: Decoder,
+    prompt_table: np.ndarray | None,  # [n * V, hidden]
+    num_prompt_tokens: int,
+    ensemble_size: int,
+    ladder: Sequence[int],
+    context: int = CONTEXTS[0],
+    repeats: int = 9,
+    warmup: int = 2,
+    ceiling: float | None = None,
+    between: Callable[[], bool] | None = None,
+) -> dict[int, float]:
+    """Median milliseconds of a step of R rows repeated (R, R, R, ...), as decoding runs every step when it pads them
+    all to R rows (``Decoder.pad_steps``): ``{R: ms}``, 1 (a plain step repeated) included. Past two rungs in a row
+    that cost more than ``ceiling`` plain steps, no larger one can win: not measured."""
+    generator = np.random.default_rng(1)
+    context = min(context, decoder.max_context - max(ladder) - 4)
+    cache = decoder.new_cache()
+    prefill(decoder, cache, generator.integers(decoder.vocab_size, size=context).tolist())
+    measured: dict[int, float] = {}
+    try:
+        for rows in sorted(set(ladder) | {1}):
+            decoder.pad_steps(rows)
+            tree = probe_tree(rows, num_prompt_tokens, ensemble_size)
+            guesses = generator.integers(decoder.vocab_size, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))
+            speculator = Speculator(decoder, TreeFamily(f"fixed-{rows}", (tree,)), prompt_table)
+            measured[rows] = round(step_ms(speculator, cache, tree, guesses, context, warmup, repeats, between), 3)
+            over = [r for r in measured if ceiling is not None and r > 1 and measured[r] > ceiling * measured[1]]
+            if len(over) >= 2 and sorted(measured)[-2:] == sorted(over)[-2:]:
+                break
+    finally:
+        decoder.pad_steps(None)
+        decoder.truncate(cache, 0)
+    return measured
+
+
 def beyond_reach(measured: dict, context: int, sizes: Sequence[int], size: int, ceiling: float) -> bool:
     """Whether ``size`` and the size before it both cost more than ``ceiling`` one-token steps (every kernel)."""
     def ratio(s: int) -> float:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import platformdirs
 
+from ppd_core.calibration.step_policy import StepPolicy
 from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 from ppd_core.tree import TreeFamily, TreeSpec, family_from_specs
@@ -56,10 +57,15 @@ class DeviceProfile:
     created: str = ""
     calibration_seconds: float = 0.0
     acceptance_from: str = ""  # the acceptance record used (ppd_core/calibration/records.py): its file
+    step_policy: dict = field(default_factory=dict)  # ``StepPolicy.to_json``: how steps are shaped ({}: trees)
 
     @property
     def key_hash(self) -> str:
         return key_hash(self.key)
+
+    @property
+    def policy(self) -> StepPolicy:
+        return StepPolicy.from_json(self.step_policy)
 
     def family(self) -> TreeFamily:
         return family_from_specs(f"calibrated-{self.budget}", self.trees, len(self.acceptance), self.ensemble_size)
