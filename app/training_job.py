@@ -27,7 +27,7 @@ PHASES = {"answers": "answering the training conversations", "held-out answers":
 
 @dataclass
 class TrainingStatus:
-    state: str  # "none" (never started), "running", "stopped" (resumable), "done", "failed"
+    state: str  # "none" (never started), "running", "stopping", "stopped" (resumable), "done", "failed"
     line: str  # for the page
 
 
@@ -45,6 +45,7 @@ class TrainingJob:
         self.process: subprocess.Popen | None = None
         self.applied = False  # the chat has loaded what it trained
         self.stopped = False  # stopped on purpose (resumable), not failed
+        self.stopping = False  # a Stop is waiting for the trainer to end (it may have let the folder go already)
         self._adopted_seen = False  # a trainer this app did not start was seen working in the folder
 
     @property
@@ -96,7 +97,15 @@ class TrainingJob:
         return self._own_running or self.adopted() is not None
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the training where it is (resumable): SIGTERM, then a kill if it has not ended within ``timeout``."""
+        """Stop the training where it is (resumable): SIGTERM, then a kill if it has not ended within ``timeout``.
+        Until it has ended, ``status`` says it is stopping (no Resume offered before the trainer is gone)."""
+        self.stopping = True
+        try:
+            self._stop(timeout)
+        finally:
+            self.stopping = False
+
+    def _stop(self, timeout: float) -> None:
         if self._own_running:
             self.stopped = True
             self.process.terminate()
@@ -128,6 +137,8 @@ class TrainingJob:
 
     def status(self) -> TrainingStatus:
         reported = self._reported()
+        if self.stopping:
+            return TrainingStatus("stopping", "Stopping the training where it is (it resumes from there)…")
         if self.running:
             return TrainingStatus("running", progress_line(reported))
         if self.process is not None and self.process.returncode not in (0, None, INTERRUPTED) and not self.stopped:

@@ -96,6 +96,7 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
+TIMER = 5  # where the timer is in ``model_panels``' outputs (startup, Send, device, summary, curve, timer, ...)
 SAMPLING_LABELS = {"temperature": "Temperature (0 = greedy)", "top_p": "Top-p", "top_k": "Top-k (0 = off)",
                    "repeat_penalty": "Repeat penalty (1 = off)",
                    "repeat_last_n": "Repeat window (the last N tokens; -1 = all, 0 = no penalties)",
@@ -375,6 +376,8 @@ class Handlers:
             return "Training finished: loading the new PPD tokens…", gr.update(visible=False), True
         if status.state == "running":  # this app's trainer, or one adopted from an earlier app: either can be stopped
             return status.line, training_button(STOP_TRAINING, variant="stop"), True
+        if status.state == "stopping":  # Resume once the trainer is gone
+            return status.line, gr.update(visible=True, value=STOP_TRAINING, variant="stop", interactive=False), True
         if status.state in ("stopped", "failed"):
             return status.line, training_button(RESUME_TRAINING), False
         if has_tokens:
@@ -384,8 +387,10 @@ class Handlers:
 
     def training_button(self, label: str | None):
         """The training button clicked: ``label`` is what it said (Stop while a training ran), so a click never
-        does what the page did not show."""
-        return self.stop_training() if label == STOP_TRAINING else self.train()
+        does what the page did not show. The page's timer is left on: clicks are answered concurrently (a Stop waits
+        for its trainer to end), so an answer can arrive after a later one, and the next tick puts the page right."""
+        panels = self.stop_training() if label == STOP_TRAINING else self.train()
+        return *panels[:TIMER], gr.Timer(active=True), *panels[TIMER + 1:]
 
     def train(self):
         """Start (or resume) training PPD tokens for the loaded model in a background process."""

@@ -3,6 +3,7 @@ resumed after it was stopped, and loaded (and calibrated) when it is done."""
 
 import json
 import shutil
+import threading
 import time
 
 import pytest
@@ -11,7 +12,7 @@ from conftest import tiny_llama
 from app.chat_service import ChatService
 from app.history import ConversationStore
 from app.training_job import progress_line
-from app.ui import Handlers, new_session
+from app.ui import TIMER, Handlers, new_session
 from ppd_core.engine import Engine, EngineConfig
 
 pytestmark = pytest.mark.slow
@@ -59,11 +60,23 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     handlers.train()  # stopped once while it runs (at once: a tiny training can end within a second), then resumed
     job = service.training()
     assert job.running
-    job.stop()
+    # while Stop waits for the trainer to end, the page says so and offers no Resume (a click then would race the
+    # Stop's own answer); the trainer's end is held back here until the page has been looked at
+    ended, wait = threading.Event(), job.process.wait
+    job.process.wait = lambda timeout=None: ended.wait(timeout) and wait(timeout)
+    stopping = threading.Thread(target=job.stop)
+    stopping.start()
+    wait_for(lambda: job.stopping, 30, "the Stop did not begin")
+    *_, training, train = handlers.model_panels()
+    assert training.startswith("Stopping the training") and train["value"] == "Stop training" and not train["interactive"]
+    assert handlers.model_panels()[TIMER].active  # the page keeps asking until the trainer is gone
+    ended.set()
+    stopping.join(60)
     assert job.status().state == "stopped"
     *_, training, train = handlers.model_panels()
     assert "resumes where it was" in training and train["value"] == "Resume training"
-    handlers.train()
+    panels = handlers.training_button("Resume training")  # a click's answer leaves the timer on, whatever it says
+    assert panels[TIMER].active
     *_, training, train = handlers.model_panels()
     assert training.startswith("Training PPD tokens") and train["value"] == "Stop training" and train["interactive"]
 

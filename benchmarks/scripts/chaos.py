@@ -72,7 +72,7 @@ class Broken(Exception):
 
     def __init__(self, invariant: str, seen: str):
         super().__init__(f"{invariant}: {seen}")
-        self.invariant = invariant
+        self.invariant, self.seen = invariant, seen
 
 
 def check(condition: bool, invariant: str, seen: str | Callable[[], str]) -> None:
@@ -395,8 +395,11 @@ class Chaos:
 
     def running_training(self, invariant: str = "training runs") -> psutil.Process:
         """The page shows a training running (Stop offered) and exactly one trainer works in the folder."""
-        self.page.expect("#training", "to_contain_text", TRAINING, invariant, 60)
-        self.page.expect("#train", "to_have_text", STOP, invariant, 30)
+        try:
+            self.page.expect("#training", "to_contain_text", TRAINING, invariant, 60)
+            self.page.expect("#train", "to_have_text", STOP, invariant, 30)
+        except Broken as broken:  # what the trainers wrote says why
+            raise Broken(invariant, f"{broken.seen}; train.log: {self.train_log_tail(8)}") from broken
         return wait_for(lambda: one_trainer(self.work_dir), TRAINER_SECONDS, invariant,
                         lambda: f"the page says it trains, no trainer runs: {self.train_log_tail()}")
 
@@ -435,9 +438,9 @@ class Chaos:
         lost = [message for message in self.typed if message not in on_disk]
         check(not lost, "every typed message is on disk", f"lost: {lost}")
 
-    def train_log_tail(self) -> str:
+    def train_log_tail(self, count: int = 3) -> str:
         lines = _read(self.work_dir / "train.log").strip().splitlines() if self.work_dir else []
-        return " | ".join(lines[-3:])
+        return " | ".join(lines[-count:])
 
     def round(self, number: int) -> str:
         """One round, (a) to (g); its verdict line. Broken on the first invariant that does not hold."""
