@@ -334,6 +334,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     )
     for name, part in profile.expected_with_lookup_by_turn.items():
         print(f"  {name} ({part['answers']} answers): {part['tokens_per_step']:.2f} tokens/step, {part['speedup']:.2f}x")
+    print(f"steps: {profile.policy.line()}")
     if curve is None:
         print(f"profile saved to {engine.profile_path}; guess acceptance from {profile.acceptance_from}")
     else:

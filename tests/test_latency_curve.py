@@ -17,6 +17,7 @@ from ppd_core.calibration.curves import LatencyCurve, read_curve
 from ppd_core.calibration.latency import CPU_SIZES
 from ppd_core.calibration.profiles import profiles_dir
 from ppd_core.calibration.records import read_records
+from ppd_core.calibration.step_policy import StepPolicy
 from ppd_core.lookup import MATCH_CLASSES, LookupStats, match_class
 from test_cli_errors import assert_error, no_model_load  # noqa: F401 (a fixture)
 from test_lookup import brute_propose
@@ -137,6 +138,28 @@ def test_per_context_curves_are_read_as_profiles_hold_them(tmp_path):
                                   "file": str(tmp_path / "curve.json")}
 
 
+def test_a_curve_with_fixed_shape_steps_forecasts_the_policy_calibration_would_choose(capsys, tiny_model_dir, tmp_path):
+    """``fixed_ms`` (a step when every step has R rows) is read beside the alternation's curve; with the H200's
+    pattern (a tree between 1-token steps 9-19 ms, repeated shapes 1.9-3.5 ms) the forecast pads every step, and
+    its expectation is priced at the fixed step's cost, as ``choose_step_policy`` weighs it."""
+    fixed = {"1": 1.9, "2": 2.0, "4": 2.1, "8": 2.4, "16": 3.5, "32": 6.0}
+    data = curve_file({"1": 1.9, **{str(s): 9.0 + 0.3 * s for s in (2, 4, 8, 16, 32)}}) | {"fixed_ms": fixed}
+    path = write(tmp_path, data)
+    assert read_curve(path).fixed_ms == {int(rows): ms for rows, ms in fixed.items()}
+    out = tmp_path / "profile.json"
+    assert main(["calibrate", "--latency-curve", str(path), "--json", str(out), "--model", str(tiny_model_dir)]) == 0
+    profile = json.loads(out.read_text())
+    policy = profile["step_policy"]
+    rates = policy["rates"]
+    assert set(rates) == {"trees", *(f"fixed {rows}" for rows in fixed)}
+    chosen = "trees" if policy["kind"] == "trees" else f"fixed {policy['rows'] or 1}"
+    assert rates[chosen] == max(rates.values())
+    if policy["kind"] == "fixed":  # the tree fits the padded shape; every step costs the fixed step
+        assert profile["tree_sizes"][-1] <= policy["rows"]
+        assert profile["expected_ms_per_step"] == pytest.approx(fixed[str(policy["rows"])])
+    assert f"steps: {StepPolicy.from_json(policy).line()}" in capsys.readouterr().out.splitlines()
+
+
 BAD_CURVES = [
     ("{not json", "is not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
     ("[1, 2]", 'must be a JSON object with "device", "source" and "latency_ms" (tree tokens -> ms)'),
@@ -149,6 +172,8 @@ BAD_CURVES = [
     (curve_file({"one": 10.0}), "a tree size must be a whole number, got 'one'"),
     (curve_file({"1": 10.0, "300": 10.0}), "tree sizes go up to 256, got 300"),
     (curve_file({"256": {"1": 5}, "1024": {"1": 6, "2": 7}}), "every context length must list the same tree sizes"),
+    (curve_file({"1": 10.0}) | {"fixed_ms": [1, 2]}, '"fixed_ms" must map rows to ms (a step when every step has that many rows)'),
+    (curve_file({"1": 10.0}) | {"fixed_ms": {"2": 3.0}}, "fixed_ms: tree sizes must start at 1 (the plain step), got 2..2"),
     (curve_file({"1": 10.0}, source=""), 'needs "source": a non-empty string saying where its numbers come from'),
     ({"source": "x", "latency_ms": {"1": 1}}, 'needs "device": a non-empty string saying which hardware the curve describes'),
 ]

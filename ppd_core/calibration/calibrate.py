@@ -209,7 +209,7 @@ def calibrate(
     report("tree search", 0, 1)
     search = choose_tree_and_chains(stats.probs, lookup, n, V, latency)
     plain_seconds = search.seconds(1)  # a 1-token step: what every speedup is over
-    fixed_ms = {}
+    fixed_ms = dict(curve.fixed_ms) if curve is not None else {}  # another device's fixed-shape steps, if it has them
     if curve is None and getattr(loaded.backend, "pads_steps", False):  # one shape per step, as decoding would pad it
         fixed_ms = measure_fixed(loaded.backend, table, n, V, [r for r in FIXED_LADDER if r <= max(sizes)],
                                  contexts[0], repeats, ceiling=ceiling, between=between)

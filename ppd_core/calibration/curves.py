@@ -7,7 +7,8 @@ can be run, and checked, on a CPU. The file is JSON::
     {
       "device": "free text: the hardware the curve describes",
       "source": "where the numbers come from: a measurement's command, a paper's table, or 'synthetic'",
-      "latency_ms": {"1": 10.0, "2": 10.0, "...": 10.0, "64": 10.0}
+      "latency_ms": {"1": 10.0, "2": 10.0, "...": 10.0, "64": 10.0},
+      "fixed_ms": {"1": 8.0, "2": 8.5, "4": 9.0}
     }
 
 ``latency_ms`` maps tree tokens (one forward pass) to the median milliseconds of a step; or, as a profile holds
@@ -15,13 +16,17 @@ it, cached context length to such a map (``{"256": {"1": ..., ...}, "1024": {...
 same sizes. Sizes are whole numbers from 1 (the plain step, the speed every tree is compared with) up to
 ``MAX_SIZE``, not necessarily every one (steps in between are interpolated); sizes above the largest are never
 chosen. A curve without contexts is kept under context 0 (not stated). Every ms must be a positive, finite number.
+
+``fixed_ms`` (optional) maps rows R to the ms of a step when every step is decoded as R rows (one batch shape all
+along: ``R, R, R``, what a padded step costs where llama.cpp replays a CUDA graph; 1: plain steps). With it the
+forecast also weighs the ``fixed`` step policy (``step_policy.StepPolicy``), as calibration does on a GPU build.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ppd_core.calibration.latency import GPU_SIZES
@@ -44,6 +49,7 @@ class LatencyCurve:
     source: str  # where its numbers come from
     latency_ms: dict[int, dict[int, float]]  # context length -> tree tokens -> median ms per step
     path: str
+    fixed_ms: dict[int, float] = field(default_factory=dict)  # rows -> ms of a step when every step has that many
 
     def device_key(self) -> dict:
         """The profile key's "device": a curve from a file, never this machine's measured one."""
@@ -72,7 +78,11 @@ def read_curve(path: str | Path) -> LatencyCurve:
             raise CurveError(f"{name}: every context length must list the same tree sizes")
     else:
         curves = {UNSTATED_CONTEXT: sizes(name, table)}
-    return LatencyCurve(text["device"].strip(), text["source"].strip(), curves, str(path))
+    fixed = data.get("fixed_ms")
+    if fixed is not None and not isinstance(fixed, dict):
+        raise CurveError(f'{name}: "fixed_ms" must map rows to ms (a step when every step has that many rows)')
+    return LatencyCurve(text["device"].strip(), text["source"].strip(), curves, str(path),
+                        sizes(f"{name}: fixed_ms", fixed) if fixed else {})
 
 
 def sizes(name: str, curve: dict) -> dict[int, float]:
