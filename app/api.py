@@ -791,11 +791,3 @@ def create_api(service: ChatService, api_key: str | None = None) -> FastAPI:
     app.state.ppd = api.state
     add_error_handlers(app)
     return app
-
-
-def make_server(app, host: str, port: int):
-    """A uvicorn server for ``app`` (``server.run()`` blocks; ``server.should_exit = True`` stops it)."""
-    import uvicorn
-
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
-    return uvicorn.Server(config)

@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from app.api import create_api, make_server
+from app.api import create_api
+from app.server import make_server
 from app.chat_service import ChatService
 from app.cli import build_parser, main
 from ppd_core.engine import Engine, EngineConfig, SamplingParams

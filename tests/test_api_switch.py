@@ -9,7 +9,8 @@ import openai
 import pytest
 
 from app import api
-from app.api import create_api, make_server
+from app.api import create_api
+from app.server import make_server
 from app.chat_service import ChatService
 from ppd_core.engine import Engine, EngineConfig
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture

@@ -21,7 +21,8 @@ import openai
 import psutil
 import pytest
 
-from app.api import create_api, make_server
+from app.api import create_api
+from app.server import make_server
 from app.chat_service import ChatService, ChatSettings, SwitchBusy, SwitchFailed
 from app.history import ConversationStore
 from app.training_job import TrainingJob

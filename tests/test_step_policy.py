@@ -43,6 +43,19 @@ def test_a_gpu_whose_shape_changes_cost_a_graph_pads_every_step():
     assert rate(chosen, lookup) == pytest.approx(best, rel=1e-3)
 
 
+def test_two_timings_of_the_same_steps_do_not_decide_by_their_noise():
+    """On a CPU, the repeated 1-token step timed a little faster than the trees' own 1-token step (the same step,
+    timed apart), and fixed shapes a little cheaper than the alternation's (within ``FIXED_MARGIN``): the trees and
+    their lookup chains stay (this machine's calibration once chose plain steps without chains on such noise)."""
+    lookup, _ = answers(0)
+    alternating = curve({s: 10.0 + 8.0 * (s - 1) for s in range(1, 33)})
+    search = choose_tree_and_chains(PROBS, lookup, N, V, alternating)
+    fixed = {1: 8.5, **{rows: 0.97 * (10.0 + 8.0 * (rows - 1)) for rows in (2, 4, 8)}}
+    chosen, policy = choose_step_policy(search, lookup, fixed)
+    assert policy.kind == "trees" and chosen is search and "fixed 1" not in policy.rates
+    assert any(search.lengths) or search.budget > 1  # what the trees chose, kept
+
+
 def test_nothing_pays_plain_steps():
     lookup, _ = answers(2)
     lookup.probs[:] = [[0.0] * len(row) for row in lookup.probs]  # no copy ever right

@@ -22,7 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from app.api import create_api, make_server
+from app.api import create_api
+from app.server import make_server
 from app.bench import read_questions
 from app.chat_service import ChatService
 from app.cli import DEFAULT_QUESTIONS
