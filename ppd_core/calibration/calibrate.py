@@ -156,13 +156,14 @@ def choose_step_policy(search: TreeAndChains, lookup: LookupStats,
     ``fixed_ms[1]`` (1-token steps repeated) is the same step as the trees' 1-token one: said, not weighed."""
     rates = {"trees": rate(search, lookup)}
     best, policy = search, StepPolicy("trees", 0, fixed_ms)
+    bar = rates["trees"] * FIXED_MARGIN  # what a fixed shape must beat: the trees by the margin, then the best one
     for rows, ms in sorted(fixed_ms.items()):
         if rows == 1:
             continue
         candidate = fixed_search(search, lookup, rows, ms)
-        rates[f"fixed {rows}"] = rate(candidate, lookup)
-        if rates[f"fixed {rows}"] > max(rate(best, lookup) * (FIXED_MARGIN if best is search else 1.0), 0.0) * (1 + 1e-9):
-            best, policy = candidate, StepPolicy("fixed", rows, fixed_ms)
+        rates[f"fixed {rows}"] = value = rate(candidate, lookup)
+        if value > bar * (1 + 1e-9):
+            best, policy, bar = candidate, StepPolicy("fixed", rows, fixed_ms), value
     if policy.kind == "trees" and best.budget == 1 and not any(best.lengths):
         policy = StepPolicy("plain", 0, fixed_ms)
     rounded = {name: round(value, 3) for name, value in rates.items()}
