@@ -48,8 +48,10 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -310,12 +312,25 @@ def measure(path: Path, threads: int, sizes: list[int], context: int, repeats: i
             result["fixed_note"] = "not measured: this LlamaCppDecoder has no pad_steps"
         result["decoder"] = {
             "load_s": round(load_s, 1), f"prefill_{context}_s": round(prefill_s, 2), "bitwise": decoder.bitwise,
-            "repacked_weights": bool(decoder._model_params.use_extra_bufts), "kv_type": decoder.kv_type,
+            "gpu_layers": decoder.gpu_layers, "repacked_weights": bool(decoder._model_params.use_extra_bufts), "kv_type": decoder.kv_type,
             "prompt_rows": n, "accepts_embeddings": decoder.accepts_embeddings, "vocab_size": decoder.vocab_size,
             "system_info": decoder.system}
         return result
     finally:
         decoder.close()
+
+
+def gpu_name() -> str | None:
+    """``nvidia-smi``'s name, driver and memory of the first GPU, with the CUDA version; None without one."""
+    try:
+        line = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20, check=True).stdout.splitlines()[0]
+        cuda = re.search(r"CUDA Version: ([0-9.]+)", subprocess.run(["nvidia-smi"], capture_output=True, text=True,
+                                                                    timeout=20).stdout)
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+    name, driver, memory = (part.strip() for part in line.split(","))
+    return f"{name} ({memory}, driver {driver}" + (f", CUDA {cuda.group(1)})" if cuda else ")")
 
 
 def wait_for_load(limit: float, at_most: float) -> float:
@@ -390,9 +405,12 @@ def main() -> int:
 
     cpu = cpu_name()
     shape = SHAPES[args.shape]
+    gpu = gpu_name() if result["decoder"]["gpu_layers"] else None
+    where = (f"{gpu}, every layer offloaded, llama.cpp CUDA" if gpu
+             else f"{cpu}, {args.threads} threads, llama.cpp CPU")
     record = {
-        "device": f"{cpu}, {args.threads} threads, llama.cpp CPU (llama-cpp-python {llama_cpp.__version__}, ppd's "
-                  f"LlamaCppDecoder: flash attention, Q8_0 KV cache)",
+        "device": f"{where} (llama-cpp-python {llama_cpp.__version__}, ppd's LlamaCppDecoder: flash attention, "
+                  f"Q8_0 KV cache)",
         "model": f"{args.shape} {args.type} ({shape.hf_name}'s shape, random weights)",
         "source": f"measured with benchmarks/scripts/model_shapes.py on a random-weight GGUF of the shape made on the "
                   f"machine (step costs do not depend on the weights' values): median ms of a tree step of N rows "
@@ -405,6 +423,7 @@ def main() -> int:
         "tensor_types": types,
         "making": timing,
         "cpu": cpu,
+        "gpu": gpu,
         "machine": platform.machine(),
         "threads": args.threads,
         "cores": os.cpu_count(),
@@ -415,10 +434,10 @@ def main() -> int:
         "wall_s": round(time.perf_counter() - started, 1),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    slug = "-".join(word for word in "".join(c if c.isalnum() else " " for c in cpu.lower()).split()
+    slug = "-".join(word for word in "".join(c if c.isalnum() else " " for c in (gpu.split(" (")[0] if gpu else cpu).lower()).split()
                     if word not in ("processor", "cpu", "with", "radeon", "graphics"))[:40] or platform.machine()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"{args.shape}-{args.type}-{slug}-{args.threads}threads.json"
+    out = args.out_dir / f"{args.shape}-{args.type}-{slug}-{'cuda' if gpu else f'{args.threads}threads'}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
     print(json.dumps({k: record[k] for k in ("latency_ms", "repeated_ms")}
