@@ -7,15 +7,19 @@
 #   bash benchmarks/scripts/gpu_checklist.sh two   # join the model, then the default model's runs, then more shapes
 #
 # Carried in .gpu/ (git-ignored): lcp.tar.xz (llama-cpp-python 0.3.36's sdist without its vocab models, docs and
-# other backends), whl/*.whl (gguf 0.19.0, platformdirs, diskcache), vocab-only.gguf (the default model's tokenizer
-# keys, for the random shapes), part00 / part01 (the default GGUF split at 50 MiB) and model.sha256.
-# Every JSON and log goes to $OUT; the machine keeps /tmp/ppd-gpu between the two calls while it stays warm.
+# other backends), whl/*.whl (gguf 0.19.0, platformdirs, diskcache), vocab-only.bin (a GGUF of the default
+# model's tokenizer keys alone, for the random shapes: a .gguf name did not travel), part00 / part01 (the default GGUF split at 50 MiB) and model.sha256.
+# Every JSON goes to $W/results, packed into $OUT/results.tar.gz at the end (a call brings back 8 files at most);
+# the machine keeps /tmp/ppd-gpu between the two calls while it stays warm (30 s idle).
+# Measured 2026-11-26 on an H200 (benchmarks/measurements/h200-gpu-checklist-*.log): the build 275 s, phase two
+# 316 s; that run needed LD_PRELOAD of the system libstdc++, which ppd now does itself (share_libstdcxx).
 set -u
 OUT=${OUT:-/tmp/ppd-gpu-out}
 W=/tmp/ppd-gpu
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET_S:-570}))
-mkdir -p "$W" "$OUT"
+RES=$W/results
+mkdir -p "$W" "$OUT" "$RES/shapes"
 log() { echo "[$(($(date +%s) - START)) s] $*"; }
 left() { echo $((DEADLINE - $(date +%s))); }
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH="$W/site:$PWD"
@@ -52,11 +56,11 @@ default_model() {  # $1: the GGUF to put in the default model's package (llm_smo
 shapes() {  # the model shapes RTX and Jetson users run, targets first, each while time is left
   for spec in llama-3.2-1b:F16 llama-3.1-8b:Q4_K_M llama-3.2-3b:Q4_K_M llama-3.2-1b:Q4_K_M llama-3.1-8b:Q4_0; do
     name=${spec%:*} type=${spec#*:}
-    if ls "$OUT"/shapes/"$name-$type"-*.json >/dev/null 2>&1 || [ -f "$W/done-$name-$type" ]; then continue; fi
+    if ls "$RES"/shapes/"$name-$type"-*.json >/dev/null 2>&1 || [ -f "$W/done-$name-$type" ]; then continue; fi
     if [ "$(left)" -lt 90 ]; then log "no time left for $name $type"; continue; fi
     log "shape $name $type ($(left) s left)"
     timeout $(($(left) - 15)) python3 benchmarks/scripts/model_shapes.py --shape "$name" --type "$type" \
-      --threads "$(nproc)" --gguf-dir "$W/gguf" --out-dir "$OUT/shapes" --repeats 7 \
+      --threads "$(nproc)" --gguf-dir "$W/gguf" --out-dir "$RES/shapes" --repeats 7 \
       && touch "$W/done-$name-$type" || rm -f "$W/gguf/random-$name-$type.gguf"
     rm -f "$W"/gguf/*.partial.gguf
   done
@@ -66,7 +70,8 @@ case "${1:-}" in
   one)
     setup
     cp .gpu/part00 "$W/part00" && log "kept the model's first half"
-    default_model .gpu/vocab-only.gguf  # the shapes take the default model's tokenizer keys only
+    cp .gpu/vocab-only.bin "$W/vocab-only.gguf"
+    default_model "$W/vocab-only.gguf"  # the shapes take the default model's tokenizer keys only
     shapes
     ;;
   two)
@@ -79,18 +84,17 @@ case "${1:-}" in
     log "CUDA tests"
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -15
     log "steps: repeated, between 1-token steps, padded to a fixed shape; CUDA-graph log lines"
-    timeout 120 python3 benchmarks/scripts/step_alternation.py --graph-log --json "$OUT/h200-steps-fixed.json" | tail -3
+    timeout 120 python3 benchmarks/scripts/step_alternation.py --graph-log --json "$RES/steps-fixed.json" | tail -3
     log "calibrate"
-    timeout 150 ppd calibrate --json "$OUT/h200-profile-fixed.json" 2>&1 | tr '\r' '\n' | grep -v "calibrating:" | tail -25
+    timeout 150 ppd calibrate --json "$RES/profile.json" 2>&1 | tr '\r' '\n' | grep -v "calibrating:" | tail -25
     log "bench: two turns, all 80 questions, the chosen policy against plain with graphs"
-    timeout 240 ppd bench --turns 2 --limit 80 --max-new-tokens 96 --json "$OUT/h200-bench-turns2-80q.json" 2>&1 \
+    timeout 240 ppd bench --turns 2 --limit 80 --max-new-tokens 96 --json "$RES/bench-turns2-80q.json" 2>&1 \
       | tr '\r' '\n' | grep -v "calibrating:" | tail -25
     log "doctor"
-    timeout 150 ppd doctor --out "$W/doctor" 2>&1 | tail -8
-    cp "$W/doctor/doctor.md" "$OUT/h200-doctor-fixed.md" 2>/dev/null
-    default_model .gpu/vocab-only.gguf
-    shapes
+    timeout 150 ppd doctor --out "$RES/doctor" 2>&1 | tail -8
+    shapes  # on the default model's tokenizer keys
     ;;
   *) echo "usage: $0 one|two"; exit 2 ;;
 esac
+tar czf "$OUT/results.tar.gz" -C "$RES" . && log "results: $(cd "$RES" && find . -type f | tr '\n' ' ')"
 log "end"

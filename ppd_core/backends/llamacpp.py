@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,12 +76,29 @@ def import_llama_cpp():
     before ggml reads the switch at its first multiply, so a tree row gets the logits a plain step gives it.
     (ppd's build also leaves out llamafile's GEMM, which does the same to F16, Q5_0 and IQ4_NL rows: Makefile.)"""
     os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+    share_libstdcxx()
     try:
         import llama_cpp  # noqa: PLC0415 - optional: the torch backend runs without it
     except (ImportError, OSError) as error:  # OSError: a wheel whose shared library does not load
         raise LlamaCppError(f"llama-cpp-python is not usable here ({str(error).splitlines()[0]}); "
                             "`make setup` builds it") from None
     return llama_cpp
+
+
+def share_libstdcxx() -> None:
+    """Put the C++ runtime in the process's global scope before llama.cpp loads (Linux; a no-op where loaded so).
+
+    A CUDA build's ``libggml-cuda`` exports C++ library template code of its own. Where a Python extension that links
+    ``libstdc++`` (torch, sentencepiece, tokenizers: ``gguf`` imports sentencepiece) was imported first, the runtime
+    sits in that extension's private scope, and ``libllama`` then binds some of its C++ symbols to ``libggml-cuda``'s
+    copies: on an H200 machine (CUDA 13.0, llama-cpp-python 0.3.36) every model load segfaulted in the tokenizer's
+    ``std::regex`` (benchmarks/measurements/h200-libstdcxx-segfault.md). Made global (dlopen promotes an object
+    already loaded), the runtime's own symbols come first, in every import order tried there."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+        except OSError:  # no C++ runtime under that name (musl, a static build): nothing to share
+            pass
 
 
 def system_info(llama) -> str:
