@@ -43,6 +43,7 @@ from starlette.routing import Mount, Route
 from app.chat_service import ChatService, ModelChanged
 from app.model_catalog import available, public_name
 from app.model_queue import Busy, Queued
+from app.structured import FieldError, response_grammar
 from ppd_core.engine import (MAX_TOP_LOGPROBS, ChosenSampling, ModelSnapshot, SamplingParams, UnencodableText,
                              live_llama_cpp_models, utf8)
 from ppd_core.errors import PpdError
@@ -112,7 +113,8 @@ class ChatCompletionRequest(BaseModel):
     # refused unless neutral: ppd does not implement them
     tools: list[Any] | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # text, json_object or json_schema (``structured``)
+    grammar: str | None = None  # llama-server's: GBNF the answer follows
     # ppd's extensions (llama-server accepts top_k and the repeat penalty too, with the same meaning)
     top_k: int | None = None
     repeat_penalty: float | None = None
@@ -132,6 +134,7 @@ class Job:
     include_usage: bool
     model: str  # the name of the model the ids were made for: a streamed answer's label
     logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
+    grammar: str | None = None  # GBNF the answer follows (``structured.response_grammar``)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -237,8 +240,6 @@ def check_unsupported(request: ChatCompletionRequest) -> None:
                            "top_logprobs")
     if request.tools or request.functions:
         raise ApiError("tools and functions are not supported", "tools" if request.tools else "functions")
-    if request.response_format and request.response_format.get("type", "text") != "text":
-        raise ApiError("only response_format {'type': 'text'} is supported", "response_format")
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
@@ -294,6 +295,14 @@ def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
         raise not_ready(service, error) from None
     model, sampling = snapshot.name, sampling_of(request, snapshot.sampling_defaults)
     try:
+        grammar = response_grammar(request.response_format, request.grammar)
+        if grammar is not None:
+            engine.check_grammar(grammar)
+    except FieldError as error:
+        raise ApiError(str(error), error.param) from None
+    except PpdError as error:
+        raise ApiError(str(error), "grammar" if request.grammar is not None else "response_format") from None
+    try:
         ids = engine.chat_ids(messages)
     except PpdError as error:
         raise ApiError(str(error), "messages") from None
@@ -306,7 +315,7 @@ def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
     return Job(
         id=f"chatcmpl-{uuid.uuid4().hex}", ids=ids, max_new_tokens=limit if limit is not None else context - len(ids),
         sampling=sampling, stop=stops, include_usage=bool(request.stream_options and request.stream_options.include_usage),
-        model=model, logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        model=model, logprobs=(request.top_logprobs or 0) if request.logprobs else None, grammar=grammar,
     )
 
 
@@ -346,7 +355,7 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
     entries = None  # the answer's logprobs entries (asked for), and how many went out with text so far
     event = None
     events = service.decode(job.ids, "ppd", job.max_new_tokens, job.sampling, reuse_cache=False, stop=cancelled.is_set,
-                            ticket=ticket, logprobs=job.logprobs)
+                            ticket=ticket, logprobs=job.logprobs, grammar=job.grammar)
     with closing(events):
         for event in events:
             if isinstance(event, Queued):

@@ -414,7 +414,7 @@ class ChatService:
 
     def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
                stop: Callable[[], bool] | None = None, ticket: int | None = None,
-               logprobs: int | None = None, made_for: Engine | None = None,
+               logprobs: int | None = None, made_for: Engine | None = None, grammar: str | None = None,
                remake: Callable[[Engine], list[int]] | None = None) -> Iterator[Queued | GenerationEvent]:
         """``Queued`` while waiting, then the engine's events; ends right after the event during which ``stop()``
         turned true. Close it (``contextlib.closing``) when leaving it early.
@@ -440,7 +440,7 @@ class ChatService:
                                        "ask again")
                 ids = remake(engine)
             stream = engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling,
-                                   logprobs=logprobs)
+                                   logprobs=logprobs, grammar=grammar)
             try:
                 for event in stream:
                     yield event

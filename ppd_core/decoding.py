@@ -18,6 +18,7 @@ import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
+from ppd_core.grammar import Grammar
 from ppd_core.logprobs import token_logprobs
 from ppd_core.lookup import ChainedTrees, NgramIndex, match_class, right_guesses
 from ppd_core.lookup_policy import ChainPolicy
@@ -68,6 +69,7 @@ class Request:
     history: Sequence[int] = ()  # the tokens ``cache`` already holds (lookup guesses copy from them too)
     logprobs: int | None = None  # report each token's log-probability and this many alternatives; None: none
     chains: ChainPolicy | None = None  # lookup chains copied from the conversation, and how long; None: none
+    grammar: Grammar | None = None  # the answer must follow it (a fresh state, advanced as tokens are emitted)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class DecodeState:
     generator: np.random.Generator | None = None
     sequence: list[int] | None = None  # with repetition penalties: every token so far (the cache's, the root last)
     logprobs: int | None = None  # ``Request.logprobs``
+    grammar: Grammar | None = None  # ``Request.grammar``, after the tokens emitted so far
 
 
 def prefill(
@@ -91,13 +94,14 @@ def prefill(
     generator: np.random.Generator | None = None,
     sequence: Sequence[int] = (),
     logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> StepStats:
     """Process the prompt (after whatever ``cache`` already holds); emits the first new token. ``sequence``: the
     whole sequence so far (the cache's tokens, then ``input_ids``), for repetition penalties."""
     start = time.perf_counter()
     logits = decoder.prefill(cache, input_ids)  # [1, vocab]: the last prompt token's
     recent = window(sequence, sampling) if sampling.penalized else None
-    _, token = accept([-1], [0], logits, sampling, generator, recent)
+    _, token = accept([-1], [0], logits, sampling, generator, recent, grammar)
     reported = None if logprobs is None else token_logprobs(logits.rows(slice(0, 1)), [token], logprobs)
     return StepStats(tokens=[token], from_guesses=0, tree_tokens=len(input_ids), seconds=time.perf_counter() - start,
                      prefill=True, logprobs=reported)
@@ -127,7 +131,7 @@ def tree_step(speculator: Speculator, state: DecodeState, tree: Tree) -> StepSta
     # 3. Accept the longest path the model agrees with; its own next token comes free.
     node_list = node_tokens.tolist()
     recent = window(state.sequence, state.sampling) if state.sequence is not None else None  # [W], the root last
-    last, bonus = accept(tree.parents, node_list, logits, state.sampling, state.generator, recent)
+    last, bonus = accept(tree.parents, node_list, logits, state.sampling, state.generator, recent, state.grammar)
     path = tree.node_paths[last]  # node indices, root first
     tokens = [node_list[i] for i in path[1:]] + [bonus]
     from_lookup = sum(1 for i in path[1:] if tree.paths[i][-1] == speculator.lookup_rank)
@@ -173,9 +177,10 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
     sampling = request.sampling
     generator = None if sampling.greedy else sampling.generator()
     sequence = [*request.history, *request.input_ids] if sampling.penalized else None  # what penalties count
-    stats = prefill(decoder, cache, request.input_ids, sampling, generator, sequence or (), request.logprobs)
+    stats = prefill(decoder, cache, request.input_ids, sampling, generator, sequence or (), request.logprobs,
+                    request.grammar)
     state = DecodeState(cache, root=stats.tokens[-1], sampling=sampling, generator=generator, sequence=sequence,
-                        logprobs=request.logprobs)
+                        logprobs=request.logprobs, grammar=request.grammar)
     produced: list[int] = []
     while True:
         room = max_context - prompt_end - len(produced)

@@ -375,6 +375,13 @@ class Engine:
         """Whether the model brings its own chat template (else chats use ChatML, and say so)."""
         return self.loaded.template_note is None
 
+    def check_grammar(self, grammar: str) -> None:
+        """A PpdError (one line) unless this model can follow GBNF ``grammar``."""
+        backend = self.loaded.backend
+        if not hasattr(backend, "grammar"):
+            raise PpdError("a grammar or JSON schema needs a GGUF model (llama.cpp's grammar engine)")
+        backend.grammar(grammar).close()
+
     def stream(
         self,
         input_ids: Sequence[int],
@@ -384,13 +391,14 @@ class Engine:
         reuse_cache: bool = False,
         sampling: SamplingParams = GREEDY,
         logprobs: int | None = None,
+        grammar: str | None = None,
     ) -> Iterator[GenerationEvent]:
         """Yield the growing answer after every forward pass (the prompt's first).
 
         With ``reuse_cache`` the KV cache of the previous such call is kept and only the
         tokens after its longest common prefix with ``input_ids`` are prefilled (multi-turn chat).
         With ``logprobs`` (the number of alternatives, 0 to ``MAX_TOP_LOGPROBS``) each step's ``logprobs`` has its
-        tokens' log-probabilities.
+        tokens' log-probabilities. With ``grammar`` (GBNF, a ``root`` rule) the answer follows it, in both modes.
         """
         if mode not in MODES:
             raise PpdError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -404,12 +412,17 @@ class Engine:
         elif chains is None:  # a new conversation (a follow-up goes on with what its turns taught)
             chains = self.new_chains()
         backend = self.loaded.backend
+        constraint = None
+        if grammar is not None:
+            if not hasattr(backend, "grammar"):
+                raise PpdError("a grammar or JSON schema needs a GGUF model (llama.cpp's grammar engine)")
+            constraint = backend.grammar(grammar)
         if getattr(backend, "pads_steps", False):  # the profile's step shape for PPD; plain decoding is 1-token steps
             backend.pad_steps(self.padded_rows if mode == "ppd" and not self.plain_only else None)
         speculator = decoding.Speculator(backend, family, self._prompt_table)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
-                                   chains=chains)
+                                   chains=chains, grammar=constraint)
         steps = decoding.generate(speculator, request)
         try:
             for step in steps:

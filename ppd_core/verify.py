@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ppd_core.grammar import Grammar
 from ppd_core.logits import HostLogits, StepLogits
 from ppd_core.penalties import penalize
 from ppd_core.sampling import adjusted_probs, sample, softmax, typical_threshold
@@ -90,24 +91,61 @@ def accept(
     params: SamplingParams,
     generator: np.random.Generator | None,
     recent: np.ndarray | None = None,  # [W] the penalties' window of the sequence, the root last (``penalties.window``)
+    grammar: Grammar | None = None,  # the grammar's state after the tokens so far (the root's); advanced in place
 ) -> tuple[int, int]:
     """The last accepted node and the token the model adds after it (its argmax or a sample).
 
     With repetition penalties, each node's row is penalised with its own path's tokens first (in place; put back
-    before returning, so the step's logits stay the model's own)."""
+    before returning, so the step's logits stay the model's own). With a grammar, each row reached is constrained by
+    the grammar's state after its own path, and ``grammar`` ends after the emitted tokens."""
     if not params.penalized:
-        return accept_rows(parents, node_tokens, logits, params, generator)
+        return accept_rows(parents, node_tokens, logits, params, generator, grammar)
     rows = logits.rows(slice(0, len(parents)))  # [N, vocab]
     changed_rows, changed_tokens, earlier = penalize(rows, recent, parents, node_tokens, params)
     try:
-        return accept_rows(parents, node_tokens, HostLogits(rows), params, generator)
+        return accept_rows(parents, node_tokens, HostLogits(rows), params, generator, grammar)
     finally:
         rows[changed_rows, changed_tokens] = earlier
 
 
+def grammar_accept(parents: Sequence[int], node_tokens: Sequence[int], logits: StepLogits, params: SamplingParams,
+                   generator: np.random.Generator | None, grammar: Grammar) -> tuple[int, int]:
+    """``accept`` under a grammar: greedy takes each reached row's constrained argmax (``Grammar.best``), sampling
+    draws from the constrained distribution (typical acceptance too: lossless here). States are made only for the
+    nodes reached (the parent's, one token further); ``grammar`` ends after the path and the bonus token."""
+    children = children_of(parents)
+    states = {0: grammar}  # node -> the grammar after its path
+    if params.greedy:  # every node whose path matches, breadth-first: the last is the deepest, as ``greedy_accept``
+        last, target = 0, -1
+        for node in range(len(parents)):
+            if node not in states:
+                continue
+            choice = states[node].best(logits.rows(slice(node, node + 1))[0])
+            last, target = node, choice
+            for child in children[node]:
+                if node_tokens[child] == choice:
+                    states[child] = states[node].child(choice)
+        node, token = last, target
+    else:
+        node = 0
+        while True:
+            row = states[node].allowed(logits.rows(slice(node, node + 1))[0])
+            token = sample(adjusted_probs(row, params), generator)
+            nxt = next((c for c in children[node] if node_tokens[c] == token), None)
+            if nxt is None:
+                break
+            states[nxt] = states[node].child(token)
+            node = nxt
+    grammar.take(states[node])
+    grammar.accept(token)
+    return node, token
+
+
 def accept_rows(parents: Sequence[int], node_tokens: Sequence[int], logits: StepLogits, params: SamplingParams,
-                generator: np.random.Generator | None) -> tuple[int, int]:
+                generator: np.random.Generator | None, grammar: Grammar | None = None) -> tuple[int, int]:
     """``accept`` on logits as they are."""
+    if grammar is not None:
+        return grammar_accept(parents, node_tokens, logits, params, generator, grammar)
     count = len(parents)
     if params.greedy:
         targets = logits.argmax(slice(0, count)).tolist()

@@ -393,7 +393,7 @@ def malformed_requests() -> list[tuple[str, bytes]]:
                         ("stream_options", {"include_usage": "x"}), ("stream_options", [1]),
                         ("stop", 5), ("stop", [1]), ("stop", [""]), ("stop", ["a"] * 10), ("stop", {"a": 1}),
                         ("logprobs", 5), ("logprobs", "x"), ("top_logprobs", 3), ("tools", [{"type": "function"}]), ("tools", "x"),
-                        ("functions", [{}]), ("response_format", {"type": "json_object"}), ("response_format", "x"),
+                        ("functions", [{}]), ("response_format", {"type": "xml"}), ("response_format", "x"), ("grammar", "root ::= ["),
                         ("acceptance", "fast"), ("acceptance", 1), ("model", 5), ("model", ["m"]), ("model", {"a": 1})):
         with_field(name, value)
     for value in wrong_types:

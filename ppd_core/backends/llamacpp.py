@@ -39,6 +39,7 @@ import numpy as np
 from ppd_core.device_policy import cpu_properties, llama_extra_buffers, rows_bitwise
 from ppd_core.errors import PpdError
 from ppd_core.faults import fault
+from ppd_core.grammar import Grammar
 from ppd_core.backends.gguf_rows import EmbeddingRows
 from ppd_core.logits import HostLogits
 from ppd_core.tree import Tree
@@ -300,6 +301,10 @@ class LlamaCppDecoder:
         if rows is not None and not 1 <= rows <= self.row_limit:
             raise LlamaCppError(f"a padded step of {rows} rows: llama.cpp computes 1 to {self.row_limit} at once here")
         self.step_rows = rows
+
+    def grammar(self, text: str) -> Grammar:
+        """llama.cpp's grammar sampler for GBNF ``text`` on this model's vocabulary, before any token."""
+        return Grammar(self.llama, self.vocab, text, vocab_size=self.vocab_size)
 
     def new_cache(self) -> LlamaCache:
         return LlamaCache()

@@ -1,0 +1,89 @@
+"""The API's structured-answer fields as one GBNF grammar: ``response_format`` (OpenAI's json_object and json_schema)
+and llama-server's raw ``grammar``; bad ones are a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ppd_core.errors import PpdError
+from ppd_core.grammar import GrammarError, json_grammar, schema_grammar
+
+MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text
+MAX_SCHEMA_DEPTH = 64  # nested objects and arrays
+MAX_GRAMMAR_CHARS = 100_000
+MAX_COUNT = 1000  # a repetition bound: the grammar spells each repetition out
+COUNTS = ("minItems", "maxItems", "minLength", "maxLength")
+
+
+class FieldError(PpdError):
+    """A structured-answer field that cannot be used; ``param`` names it."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def depth(value: Any, limit: int) -> int:
+    """How deeply ``value`` nests (stops counting past ``limit``)."""
+    level, frontier = 0, [value]
+    while frontier and level <= limit:
+        frontier = [child for item in frontier if isinstance(item, (dict, list))
+                    for child in (item.values() if isinstance(item, dict) else item)]
+        level += 1
+    return level
+
+
+def keyed(value: Any):
+    """Every (key, value) pair of every object nested in ``value``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+            yield from item.items()
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def response_grammar(response_format: dict[str, Any] | None, grammar: str | None) -> str | None:
+    """The GBNF the answer must follow, or None for free text."""
+    kind = (response_format or {}).get("type", "text")
+    if grammar is not None and kind != "text":
+        raise FieldError("give either grammar or a response_format with a schema, not both", "grammar")
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise FieldError("grammar must be GBNF text with a `root` rule", "grammar")
+        if len(grammar) > MAX_GRAMMAR_CHARS:
+            raise FieldError(f"grammar is longer than {MAX_GRAMMAR_CHARS} characters", "grammar")
+        return grammar
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = response_format.get("schema")  # llama-server also takes a schema here
+        return json_grammar() if schema is None else checked_schema_grammar(schema, "response_format.schema")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise FieldError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
+                             "response_format.json_schema")
+        return checked_schema_grammar(spec["schema"], "response_format.json_schema.schema")
+    raise FieldError(f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                     "response_format.type")
+
+
+def checked_schema_grammar(schema: Any, param: str) -> str:
+    if not isinstance(schema, (dict, bool)):
+        raise FieldError("a JSON schema is an object", param)
+    if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
+        raise FieldError(f"the schema is longer than {MAX_SCHEMA_CHARS} characters as JSON", param)
+    if depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise FieldError(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param)
+    counted = [value for key, value in keyed(schema) if key in COUNTS and not isinstance(value, dict)]  # not a property
+    if any(not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT for value in counted):
+        raise FieldError(f"minItems, maxItems, minLength and maxLength must be whole numbers from 0 to {MAX_COUNT}",
+                         param)
+    try:
+        return schema_grammar(schema)
+    except GrammarError as error:
+        raise FieldError(str(error), param) from None

@@ -1,0 +1,140 @@
+"""Grammar-constrained decoding with llama.cpp's own grammar engine (``llama_sampler_init_grammar``), per tree path.
+
+A ``Grammar`` is llama.cpp's grammar sampler in one state: the tokens accepted so far. ``allowed`` masks a logit row
+to the tokens the grammar allows next (others -inf, llama.cpp's own rule: end-of-generation only where the grammar
+is complete); ``best`` is the constrained argmax, found as llama.cpp's ``common_sampler`` finds it (the row's own
+argmax if the grammar allows it, else the argmax of the masked row), so that greedy constrained answers are
+llama-server's. In a tree step each row's state is its parent's with the row's token accepted (``child``), made only
+for the rows verification reaches; rejected branches leave nothing behind.
+
+JSON schemas become GBNF through llama-cpp-python's port of llama.cpp's converter (``json_schema_to_gbnf``);
+``response_format`` {"type": "json_object"} is its JSON grammar (``JSON_GBNF``). The port is older than the C++
+converter llama-server uses (common/json-schema-to-grammar.cpp: other whitespace rules, among others), so ppd's
+answers equal llama-server's given the same GBNF (its ``grammar`` field), not yet given the same schema.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import numpy as np
+
+from ppd_core.errors import PpdError
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+CHECK_FIRST = 16  # likeliest tokens tried one by one before the whole row is masked
+
+
+class GrammarError(PpdError):
+    """A grammar or schema llama.cpp cannot use."""
+
+
+def schema_grammar(schema: dict | bool) -> str:
+    """GBNF for a JSON schema (llama.cpp's converter, as llama-cpp-python ports it)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: PLC0415 - with llama.cpp only
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as error:  # noqa: BLE001 - the converter's own errors are of every kind
+        raise GrammarError(f"this JSON schema cannot be turned into a grammar: {error}") from None
+
+
+def json_grammar() -> str:
+    """GBNF for any JSON value (``response_format`` json_object): llama-cpp-python's ``JSON_GBNF``."""
+    from llama_cpp.llama_grammar import JSON_GBNF  # noqa: PLC0415
+
+    return JSON_GBNF
+
+
+class Grammar:
+    """llama.cpp's grammar sampler after some tokens; ``child`` copies it one token further."""
+
+    def __init__(self, llama, vocab, text: str | None = None, sampler=None, vocab_size: int = 0):
+        self.llama, self.vocab, self.vocab_size = llama, vocab, vocab_size or llama.llama_vocab_n_tokens(vocab)
+        if sampler is None:
+            sampler = llama.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+            if not sampler:
+                raise GrammarError("llama.cpp could not parse this grammar (GBNF with a `root` rule is expected)")
+        self.sampler = sampler
+        self.ended: int | None = None  # the end-of-generation token accepted, if any: nothing follows it
+
+    def close(self) -> None:
+        if self.sampler:
+            self.llama.llama_sampler_free(self.sampler)
+            self.sampler = None
+
+    def __del__(self):  # states of rejected rows are dropped without ceremony
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def clone(self) -> Grammar:
+        state = Grammar(self.llama, self.vocab, sampler=self.llama.llama_sampler_clone(self.sampler),
+                        vocab_size=self.vocab_size)
+        state.ended = self.ended
+        return state
+
+    def accept(self, token: int) -> None:
+        """Advance by ``token`` (one the grammar allows: verification only accepts such). After an
+        end-of-generation token the answer is over: a tree row past it is never emitted (the answer is cut there),
+        so it is given that token again and the grammar is not asked."""
+        if self.ended is not None:
+            return
+        if self.llama.llama_vocab_is_eog(self.vocab, int(token)):
+            self.ended = int(token)
+            return
+        self.llama.llama_sampler_accept(self.sampler, int(token))
+
+    def take(self, other: Grammar) -> None:
+        """Become ``other``'s state (``other`` keeps this one's, freed with it)."""
+        if other is not self:
+            self.sampler, other.sampler = other.sampler, self.sampler
+            self.ended, other.ended = other.ended, self.ended
+
+    def child(self, token: int) -> Grammar:
+        state = self.clone()
+        state.accept(token)
+        return state
+
+    def _apply(self, data: np.ndarray) -> np.ndarray:
+        """llama.cpp's mask on ``data`` (TOKEN_DATA records) in place: forbidden logits become -inf."""
+        array = self.llama.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(self.llama.llama_token_data)), size=len(data), selected=-1,
+            sorted=False)
+        self.llama.llama_sampler_apply(self.sampler, ctypes.byref(array))
+        return data
+
+    def allows(self, tokens) -> np.ndarray:
+        """[k] bool: which of ``tokens`` the grammar allows next."""
+        data = np.zeros(len(tokens), dtype=TOKEN_DATA)
+        data["id"] = tokens
+        return np.isfinite(self._apply(data)["logit"])
+
+    def allowed(self, row: np.ndarray) -> np.ndarray:
+        """[vocab] float32: ``row`` with the tokens the grammar forbids at -inf (a copy)."""
+        if self.ended is not None:
+            return np.where(np.arange(len(row)) == self.ended, row, -np.inf).astype(np.float32)
+        data = np.zeros(len(row), dtype=TOKEN_DATA)
+        data["id"] = np.arange(len(row), dtype=np.int32)
+        data["logit"] = row
+        return self._apply(data)["logit"].copy()
+
+    def best(self, row: np.ndarray) -> int:
+        """The constrained argmax of ``row`` [vocab]: its argmax where allowed, else the masked row's."""
+        if self.ended is not None:
+            return self.ended
+        top = int(np.argmax(row))
+        if self.allows([top])[0]:
+            return top
+        order = np.argsort(-row[: self.vocab_size], kind="stable")[:CHECK_FIRST]
+        ok = self.allows(order)
+        if ok.any():  # the likeliest allowed among the first few: the masked row's argmax (ties: the lower id)
+            candidates = order[ok]
+            value = row[candidates].max()
+            return int(candidates[row[candidates] == value].min())
+        masked = self.allowed(row)
+        if not np.isfinite(masked).any():
+            raise GrammarError("the grammar allows no token here")
+        return int(np.argmax(masked))

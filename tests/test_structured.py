@@ -1,0 +1,141 @@
+"""Structured answers: JSON schemas and GBNF grammars through llama.cpp's grammar engine, exact under PPD's trees.
+
+Greedy constrained PPD gives the tokens plain constrained decoding gives (each tree row constrained by the grammar
+after its own path; guesses planted right and wrong so that trees are accepted and rejected), with and without
+repetition penalties; every answer validates against its schema (``jsonschema``); the API takes OpenAI's
+``response_format`` and llama-server's ``grammar`` through the real ``openai`` client, and bad ones are one 400.
+"""
+
+import json
+
+import httpx
+import jsonschema
+import numpy as np
+import pytest
+
+from ppd_core.engine import SamplingParams
+from ppd_core.grammar import schema_grammar
+from test_api import error_of, served  # noqa: F401 - a fixture
+from test_default_model import planted
+
+SCHEMAS = [
+    ("Extract the person: Anna is 31 and lives in Rome.",
+     {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                       "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome"]}},
+      "required": ["name", "age", "city"]}),
+    ("Is this review positive or negative? 'The soup was cold and the waiter rude.'",
+     {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]},
+                                       "confidence": {"type": "number"}}, "required": ["sentiment", "confidence"]}),
+    ("List three fruits with their colours.",
+     {"type": "object", "properties": {"fruits": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+         "type": "object", "properties": {"name": {"type": "string"}, "colour": {"type": "string"}},
+         "required": ["name", "colour"]}}}, "required": ["fruits"]}),
+    ("Give the capital of France and whether it is on a river.",
+     {"type": "object", "properties": {"capital": {"type": "string"}, "river": {"type": "boolean"},
+                                       "facts": {"type": "object", "properties": {"population": {"type": "integer"}},
+                                                 "required": ["population"]}},
+      "required": ["capital", "river", "facts"]}),
+]
+ANSWER = 80
+
+
+def test_the_constrained_argmax_is_the_masked_rows_argmax(llama_default):
+    """``Grammar.best`` (the row's argmax where allowed, else a few likeliest, else the whole masked row) is the
+    argmax of the row with every forbidden token at -inf, in every state of a real answer."""
+    backend = llama_default.loaded.backend
+    grammar = backend.grammar(schema_grammar(SCHEMAS[2][1]))
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        row = rng.standard_normal(backend.vocab_size).astype(np.float32)
+        masked = grammar.allowed(row)
+        assert np.isfinite(masked).sum() >= 1
+        token = grammar.best(row)
+        assert token == int(np.argmax(masked))
+        grammar.accept(token)
+
+
+@pytest.mark.parametrize("penalties", [False, True], ids=["greedy", "penalised"])
+def test_constrained_ppd_equals_constrained_plain_decoding_and_validates(llama_default, penalties):
+    sampling = SamplingParams(repeat_penalty=1.3, repeat_last_n=64, frequency_penalty=0.2) if penalties else SamplingParams()
+    vocab = llama_default.loaded.backend.vocab_size
+    for prompt, schema in SCHEMAS:
+        ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
+        grammar = schema_grammar(schema)
+        plain = llama_default.generate(ids, "vanilla", ANSWER, sampling=sampling, grammar=grammar)
+        assert plain.tokens[-1] in llama_default.loaded.eos_token_ids, plain.text  # the grammar ended the answer
+        jsonschema.validate(json.loads(plain.text), schema)
+        free = llama_default.generate(ids, "vanilla", ANSWER, sampling=sampling)
+        assert free.tokens != plain.tokens  # the grammar did change the answer
+        for ranks in ((0, 1, 0), None):  # right guesses accepted, then all wrong (every tree rejected)
+            ppd = llama_default.generate(ids, "ppd", ANSWER, sampling=sampling, grammar=grammar,
+                                          guess_hook=planted(plain.tokens, ranks, vocab))
+            assert ppd.tokens == plain.tokens, (prompt, ranks)
+        ppd = llama_default.generate(ids, "ppd", ANSWER, sampling=sampling, grammar=grammar)
+        assert ppd.tokens == plain.tokens
+
+
+def test_seeded_constrained_sampling_is_valid_json(llama_default):
+    prompt, schema = SCHEMAS[0]
+    ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
+    for seed in range(3):
+        sampled = llama_default.generate(ids, "ppd", ANSWER, sampling=SamplingParams(temperature=1.0, seed=seed),
+                                          grammar=schema_grammar(schema))
+        jsonschema.validate(json.loads(sampled.text), schema)
+
+
+@pytest.mark.slow
+def test_response_format_and_grammar_through_the_openai_client(served):  # noqa: F811
+    client, service, app, url = served
+    prompt, schema = SCHEMAS[0]
+    messages = [{"role": "user", "content": prompt}]
+    answer = client.chat.completions.create(
+        model="m", messages=messages, temperature=0, max_tokens=ANSWER,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    text = answer.choices[0].message.content
+    jsonschema.validate(json.loads(text), schema)
+    engine = service.engine
+    sampling = service.snapshot().sampling_defaults.params(temperature=0.0)
+    with service.turn():
+        expected = engine.generate(engine.chat_ids(messages), "vanilla", ANSWER, sampling=sampling,
+                                   grammar=schema_grammar(schema))
+    assert text == expected.text
+    yes_no = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Is water wet?"}],
+                                            temperature=0, max_tokens=8, extra_body={"grammar": 'root ::= "yes" | "no"'})
+    assert yes_no.choices[0].message.content in ("yes", "no")
+    anything = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=ANSWER,
+                                              response_format={"type": "json_object"})
+    assert isinstance(json.loads(anything.choices[0].message.content), (dict, list, str, int, float, bool, type(None)))
+
+
+def test_bad_schemas_and_grammars_are_one_400_naming_the_field(served):  # noqa: F811
+    client, service, app, url = served
+    question = [{"role": "user", "content": "Hi"}]
+
+    def post(**fields) -> dict:
+        body = {"messages": question, "max_tokens": 4, **fields}
+        return error_of(httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30))
+
+    deep: dict = {"type": "string"}
+    for _ in range(100):
+        deep = {"type": "array", "items": deep}
+    cases = [
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}},
+         "response_format.json_schema.schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": deep}}},
+         "response_format.json_schema.schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "array", "minItems": 10**9}}}}, "response_format.json_schema.schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20000)}}}}},
+         "response_format.json_schema.schema"),
+        ({"grammar": "root ::= ["}, "grammar"),
+        ({"grammar": 'start ::= "x"'}, "grammar"),
+        ({"grammar": 'root ::= "x"', "response_format": {"type": "json_object"}}, "grammar"),
+    ]
+    for fields, param in cases:
+        error = post(**fields)
+        assert error["param"] == param, (fields if len(json.dumps(fields)) < 300 else param, error)
+        assert "\n" not in error["message"]
+    assert not service.queue.busy and app.state.ppd.running == 0  # nothing reached the model
