@@ -139,3 +139,66 @@ def test_bad_schemas_and_grammars_are_one_400_naming_the_field(served):  # noqa:
         assert error["param"] == param, (fields if len(json.dumps(fields)) < 300 else param, error)
         assert "\n" not in error["message"]
     assert not service.queue.busy and app.state.ppd.running == 0  # nothing reached the model
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    from llama_cpp import GGML_TYPE_Q8_0
+
+    from ppd_core.backends.llamacpp import chat_model
+    from ppd_core.loading import default_model_file
+
+    llm = chat_model(default_model_file(), n_ctx=2048, n_threads=2, n_threads_batch=2, flash_attn=True,
+                     type_k=GGML_TYPE_Q8_0, type_v=GGML_TYPE_Q8_0, verbose=False)
+    yield llm
+    llm.close()
+
+
+def llama_cpp_answer(llm, prompt: list[int], grammar: str, params: SamplingParams, eos, limit: int) -> list[int]:
+    """llama.cpp's own greedy constrained answer: a sampler chain of its penalties (the prompt accepted into them
+    first, as llama-server does), its grammar sampler and greedy, each token sampled by ``llama_sampler_sample``."""
+    import llama_cpp.llama_cpp as lc
+
+    chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+    penalties = lc.llama_sampler_init_penalties(llm.n_vocab(), params.repeat_last_n, params.repeat_penalty,
+                                                params.frequency_penalty, params.presence_penalty)
+    for token in prompt:
+        lc.llama_sampler_accept(penalties, token)  # the grammar sees the answer only
+    lc.llama_sampler_chain_add(chain, penalties)
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_grammar(llm._model.vocab, grammar.encode(), b"root"))
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+    try:
+        llm.reset()
+        llm.eval(prompt)
+        answer = []
+        while len(answer) < limit:
+            answer.append(lc.llama_sampler_sample(chain, llm.ctx, -1))
+            if answer[-1] in eos:
+                break
+            llm.eval([answer[-1]])
+        return answer
+    finally:
+        lc.llama_sampler_free(chain)
+
+
+@pytest.mark.parametrize("penalties", [False, True], ids=["greedy", "penalised"])
+def test_forty_schema_answers_equal_llama_cpps_grammar_sampler_and_validate(llama_default, oracle, penalties):
+    """The 40 schema prompts (``schema_prompts``): ppd's plain and PPD answers (the static tree's prompt-token rows
+    and lookup chains) equal llama.cpp's grammar sampler chain token for token, and parse and validate."""
+    from schema_prompts import PROMPTS
+
+    sampling = SamplingParams(repeat_penalty=1.2, repeat_last_n=64, presence_penalty=0.3) if penalties else SamplingParams()
+    engine, eos = llama_default, llama_default.loaded.eos_token_ids
+    engine.set_lookup(4)
+    try:
+        for prompt, schema in PROMPTS:
+            ids = engine.chat_ids([{"role": "user", "content": prompt}])
+            grammar = schema_grammar(schema)
+            expected = llama_cpp_answer(oracle, ids, grammar, sampling, eos, ANSWER)
+            for mode in ("vanilla", "ppd"):
+                answer = engine.generate(ids, mode, ANSWER, sampling=sampling, grammar=grammar)
+                assert answer.tokens == expected, (prompt, mode)
+            if expected[-1] in eos:  # a finished answer (not cut at the limit) is valid
+                jsonschema.validate(json.loads(answer.text), schema)
+    finally:
+        engine.set_lookup(None)
