@@ -93,9 +93,10 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
+class RequestFields(BaseModel):
+    """The fields both endpoints take."""
+
     model_config = ConfigDict(extra="ignore")  # clients send fields such as `user` or `metadata`
-    messages: list[Message]
     model: str | None = None  # answered by the loaded model (as llama-server does), unless it names another one ppd has
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -122,6 +123,19 @@ class ChatCompletionRequest(BaseModel):
     acceptance: Literal["lossless", "typical"] | None = None
 
 
+class ChatCompletionRequest(RequestFields):
+    messages: list[Message]
+
+
+class CompletionRequest(RequestFields):
+    """``/v1/completions``: text in, text out (the legacy endpoint editors' completion still uses)."""
+
+    prompt: str | list[str]
+    logprobs: int | None = None  # 0 to 5 alternatives per token (the legacy shape)
+    echo: bool | None = None
+    suffix: str | None = None
+
+
 @dataclass
 class Job:
     """A validated request, ready for the model."""
@@ -135,6 +149,7 @@ class Job:
     model: str  # the name of the model the ids were made for: a streamed answer's label
     logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
     grammar: str | None = None  # GBNF the answer follows (``structured.response_grammar``)
+    completion: bool = False  # a ``/v1/completions`` job: its answers are text_completion objects
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -229,10 +244,10 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict]:
     return messages
 
 
-def check_unsupported(request: ChatCompletionRequest) -> None:
+def check_unsupported(request: RequestFields) -> None:
     if request.n not in (None, 1):
         raise ApiError(f"n must be 1 (ppd answers one choice per request), got {request.n}", "n")
-    if request.top_logprobs is not None:
+    if request.top_logprobs is not None and isinstance(request, ChatCompletionRequest):
         if not request.logprobs:
             raise ApiError("top_logprobs needs logprobs set to true", "top_logprobs")
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -246,7 +261,7 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repeat_penalty", "repeat_la
                    "frequency_penalty")
 
 
-def check_sampling(request: ChatCompletionRequest) -> None:
+def check_sampling(request: RequestFields) -> None:
     """The sampling fields a request sets, in range (OpenAI's ranges where it has the field, llama-server's else)."""
     checks = {"temperature": (lambda v: 0.0 <= v <= 2.0, "must be between 0 and 2"),
               "top_p": (lambda v: 0.0 < v <= 1.0, "must be greater than 0 and at most 1"),
@@ -261,7 +276,7 @@ def check_sampling(request: ChatCompletionRequest) -> None:
             raise ApiError(f"{name} {rule}, got {value}", name)
 
 
-def sampling_of(request: ChatCompletionRequest, defaults: ChosenSampling) -> SamplingParams:
+def sampling_of(request: RequestFields, defaults: ChosenSampling) -> SamplingParams:
     """The request's sampling: its own fields, ``defaults`` (the model's) for those it leaves unset."""
     try:
         return defaults.params(**{name: getattr(request, name) for name in SAMPLING_FIELDS},
@@ -270,7 +285,7 @@ def sampling_of(request: ChatCompletionRequest, defaults: ChosenSampling) -> Sam
         raise ApiError(str(error), "seed" if str(error).startswith("seed") else None) from None
 
 
-def stop_strings(request: ChatCompletionRequest) -> list[str]:
+def stop_strings(request: RequestFields) -> list[str]:
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     if len(stops) > MAX_STOP_STRINGS:
         raise ApiError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
@@ -279,9 +294,34 @@ def stop_strings(request: ChatCompletionRequest) -> list[str]:
     return [encodable(s, "stop" if isinstance(request.stop, str) else f"stop[{i}]") for i, s in enumerate(stops)]
 
 
-def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens on /v1/completions
+MAX_COMPLETION_LOGPROBS = 5
+
+
+def completion_prompt(request: CompletionRequest) -> str:
+    prompts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
+    if len(prompts) != 1:
+        raise ApiError(f"prompt must be one string (ppd answers one prompt per request), got {len(prompts)}", "prompt")
+    if request.echo:
+        raise ApiError("echo is not supported", "echo")
+    if request.suffix:
+        raise ApiError("suffix (fill-in-the-middle) is not supported", "suffix")
+    if request.logprobs is not None and not 0 <= request.logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise ApiError(f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {request.logprobs}", "logprobs")
+    text = encodable(prompts[0], "prompt")
+    if not text:
+        raise ApiError("prompt is empty", "prompt")
+    return text
+
+
+def make_job(service: ChatService, request: ChatCompletionRequest | CompletionRequest) -> Job:
+    """A chat request's job (or, for a ``CompletionRequest``, the raw prompt's, tokenized as llama-server does)."""
+    completion = isinstance(request, CompletionRequest)
     check_unsupported(request)
-    messages = chat_messages(request)
+    if completion:
+        prompt, field = completion_prompt(request), "prompt"
+    else:
+        messages, field = chat_messages(request), "messages"
     check_sampling(request)
     stops = stop_strings(request)
     limit = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
@@ -303,20 +343,40 @@ def make_job(service: ChatService, request: ChatCompletionRequest) -> Job:
     except PpdError as error:
         raise ApiError(str(error), "grammar" if request.grammar is not None else "response_format") from None
     try:
-        ids = engine.chat_ids(messages)
+        ids = engine.tokenizer.encode(prompt) if completion else engine.chat_ids(messages)
     except PpdError as error:
-        raise ApiError(str(error), "messages") from None
+        raise ApiError(str(error), field) from None
+    if completion and limit is None:
+        limit = COMPLETION_DEFAULT_TOKENS
     context = engine.max_context
     if len(ids) >= context or (limit is not None and len(ids) + limit > context):
         asked = f" and {limit} tokens for the answer ({len(ids) + limit} in all)" if limit is not None else ""
         raise ApiError(
-            f"this model's maximum context length is {context} tokens; the messages take {len(ids)} tokens{asked}. "
-            f"Shorten the messages or lower {param}.", "messages", "context_length_exceeded")
+            f"this model's maximum context length is {context} tokens; the {field} takes {len(ids)} tokens{asked}. "
+            f"Shorten the {field} or lower {param}.", field, "context_length_exceeded")
+    if completion:
+        logprobs = request.logprobs
+    else:
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return Job(
-        id=f"chatcmpl-{uuid.uuid4().hex}", ids=ids, max_new_tokens=limit if limit is not None else context - len(ids),
-        sampling=sampling, stop=stops, include_usage=bool(request.stream_options and request.stream_options.include_usage),
-        model=model, logprobs=(request.top_logprobs or 0) if request.logprobs else None, grammar=grammar,
+        id=f"{'cmpl' if completion else 'chatcmpl'}-{uuid.uuid4().hex}", ids=ids,
+        max_new_tokens=limit if limit is not None else context - len(ids), sampling=sampling, stop=stops,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage), model=model,
+        logprobs=logprobs, grammar=grammar, completion=completion,
     )
+
+
+def legacy_logprobs(entries: list[dict] | None, start: int = 0) -> dict | None:
+    """Chat-style logprobs entries in /v1/completions' shape; ``start``: the text offset of the first."""
+    if entries is None:
+        return None
+    offsets, at = [], start
+    for entry in entries:
+        offsets.append(at)
+        at += len(entry["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
 
 
 # ---- decoding: on a worker of the pool, in ChatService's line for the model ----
@@ -511,8 +571,13 @@ def sse(body: dict | str) -> str:
 
 
 def chunk(job: Job, model: str, choices: list[dict], **extra) -> str:
-    return sse({"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": model,
-                "choices": choices, **extra})
+    kind = "text_completion" if job.completion else "chat.completion.chunk"
+    return sse({"id": job.id, "object": kind, "created": job.created, "model": model, "choices": choices, **extra})
+
+
+def text_choice(text: str, reason: str | None = None, logprobs: dict | None = None) -> list[dict]:
+    """/v1/completions' choice (a whole answer or a streamed piece of one)."""
+    return [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}]
 
 
 def choice(delta: dict, reason: str | None = None, logprobs: list[dict] | None = None) -> list[dict]:
@@ -700,63 +765,82 @@ class OpenAIApi:
 
         @v1.post("/chat/completions")
         async def chat_completions(body: ChatCompletionRequest, request: Request):
-            # every client mistake is a 400 here, before the model is asked; tokenizing is off the event loop
-            loaded = self.snapshot()
-            if body.model is not None and encodable(body.model, "model") not in self.loaded_ids(loaded) and \
-                    body.model in await self.others(loaded):
-                raise ApiError(f"the model {body.model!r} is available but not loaded: this server answers with "
-                               f"{loaded.name!r} (switch models on the page)", "model", "model_not_loaded")
-            job = await run_in_threadpool(make_job, service, body)
-            try:
-                ticket = service.queue.join()
-            except Busy as busy:
-                raise ApiError(str(busy), code="server_busy", status=503, kind="server_error",
-                               headers={"Retry-After": str(busy.retry_after)}) from None
-            decoding = Decoding(service, job, ticket, state)
-            if body.stream:
-                # the background task runs when the response ends, also after a disconnect (even one before
-                # the first event, when the generator's own ``finally`` never runs)
-                return StreamingResponse(self._events(decoding, job), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                         background=BackgroundTask(decoding.cancel))
-            try:
-                checked = time.monotonic()
-                while True:
-                    try:
-                        kind, value = await decoding.next(DISCONNECT_POLL_SECONDS)
-                    except (asyncio.TimeoutError, TimeoutError):
-                        kind = value = None
-                    if kind == "error":
-                        raise failure(value)
-                    if kind == "done":
-                        outcome = value
-                        break
-                    if time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:  # text keeps coming: check anyway
-                        checked = time.monotonic()
-                        if await request.is_disconnected():
-                            return error_response(499, "the client closed the request", code="client_closed")
-            finally:
-                decoding.cancel()  # a no-op once it ended; stops it when the client left or this task was cancelled
-            return {
-                "id": job.id, "object": "chat.completion", "created": job.created, "model": answered_by(job, outcome),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": outcome.text},
-                             "logprobs": None if outcome.logprobs is None else {"content": outcome.logprobs, "refusal": None},
-                             "finish_reason": finish_reason(outcome)}],
-                "usage": usage(job, outcome),
-                "ppd": ppd_figures(job, outcome),
-            }
+            return await self._answer(body, request)
+
+        @v1.post("/completions")
+        async def completions(body: CompletionRequest, request: Request):
+            return await self._answer(body, request)
 
         return v1
+
+    async def _answer(self, body: ChatCompletionRequest | CompletionRequest, request: Request):
+        """Either endpoint's answer, streamed or whole; every client mistake is a 400 here, before the model is
+        asked; tokenizing is off the event loop."""
+        service, state = self.service, self.state
+        loaded = self.snapshot()
+        if body.model is not None and encodable(body.model, "model") not in self.loaded_ids(loaded) and \
+                body.model in await self.others(loaded):
+            raise ApiError(f"the model {body.model!r} is available but not loaded: this server answers with "
+                           f"{loaded.name!r} (switch models on the page)", "model", "model_not_loaded")
+        job = await run_in_threadpool(make_job, service, body)
+        try:
+            ticket = service.queue.join()
+        except Busy as busy:
+            raise ApiError(str(busy), code="server_busy", status=503, kind="server_error",
+                           headers={"Retry-After": str(busy.retry_after)}) from None
+        decoding = Decoding(service, job, ticket, state)
+        if body.stream:
+            # the background task runs when the response ends, also after a disconnect (even one before
+            # the first event, when the generator's own ``finally`` never runs)
+            return StreamingResponse(self._events(decoding, job), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                     background=BackgroundTask(decoding.cancel))
+        try:
+            checked = time.monotonic()
+            while True:
+                try:
+                    kind, value = await decoding.next(DISCONNECT_POLL_SECONDS)
+                except (asyncio.TimeoutError, TimeoutError):
+                    kind = value = None
+                if kind == "error":
+                    raise failure(value)
+                if kind == "done":
+                    outcome = value
+                    break
+                if time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:  # text keeps coming: check anyway
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        return error_response(499, "the client closed the request", code="client_closed")
+        finally:
+            decoding.cancel()  # a no-op once it ended; stops it when the client left or this task was cancelled
+        if job.completion:
+            return {"id": job.id, "object": "text_completion", "created": job.created,
+                    "model": answered_by(job, outcome),
+                    "choices": text_choice(outcome.text, finish_reason(outcome), legacy_logprobs(outcome.logprobs)),
+                    "usage": usage(job, outcome), "ppd": ppd_figures(job, outcome)}
+        return {
+            "id": job.id, "object": "chat.completion", "created": job.created, "model": answered_by(job, outcome),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": outcome.text},
+                         "logprobs": None if outcome.logprobs is None else {"content": outcome.logprobs, "refusal": None},
+                         "finish_reason": finish_reason(outcome)}],
+            "usage": usage(job, outcome),
+            "ppd": ppd_figures(job, outcome),
+        }
 
     async def _events(self, decoding: Decoding, job: Job) -> AsyncIterator[str]:
         """Server-sent events, labelled with the job's model; a disconnect cancels this generator, and ``finally`` stops
         the decoding."""
-        model = job.model
+        model, offset = job.model, 0
         try:
-            yield chunk(job, model, choice({"role": "assistant", "content": ""}))
+            if not job.completion:
+                yield chunk(job, model, choice({"role": "assistant", "content": ""}))
             while True:
                 kind, value = await decoding.next()
-                if kind == "text":
+                if kind == "text" and job.completion:
+                    text, entries = value
+                    yield chunk(job, model, text_choice(text, logprobs=legacy_logprobs(entries, offset)))
+                    offset += len(text)
+                elif kind == "text":
                     text, entries = value
                     yield chunk(job, model, choice({"content": text}, logprobs=entries))
                 elif kind == "error":
@@ -765,7 +849,8 @@ class OpenAIApi:
                     break
                 else:
                     outcome = value
-                    yield chunk(job, model, choice({}, finish_reason(outcome)), ppd=ppd_figures(job, outcome))
+                    last = text_choice("", finish_reason(outcome)) if job.completion else choice({}, finish_reason(outcome))
+                    yield chunk(job, model, last, ppd=ppd_figures(job, outcome))
                     if job.include_usage:  # OpenAI's last chunk: no choices, the usage
                         yield chunk(job, model, [], usage=usage(job, outcome))
                     break
