@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ppd_core.engine import GrammarError, json_grammar, schema_grammar
 from ppd_core.errors import PpdError
-from ppd_core.grammar import GrammarError, json_grammar, schema_grammar
 
 MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text
 MAX_SCHEMA_DEPTH = 64  # nested objects and arrays

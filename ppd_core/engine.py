@@ -40,6 +40,7 @@ from ppd_core.errors import PpdError
 from ppd_core.loading import LoadedModel, load_model, model_path  # noqa: F401 - app/'s `ppd quantize` reads model_path
 from ppd_core.memory import limit_malloc_arenas, release_free_heap
 from ppd_core.logprobs import MAX_TOP_LOGPROBS  # noqa: F401 - app/'s API reads it here
+from ppd_core.grammar import GrammarError, json_grammar, schema_grammar  # noqa: F401 - app/'s API reads them here
 from ppd_core.lookup import MATCH_CLASSES, chains_text, class_label
 from ppd_core.lookup_policy import AdaptiveChains, ChainPolicy, FixedChains
 from ppd_core.options import MAX_LOOKUP
