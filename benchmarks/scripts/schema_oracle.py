@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -29,18 +26,6 @@ from ppd_core.loading import default_model_file  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
 
 PENALTIES = SamplingParams(repeat_penalty=1.2, repeat_last_n=64, presence_penalty=0.3)
-
-
-def wait_healthy(url: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("llama-server did not become healthy")
 
 
 def main() -> int:
@@ -57,7 +42,6 @@ def main() -> int:
     for name, sampling in (("greedy", SamplingParams()), ("penalised", PENALTIES)):
         peer = ServerPeer(args.server, default_model_file(), 2, "plain", sampling)
         try:
-            wait_healthy(peer.url)
             for prompt, schema in PROMPTS[: args.limit]:
                 messages = [{"role": "user", "content": prompt}]
                 grammar = schema_grammar(schema)
@@ -68,7 +52,7 @@ def main() -> int:
                     "name": "answer", "schema": schema}}}, "grammar": {"grammar": grammar}}
                 for field, extra in fields.items():
                     body = {**server_request(messages, args.max_new_tokens, sampling), **extra}
-                    theirs = httpx.post(f"{peer.url}/v1/chat/completions", json=body, timeout=600).json()
+                    theirs = peer.client.post("/v1/chat/completions", json=body).json()
                     theirs = theirs["choices"][0]["message"]["content"]
                     for mode, text in ours.items():
                         key = f"{name}, llama-server's {field} against ppd's {mode}"
@@ -79,7 +63,7 @@ def main() -> int:
                             differences.append({"case": key, "prompt": prompt, "ppd": text, "llama_server": theirs})
                 print(prompt[:50], {k: f"{v[0]}/{v[1]}" for k, v in counts.items() if k.startswith(name)}, flush=True)
         finally:
-            peer.process.terminate()
+            peer.close()
     engine.close()
     result = {"equal": {key: f"{equal} of {total}" for key, (equal, total) in counts.items()},
               "first_differences": differences, "server_command": peer.command,
