@@ -19,16 +19,20 @@ class StepStats:
     logprobs: list | None = None  # ``logprobs.TokenLogprob`` per token, when the request asked for them
     chain: int = 0  # lookup tokens drafted in the step
     chain_match: int = -1  # the match class (``lookup.MATCH_CLASSES``) of the lookup's proposal; -1: none
+    from_grammar: int = 0  # how many of the accepted guesses were text the grammar forced (drafted after the lookup's)
+    forced: int = 0  # forced tokens drafted in the step
 
     def clip(self, keep: int) -> None:
         """Keep the first ``keep`` tokens, and count only the guesses among them (the prompt tokens' come
         first on a path, then the lookup chain's)."""
-        prompt_guesses = self.from_guesses - self.from_lookup
+        prompt_guesses = self.from_guesses - self.from_lookup - self.from_grammar
         self.tokens = self.tokens[:keep]
         if self.logprobs is not None:
             self.logprobs = self.logprobs[:keep]
         self.from_guesses = min(self.from_guesses, keep)
-        self.from_lookup = max(0, self.from_guesses - prompt_guesses)
+        chained = max(0, self.from_guesses - prompt_guesses)  # the lookup's tokens, then the grammar's
+        self.from_lookup = min(self.from_lookup, chained)
+        self.from_grammar = chained - self.from_lookup
 
 
 @dataclass
@@ -41,6 +45,8 @@ class GenerationStats:
     steps: int = 0  # forward passes after the prefill
     from_guesses: int = 0
     from_lookup: int = 0  # of ``from_guesses``, those the lookup chain proposed
+    from_grammar: int = 0  # of ``from_guesses``, text the grammar forced
+    forced: int = 0  # forced tokens drafted (``from_grammar`` of them accepted)
     drafted: int = 0  # lookup chain tokens drafted (``from_lookup`` of them accepted)
     lookup_note: str = ""  # what the lookup chain policy did at its last proposal, and why
     prefill_seconds: float = 0.0
@@ -51,7 +57,9 @@ class GenerationStats:
         self.new_tokens += len(step.tokens)
         self.from_guesses += step.from_guesses
         self.from_lookup += step.from_lookup
+        self.from_grammar += step.from_grammar
         self.drafted += step.chain
+        self.forced += step.forced
         if step.prefill:
             self.prefill_seconds += step.seconds
         else:
