@@ -7,6 +7,7 @@ without a browser.
 from __future__ import annotations
 
 import html
+import json
 import logging
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import NoReturn
 from app.model_catalog import remember
 from app.model_queue import ModelQueue, Queued
 from app.startup import Progress, Startup, failure_line
+from app.structured import FieldError, checked_schema_grammar
 from app.training_job import TrainingJob
 from ppd_core.engine import Engine, GenerationEvent, GenerationStats, ModelSnapshot, SamplingParams, text_stream
 from ppd_core.errors import PpdError
@@ -41,6 +43,7 @@ class ChatSettings:
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    schema: str = ""  # the page's JSON schema box: empty for free text
 
     def __post_init__(self):  # values straight from the UI's widgets
         self.system_prompt = self.system_prompt or ""
@@ -51,9 +54,20 @@ class ChatSettings:
                 setattr(self, name, type(self).__dataclass_fields__[name].default)
         self.repeat_penalty, self.repeat_last_n = float(self.repeat_penalty), int(self.repeat_last_n)
         self.presence_penalty, self.frequency_penalty = float(self.presence_penalty), float(self.frequency_penalty)
+        self.schema = self.schema or ""
 
     def penalties(self) -> dict:
         return {name: getattr(self, name) for name in PENALTY_FIELDS}
+
+    def grammar(self) -> str | None:
+        """The GBNF the answers follow (the API's conversion, ``app/structured.py``), None for free text; a PpdError
+        (one line) for text that is not JSON or a schema the converter refuses."""
+        return schema_box_grammar(self.schema)
+
+    @property
+    def constrained(self) -> bool:
+        """The answers follow a JSON schema (``grammar`` refuses a box it cannot use before anything runs)."""
+        return bool(self.schema.strip())
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, acceptance=self.acceptance,
@@ -61,6 +75,21 @@ class ChatSettings:
 
 
 PENALTY_FIELDS = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
+SCHEMA_BOX = "the JSON schema box"
+
+
+def schema_box_grammar(text: str) -> str | None:
+    """``ChatSettings.grammar`` of the box's ``text``."""
+    if not text.strip():
+        return None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise FieldError(f"{SCHEMA_BOX} does not hold JSON: {error}", SCHEMA_BOX) from None
+    try:
+        return checked_schema_grammar(schema, SCHEMA_BOX)
+    except FieldError as error:
+        raise FieldError(f"{SCHEMA_BOX}: {error}", SCHEMA_BOX) from None
 
 
 @dataclass
@@ -107,12 +136,15 @@ class Comparison:
 
 
 def format_readout(stats: GenerationStats, speedup: str | None, finished: bool, backend: str = "",
-                   penalties: str = "") -> str:
+                   penalties: str = "", grammar: bool = False) -> str:
     """The live speed line; ``speedup`` is None with PPD off (there is nothing to compare); ``backend`` names
-    what decodes; ``penalties`` says which repetition penalties are on ("" for none)."""
+    what decodes; ``penalties`` says which repetition penalties are on ("" for none); ``grammar``: the answer followed
+    one (its forced text is a third guess source)."""
     state = "" if finished else " (streaming)"
     steps = max(stats.steps, 1)
-    sources = f" (guessed per step: prompt tokens {(stats.from_guesses - stats.from_lookup) / steps:.2f}, lookup {stats.from_lookup / steps:.2f})"
+    prompt_guesses = stats.from_guesses - stats.from_lookup - stats.from_grammar
+    forced = f", grammar {stats.from_grammar / steps:.2f}" if grammar else ""
+    sources = f" (guessed per step: prompt tokens {prompt_guesses / steps:.2f}, lookup {stats.from_lookup / steps:.2f}{forced})"
     mode = (f"{stats.mean_accepted:.2f} tokens/step{sources} · speedup over plain decoding: {speedup}" if speedup
             else "PPD off: plain decoding, 1 token/step")
     reused = f", {stats.reused_tokens} reused from the last turn" if stats.reused_tokens else ""
@@ -122,6 +154,7 @@ def format_readout(stats: GenerationStats, speedup: str | None, finished: bool, 
         f"({stats.prompt_tokens - stats.reused_tokens} tokens{reused})"
         + (f" · {penalties} (fewer tokens copied from the conversation)" if penalties else "")
         + (f" · lookup: {lookup_line(stats)}" if speedup and stats.lookup_note else "")
+        + (f" · grammar: {stats.from_grammar} of {stats.forced} forced tokens right" if speedup and grammar else "")
     )
 
 
@@ -145,6 +178,14 @@ def penalties_line(sampling: SamplingParams) -> str:
 BACKEND_NAMES = {"llamacpp": "llama.cpp", "torch": "torch"}
 PROMPT_MARK = '<mark style="background-color: #ffe066">'  # guesses from the prompt tokens: yellow
 LOOKUP_MARK = '<mark style="background-color: #bfe3ff">'  # guesses copied from the conversation: blue
+GRAMMAR_MARK = '<mark style="background-color: #c8f0c0">'  # text the grammar forced: green
+MARKS = {"prompt tokens": PROMPT_MARK, "lookup": LOOKUP_MARK, "grammar": GRAMMAR_MARK}
+
+
+def step_sources(from_guesses: int, from_lookup: int = 0, from_grammar: int = 0) -> list[str]:
+    """Where each of a step's accepted guesses came from, in path order: prompt tokens, lookup, grammar."""
+    prompt = from_guesses - from_lookup - from_grammar
+    return ["prompt tokens"] * prompt + ["lookup"] * from_lookup + ["grammar"] * from_grammar
 
 
 class Highlighter:
@@ -152,16 +193,17 @@ class Highlighter:
 
     def __init__(self, tokenizer):
         self.text = text_stream(tokenizer)
-        self.pieces: list[tuple[str, str | None]] = []  # (text, "prompt tokens" / "lookup" / None: the model's own)
+        self.pieces: list[tuple[str, str | None]] = []  # (text, a ``MARKS`` source or None: the model's own)
         self.html = ""
 
-    def add(self, tokens: Sequence[int], from_guesses: int, from_lookup: int = 0) -> None:
-        """A step's tokens: its accepted guesses first (prompt tokens', then the lookup chain's), then the model's own."""
+    def add(self, tokens: Sequence[int], from_guesses: int, from_lookup: int = 0, from_grammar: int = 0) -> None:
+        """A step's tokens: its accepted guesses first (``step_sources``' order), then the model's own."""
+        sources = step_sources(from_guesses, from_lookup, from_grammar)
         for index, token in enumerate(tokens):
             piece = self.text.add(token)
-            source = None if index >= from_guesses else "lookup" if index >= from_guesses - from_lookup else "prompt tokens"
+            source = sources[index] if index < len(sources) else None
             self.pieces.append((piece, source))
-            opening = {"prompt tokens": PROMPT_MARK, "lookup": LOOKUP_MARK}.get(source)
+            opening = MARKS.get(source)
             self.html += f"{opening}{html.escape(piece)}</mark>" if opening and piece.strip() else piece
 
 
@@ -489,16 +531,27 @@ class ChatService:
     def answer(self, messages: list[dict], settings: ChatSettings, stop: Callable[[], bool] | None = None) -> Iterator[AnswerUpdate]:
         """Stream the answer to the last user message; ends within one decoding step of ``stop()`` turning true.
 
-        Refused (``PpdError``) before anything runs when the conversation does not fit (for the model loaded now) or
-        the line is full; a model switched in before its turn makes the ids again (and may refuse them then).
+        Refused (``PpdError``) before anything runs when the conversation does not fit (for the model loaded now), the
+        JSON schema box holds what cannot be used, or the line is full; a model switched in before its turn makes the
+        ids again (and may refuse them then).
         """
         engine = self.engine
+        grammar = self.checked_grammar(settings, engine)
         ids, note = self.prepare(messages, settings, engine)
         self.queue.check_room()
-        return self._answer(ids, engine, messages, settings, note, stop)
+        return self._answer(ids, engine, messages, settings, note, stop, grammar)
+
+    @staticmethod
+    def checked_grammar(settings: ChatSettings, engine: Engine) -> str | None:
+        """The settings' grammar (``ChatSettings.grammar``), checked as the API checks one: one line where ``engine``
+        cannot follow it."""
+        grammar = settings.grammar()
+        if grammar is not None:
+            engine.check_grammar(grammar)
+        return grammar
 
     def _answer(self, ids: list[int], engine: Engine, messages: list[dict], settings: ChatSettings, note: str,
-                stop: Callable[[], bool] | None) -> Iterator[AnswerUpdate]:
+                stop: Callable[[], bool] | None, grammar: str | None = None) -> Iterator[AnswerUpdate]:
         mode = "ppd" if settings.ppd else "vanilla"
         event: GenerationEvent | None = None
         highlighter: Highlighter | None = None
@@ -509,7 +562,7 @@ class ChatService:
             return remade
 
         events = self.decode(ids, mode, int(settings.max_new_tokens), settings.sampling(), reuse_cache=True, stop=stop,
-                             made_for=engine, remake=remake)
+                             made_for=engine, remake=remake, grammar=grammar)
         with closing(events):
             for event in events:
                 if isinstance(event, Queued):
@@ -520,7 +573,8 @@ class ChatService:
                 if settings.highlight and highlighter is None:  # the model that answers, read under its turn
                     highlighter = Highlighter(self.engine.tokenizer)
                 if highlighter is not None:
-                    highlighter.add(event.step.tokens, event.step.from_guesses, event.step.from_lookup)
+                    step = event.step
+                    highlighter.add(step.tokens, step.from_guesses, step.from_lookup, step.from_grammar)
                 yield self._update(event, settings, note, highlighter, event.stop_reason)
         if event is None or isinstance(event, Queued):
             yield AnswerUpdate("", "", "", "Stopped before the answer began.", None, "stopped")
@@ -536,33 +590,38 @@ class ChatService:
             notes.append("Stopped.")
         if settings.temperature > 0 and settings.acceptance == "typical" and settings.ppd:
             notes.append("Typical acceptance: faster, but does not follow the model's distribution exactly.")
+        if settings.constrained:
+            notes.append("The answer follows the JSON schema.")
         return AnswerUpdate(
             text=event.text,
             marked=highlighter.html if highlighter is not None else "",
             readout=format_readout(event.stats, self.speedup_label() if settings.ppd else None, finished,
                                    BACKEND_NAMES.get(self.engine.loaded.backend.name, self.engine.loaded.backend.name),
-                                   penalties_line(settings.sampling())),
+                                   penalties_line(settings.sampling()), settings.constrained),
             note=" ".join(notes),
             stats=event.stats,
             stop_reason=stop_reason,
         )
 
     def compare(self, messages: list[dict], settings: ChatSettings) -> Comparison:
-        """The last user message answered greedily both ways (with the settings' penalties), timed the same way and
-        with no cache reuse.
+        """The last user message answered greedily both ways (with the settings' penalties and JSON schema), timed the
+        same way and with no cache reuse.
 
         Which mode runs first alternates between comparisons, so neither always gets the warmer caches.
         """
         engine = self.engine
+        grammar = self.checked_grammar(settings, engine)
         ids, _ = self.prepare(messages, settings, engine)  # refused before waiting where it does not fit
         order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
         self._comparisons += 1
         with self.turn():
             if self.engine is not engine:  # another model was switched in before this turn: its own ids
                 engine = self.engine
+                grammar = self.checked_grammar(settings, engine)
                 ids, _ = self.prepare(messages, settings, engine)
             greedy = SamplingParams(**settings.penalties())
-            results = {mode: engine.generate(ids, mode, int(settings.max_new_tokens), sampling=greedy) for mode in order}
+            results = {mode: engine.generate(ids, mode, int(settings.max_new_tokens), sampling=greedy, grammar=grammar)
+                       for mode in order}
         plain, ppd = results["vanilla"], results["ppd"]
         first = "plain" if order[0] == "vanilla" else "PPD"
         self.last_comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first,

@@ -27,7 +27,8 @@ from pathlib import Path
 import gradio as gr
 import psutil
 
-from app.chat_service import LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, SPEED_DEFINITION, AnswerUpdate, ChatService, ChatSettings
+from app.chat_service import (GRAMMAR_MARK, LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, SPEED_DEFINITION, AnswerUpdate,
+                               ChatService, ChatSettings)
 from app.history import Conversation, ConversationStore
 from app.model_catalog import available
 from app.plots import COLUMNS, latency_points
@@ -86,7 +87,8 @@ def marked_answer(marked: str) -> str:
     lines kept; "" when not asked for (nothing shown)."""
     if not marked:
         return ""
-    legend = (f'{PROMPT_MARK}prompt tokens</mark> and {LOOKUP_MARK}copied from the conversation</mark>')
+    legend = f'{PROMPT_MARK}prompt tokens</mark>, {LOOKUP_MARK}copied from the conversation</mark>'
+    legend += f' and {GRAMMAR_MARK}forced by the JSON schema</mark>' if GRAMMAR_MARK in marked else ""
     return (f'<div class="ppd-marked"><p><b>Accepted guesses</b> in this answer: {legend}</p>'
             f'<div style="white-space: pre-wrap">{marked}</div></div>')
 
@@ -201,12 +203,13 @@ class SettingsPanel:
     repeat_last_n: gr.Number
     presence_penalty: gr.Slider
     frequency_penalty: gr.Slider
+    schema: gr.Textbox  # a JSON schema the answers follow; empty: free text
 
     @property
     def inputs(self) -> list:
         """In the order of ``ChatSettings``' fields."""
         return [self.system, self.temperature, self.top_p, self.max_new, self.ppd, self.acceptance, self.highlight,
-                self.top_k, *self.penalties]
+                self.top_k, *self.penalties, self.schema]
 
     @property
     def penalties(self) -> list:
@@ -233,14 +236,17 @@ def settings_panel() -> SettingsPanel:
 
     with gr.Accordion("Settings", open=True):
         ppd = gr.Checkbox(True, label="PPD (parallel prompt decoding)", elem_id="ppd")
-        highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses (yellow: prompt tokens, blue: copied from the conversation)",
-                                elem_id="highlight")
+        highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses (yellow: prompt tokens, blue: copied "
+                                "from the conversation, green: forced by the JSON schema)", elem_id="highlight")
         system = gr.Textbox("", label="System prompt", lines=2)
         with gr.Row():
             temperature = slider("temperature", scale=4)
             greedy = gr.Button("Greedy", size="sm", scale=1, elem_id="greedy")
         top_p, top_k = slider("top_p"), slider("top_k")
         max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens")
+        schema = gr.Textbox("", label="JSON schema: the answers follow it (empty: free text)", lines=3, max_lines=12,
+                            placeholder='{"type": "object", "properties": {"name": {"type": "string"}}}',
+                            elem_id="json-schema")
         with gr.Accordion("Repetition penalties (llama.cpp's)", open=False):
             repeat_penalty = slider("repeat_penalty")
             repeat_last_n = gr.Number(start.values["repeat_last_n"], precision=0, minimum=-1,
@@ -252,7 +258,7 @@ def settings_panel() -> SettingsPanel:
             value="lossless", label="Acceptance when sampling",
         )
     return SettingsPanel(system, temperature, top_p, max_new, ppd, acceptance, highlight, top_k, greedy,
-                         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)
+                         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, schema)
 
 
 @dataclass
@@ -580,7 +586,7 @@ class Handlers:
         self._export_dir = self._export_dir or export_folder()
         return str(self.store.export(session.conversation, kind, self._export_dir))
 
-    def compare(self, session: Session, system: str, max_new: int, *penalties):
+    def compare(self, session: Session, system: str, max_new: int, schema: str = "", *penalties):
         messages = list(session.conversation.messages)
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()
@@ -588,7 +594,8 @@ class Handlers:
             gr.Warning("Send a message first, then compare.")
             return gr.update(), gr.update(), "Send a message first, then compare."
         try:
-            settings = ChatSettings(system, max_new_tokens=int(max_new), **dict(zip(PENALTY_FIELDS, penalties)))
+            settings = ChatSettings(system, max_new_tokens=int(max_new), schema=schema,
+                                    **dict(zip(PENALTY_FIELDS, penalties)))
             result = self.service.compare(messages, settings)
         except PpdError as error:  # too long, or ppd busy
             gr.Warning(str(error))
@@ -679,7 +686,8 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
                           [model.train, session], model_panels, queue=False, api_name=False)
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
-        compare.button.click(handlers.compare, [session, settings.system, settings.max_new, *settings.penalties],
+        compare.button.click(handlers.compare,
+                             [session, settings.system, settings.max_new, settings.schema, *settings.penalties],
                              [compare.plain, compare.ppd, compare.verdict],
                              **MODEL, api_name="compare")
         calibration.button.click(handlers.calibrate, None, [calibration.curve, calibration.summary, device],

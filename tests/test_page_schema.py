@@ -1,0 +1,106 @@
+"""The page's JSON schema box: answers that follow it (and Compare's, both ways), one line for a box it cannot use,
+free text with the box empty; grammar-forced guesses counted as their own source in the readout and the highlighter."""
+
+import json
+
+import jsonschema
+import pytest
+
+from app.chat_service import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK, ChatService, Highlighter, format_readout
+from app.history import ConversationStore
+from app.ui import Handlers, marked_answer, new_session
+from ppd_core.stats import GenerationStats, StepStats
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "city": {"type": "string", "enum": ["Paris", "Berlin", "Rome"]}},
+          "required": ["name", "age", "city"]}
+QUESTION = "Extract the person as JSON: Anna is 31 and lives in Rome."
+KEEP = {"__type__": "update"}
+
+
+def settings(schema: str = "", max_new: int = 96, highlight: bool = False) -> tuple:
+    """The page's settings inputs (``SettingsPanel.inputs``): greedy, PPD on, penalties off, then the schema box."""
+    return ("", 0.0, 1.0, max_new, True, "lossless", highlight, 0, 1.0, 64, 0.0, 0.0, schema)
+
+
+@pytest.fixture()
+def page(llama_default, tmp_path):
+    """Handlers over the default GGUF (llama.cpp's grammar engine) and a new page."""
+    llama_default.forget_conversation()
+    return Handlers(ChatService(llama_default), ConversationStore(tmp_path / "c")), new_session()
+
+
+def answered(handlers: Handlers, session, message: str, inputs: tuple) -> tuple[str, str, str]:
+    """``message`` sent from the page: (the answer on the page, the readout, the note) of its last update."""
+    chat = readout = note = None
+    for update in handlers.send(message, session, *inputs):
+        chat = update[0] if update[0] != KEEP else chat
+        readout = update[2] if update[2] != KEEP else readout
+        note = update[3] if update[3] != KEEP else note
+    return chat[-1]["content"], readout, note
+
+
+def test_a_schema_in_the_box_constrains_the_answers_and_compare(page):
+    handlers, session = page
+    text, readout, note = answered(handlers, session, QUESTION, settings(json.dumps(PERSON), highlight=True))
+    jsonschema.validate(json.loads(text), PERSON)
+    assert "grammar " in readout and "forced tokens right" in readout and "follows the JSON schema" in note
+    plain, ppd, verdict = handlers.compare(session, "", 96, json.dumps(PERSON), 1.0, 64, 0.0, 0.0)
+    result = handlers.service.last_comparison
+    for answer in (result.vanilla_text, result.ppd_text):
+        jsonschema.validate(json.loads(answer), PERSON)
+    assert "Greedy outputs: identical." in verdict
+
+
+@pytest.mark.parametrize("box, line", [
+    ('{"type": "object",', "the JSON schema box does not hold JSON: "),
+    ("[1, 2]", "the JSON schema box: a JSON schema is an object"),
+    ('{"type": "string", "maxLength": -1}', "the JSON schema box: minItems, maxItems, minLength and maxLength"),
+])
+def test_a_box_it_cannot_use_is_one_line_and_the_message_stays_in_the_textbox(page, box, line):
+    handlers, session = page
+    answered(handlers, session, "Hello there.", settings(max_new=16))
+    before = list(session.conversation.messages)
+    updates = list(handlers.send(QUESTION, session, *settings(box)))
+    assert len(updates) == 1
+    chat, textbox, _, note, *_ = updates[0]
+    assert textbox == KEEP and note.startswith(line) and "\n" not in note  # the textbox keeps the text
+    assert session.conversation.messages == before == handlers.store.load(session.conversation.id).messages
+    [(_, _, note, *_)] = handlers.regenerate(session, *settings(box))  # Regenerate keeps the last answer
+    assert note.startswith(line) and session.conversation.messages == before
+    _, _, verdict = handlers.compare(session, "", 16, box)
+    assert verdict.startswith(line)
+
+
+def test_an_empty_box_answers_free_text_as_before(page, llama_default):
+    handlers, session = page
+    text, readout, note = answered(handlers, session, "Hello there.", settings("  ", max_new=24))
+    ids = llama_default.chat_ids([{"role": "user", "content": "Hello there."}])
+    assert text == llama_default.generate(ids, "vanilla", 24).text
+    assert "grammar" not in readout and "JSON schema" not in note
+
+
+def test_grammar_guesses_are_their_own_source_after_the_lookups():
+    """A path's accepted guesses: prompt tokens', then the lookup's, then the grammar's; the model's own token last."""
+
+    class Pieces:  # a tokenizer whose token ``n`` reads "wn "
+        def text_stream(self):
+            return type("Stream", (), {"add": lambda self, token: f"w{token} "})()
+
+    step = StepStats(tokens=[1, 2, 3, 4, 5, 6], from_guesses=5, tree_tokens=20, seconds=0.01, from_lookup=2,
+                     from_grammar=2, chain=3, forced=4)
+    highlighter = Highlighter(Pieces())
+    highlighter.add(step.tokens, step.from_guesses, step.from_lookup, step.from_grammar)
+    assert [source for _, source in highlighter.pieces] == ["prompt tokens", "lookup", "lookup", "grammar", "grammar", None]
+    assert highlighter.html == (f"{PROMPT_MARK}w1 </mark>{LOOKUP_MARK}w2 </mark>{LOOKUP_MARK}w3 </mark>"
+                                f"{GRAMMAR_MARK}w4 </mark>{GRAMMAR_MARK}w5 </mark>w6 ")
+    assert "forced by the JSON schema" in marked_answer(highlighter.html)
+    assert "forced by" not in marked_answer(f"{PROMPT_MARK}w1 </mark>")
+
+    stats = GenerationStats(prefill_seconds=0.1, decode_seconds=0.1)
+    stats.add(step)
+    constrained = format_readout(stats, "2.00x", True, grammar=True)
+    assert "(guessed per step: prompt tokens 1.00, lookup 2.00, grammar 2.00)" in constrained
+    assert "grammar: 2 of 4 forced tokens right" in constrained
+    free = format_readout(stats, "2.00x", True)  # a free-text answer's readout, as before
+    assert "(guessed per step: prompt tokens 1.00, lookup 2.00)" in free and "grammar" not in free
