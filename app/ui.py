@@ -586,7 +586,9 @@ class Handlers:
         self._export_dir = self._export_dir or export_folder()
         return str(self.store.export(session.conversation, kind, self._export_dir))
 
-    def compare(self, session: Session, system: str, max_new: int, schema: str = "", *penalties):
+    def compare(self, session: Session, system: str, max_new: int, *penalties_and_schema):
+        """Compare the last user message both ways; the inputs after ``max_new``: the repetition penalties
+        (``PENALTY_FIELDS``), then the JSON schema box (each left out: its default)."""
         messages = list(session.conversation.messages)
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()
@@ -594,8 +596,8 @@ class Handlers:
             gr.Warning("Send a message first, then compare.")
             return gr.update(), gr.update(), "Send a message first, then compare."
         try:
-            settings = ChatSettings(system, max_new_tokens=int(max_new), schema=schema,
-                                    **dict(zip(PENALTY_FIELDS, penalties)))
+            settings = ChatSettings(system, max_new_tokens=int(max_new),
+                                    **dict(zip((*PENALTY_FIELDS, "schema"), penalties_and_schema)))
             result = self.service.compare(messages, settings)
         except PpdError as error:  # too long, or ppd busy
             gr.Warning(str(error))
@@ -687,7 +689,7 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
         wire_chat(handlers, session, chat, settings, history, device)
         wire_history(handlers, session, chat, settings, history)
         compare.button.click(handlers.compare,
-                             [session, settings.system, settings.max_new, settings.schema, *settings.penalties],
+                             [session, settings.system, settings.max_new, *settings.penalties, settings.schema],
                              [compare.plain, compare.ppd, compare.verdict],
                              **MODEL, api_name="compare")
         calibration.button.click(handlers.calibrate, None, [calibration.curve, calibration.summary, device],

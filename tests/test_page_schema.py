@@ -45,7 +45,7 @@ def test_a_schema_in_the_box_constrains_the_answers_and_compare(page):
     text, readout, note = answered(handlers, session, QUESTION, settings(json.dumps(PERSON), highlight=True))
     jsonschema.validate(json.loads(text), PERSON)
     assert "grammar " in readout and "forced tokens right" in readout and "follows the JSON schema" in note
-    plain, ppd, verdict = handlers.compare(session, "", 96, json.dumps(PERSON), 1.0, 64, 0.0, 0.0)
+    plain, ppd, verdict = handlers.compare(session, "", 96, 1.0, 64, 0.0, 0.0, json.dumps(PERSON))
     result = handlers.service.last_comparison
     for answer in (result.vanilla_text, result.ppd_text):
         jsonschema.validate(json.loads(answer), PERSON)
@@ -68,7 +68,7 @@ def test_a_box_it_cannot_use_is_one_line_and_the_message_stays_in_the_textbox(pa
     assert session.conversation.messages == before == handlers.store.load(session.conversation.id).messages
     [(_, _, note, *_)] = handlers.regenerate(session, *settings(box))  # Regenerate keeps the last answer
     assert note.startswith(line) and session.conversation.messages == before
-    _, _, verdict = handlers.compare(session, "", 16, box)
+    _, _, verdict = handlers.compare(session, "", 16, 1.0, 64, 0.0, 0.0, box)
     assert verdict.startswith(line)
 
 
