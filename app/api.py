@@ -44,6 +44,8 @@ from app.chat_service import ChatService, ModelChanged
 from app.model_catalog import available, public_name
 from app.model_queue import Busy, Queued
 from app.structured import FieldError, response_grammar
+from app.tools import HeldText, ToolPlan, call_grammar, parse, plan_tools, template_format
+from app.tools import prompt as tool_prompt
 from ppd_core.engine import (MAX_TOP_LOGPROBS, ChosenSampling, ModelSnapshot, SamplingParams, UnencodableText,
                              live_llama_cpp_models, utf8)
 from ppd_core.errors import PpdError
@@ -51,7 +53,7 @@ from ppd_core.errors import PpdError
 log = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 4  # as OpenAI
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streamed request checks its client
 MAX_BODY_BYTES = 1 << 20  # request bodies beyond 1 MB are refused with 413
 DRAIN_BYTES = 16 << 20  # an oversized body is read (and dropped) up to this much before the 413, so the client sees it
@@ -86,6 +88,9 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: str
     content: Any = None  # a string or a list of text parts: checked by ``message_text``, with a clearer message
+    tool_calls: Any = None  # an assistant's earlier calls (``app.tools``): checked by ``tool_calls_of``
+    tool_call_id: Any = None  # a tool message's: the call it answers
+    name: Any = None  # a tool message's: the function's name (optional)
 
 
 class StreamOptions(BaseModel):
@@ -111,9 +116,9 @@ class RequestFields(BaseModel):
     frequency_penalty: float | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # 0 to 20 alternatives per token; needs logprobs
-    # refused unless neutral: ppd does not implement them
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
+    tools: list[Any] | None = None  # OpenAI's function tools (``app.tools``); chat only
+    tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
+    functions: list[Any] | None = None  # the deprecated form of tools: refused
     response_format: dict[str, Any] | None = None  # text, json_object or json_schema (``structured``)
     grammar: str | None = None  # llama-server's: GBNF the answer follows
     # ppd's extensions (llama-server accepts top_k and the repeat penalty too, with the same meaning)
@@ -149,6 +154,7 @@ class Job:
     model: str  # the name of the model the ids were made for: a streamed answer's label
     logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
     grammar: str | None = None  # GBNF the answer follows (``structured.response_grammar``)
+    tools: ToolPlan | None = None  # the tools offered: the answer is parsed for calls (``app.tools.parse``)
     completion: bool = False  # a ``/v1/completions`` job: its answers are text_completion objects
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -226,6 +232,46 @@ def message_text(message: Message, index: int) -> str:
     return "".join(parts)
 
 
+def optional_text(value: Any, param: str) -> str | None:
+    """An optional string field of a message (a tool call's id), checked."""
+    if value is not None and not isinstance(value, str):
+        raise ApiError(f"{param} must be a string", param)
+    return None if value is None else encodable(value, param)
+
+
+def tool_calls_of(message: Message, index: int) -> list[dict]:
+    """An assistant message's earlier tool calls, their arguments as objects (what chat templates expect)."""
+    param = f"messages[{index}].tool_calls"
+    if not isinstance(message.tool_calls, list) or not message.tool_calls:
+        raise ApiError(f"{param} must be a list of {{'id': ..., 'type': 'function', 'function': {{...}}}}", param)
+    calls = []
+    for number, call in enumerate(message.tool_calls):
+        at = f"{param}[{number}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise ApiError(f"{at} must be {{'id': ..., 'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}", at)
+        name = function.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ApiError(f"{at}.function.name must be a function's name", f"{at}.function.name")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = None
+        if not isinstance(arguments, dict):
+            raise ApiError(f"{at}.function.arguments must be a JSON object (as text)", f"{at}.function.arguments")
+        try:
+            json.dumps(arguments).encode("utf-8")
+            json.dumps(arguments, ensure_ascii=False).encode("utf-8")
+        except (UnicodeEncodeError, ValueError):
+            raise ApiError(f"{at}.function.arguments has text UTF-8 cannot encode", f"{at}.function.arguments",
+                           "invalid_text") from None
+        calls.append({"id": optional_text(call.get("id"), f"{at}.id") or f"call_{number}", "type": "function",
+                      "function": {"name": encodable(name, f"{at}.function.name"), "arguments": arguments}})
+    return calls
+
+
 def chat_messages(request: ChatCompletionRequest) -> list[dict]:
     if not request.messages:
         raise ApiError("messages is empty: send at least one user message", "messages")
@@ -236,9 +282,16 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict]:
             raise ApiError(f"messages[{index}].role: unknown role {message.role!r}; use one of {roles}",
                            f"messages[{index}].role")
         text = message_text(message, index)
-        if not text.strip():
+        entry = {"role": ROLES[message.role], "content": text}
+        if message.role == "assistant" and message.tool_calls is not None:
+            entry["tool_calls"] = tool_calls_of(message, index)
+        elif message.role == "tool":
+            entry["tool_call_id"] = optional_text(message.tool_call_id, f"messages[{index}].tool_call_id") or ""
+            if message.name is not None:
+                entry["name"] = optional_text(message.name, f"messages[{index}].name")
+        elif not text.strip():
             raise ApiError(f"messages[{index}].content is empty", f"messages[{index}].content")
-        messages.append({"role": ROLES[message.role], "content": text})
+        messages.append(entry)
     if not any(m["role"] == "user" for m in messages):
         raise ApiError("messages has no user message", "messages")
     return messages
@@ -253,8 +306,10 @@ def check_unsupported(request: RequestFields) -> None:
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ApiError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}",
                            "top_logprobs")
-    if request.tools or request.functions:
-        raise ApiError("tools and functions are not supported", "tools" if request.tools else "functions")
+    if request.functions:
+        raise ApiError("functions (the deprecated form of tools) is not supported: use tools", "functions")
+    if isinstance(request, CompletionRequest) and (request.tools or request.tool_choice is not None):
+        raise ApiError("tools need /v1/chat/completions", "tools" if request.tools else "tool_choice")
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
@@ -334,16 +389,26 @@ def make_job(service: ChatService, request: ChatCompletionRequest | CompletionRe
     except PpdError as error:
         raise not_ready(service, error) from None
     model, sampling = snapshot.name, sampling_of(request, snapshot.sampling_defaults)
+    tools, variables = None, {}
     try:
         grammar = response_grammar(request.response_format, request.grammar)
+        if not completion:
+            tools = plan_tools(request.tools, request.tool_choice, engine.chat_template)
+            messages, variables = tool_prompt(messages, tools, template_format(engine.chat_template)[0])
+        if tools is not None and tools.forced:
+            if grammar is not None:
+                raise FieldError("tool_choice 'required' or a named function cannot be combined with response_format "
+                                 "or grammar", "tool_choice")
+            grammar = call_grammar(tools)
         if grammar is not None:
             engine.check_grammar(grammar)
     except FieldError as error:
         raise ApiError(str(error), error.param) from None
     except PpdError as error:
-        raise ApiError(str(error), "grammar" if request.grammar is not None else "response_format") from None
+        named = "tool_choice" if tools is not None and tools.forced else None
+        raise ApiError(str(error), named or ("grammar" if request.grammar is not None else "response_format")) from None
     try:
-        ids = engine.tokenizer.encode(prompt) if completion else engine.chat_ids(messages)
+        ids = engine.tokenizer.encode(prompt) if completion else engine.chat_ids(messages, **variables)
     except PpdError as error:
         raise ApiError(str(error), field) from None
     if completion and limit is None:
@@ -362,7 +427,7 @@ def make_job(service: ChatService, request: ChatCompletionRequest | CompletionRe
         id=f"{'cmpl' if completion else 'chatcmpl'}-{uuid.uuid4().hex}", ids=ids,
         max_new_tokens=limit if limit is not None else context - len(ids), sampling=sampling, stop=stops,
         include_usage=bool(request.stream_options and request.stream_options.include_usage), model=model,
-        logprobs=logprobs, grammar=grammar, completion=completion,
+        logprobs=logprobs, grammar=grammar, tools=tools, completion=completion,
     )
 
 
@@ -818,11 +883,17 @@ class OpenAIApi:
                     "model": answered_by(job, outcome),
                     "choices": text_choice(outcome.text, finish_reason(outcome), legacy_logprobs(outcome.logprobs)),
                     "usage": usage(job, outcome), "ppd": ppd_figures(job, outcome)}
+        message, reason = {"role": "assistant", "content": outcome.text}, finish_reason(outcome)
+        if job.tools is not None and outcome.text is not None:
+            content, calls = parse(outcome.text, job.tools.names)
+            message["content"] = content
+            if calls:
+                message["tool_calls"], reason = [call.openai() for call in calls], "tool_calls"
         return {
             "id": job.id, "object": "chat.completion", "created": job.created, "model": answered_by(job, outcome),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": outcome.text},
+            "choices": [{"index": 0, "message": message,
                          "logprobs": None if outcome.logprobs is None else {"content": outcome.logprobs, "refusal": None},
-                         "finish_reason": finish_reason(outcome)}],
+                         "finish_reason": reason}],
             "usage": usage(job, outcome),
             "ppd": ppd_figures(job, outcome),
         }
@@ -831,6 +902,7 @@ class OpenAIApi:
         """Server-sent events, labelled with the job's model; a disconnect cancels this generator, and ``finally`` stops
         the decoding."""
         model, offset = job.model, 0
+        held, waiting = (HeldText(job.tools.names) if job.tools is not None else None), []  # text and logprobs held back
         try:
             if not job.completion:
                 yield chunk(job, model, choice({"role": "assistant", "content": ""}))
@@ -840,6 +912,13 @@ class OpenAIApi:
                     text, entries = value
                     yield chunk(job, model, text_choice(text, logprobs=legacy_logprobs(entries, offset)))
                     offset += len(text)
+                elif kind == "text" and held is not None:  # what may still be a tool call waits
+                    text, entries = value
+                    waiting += entries or []
+                    text = held.feed(text)
+                    if text:
+                        yield chunk(job, model, choice({"content": text}, logprobs=waiting if entries is not None else None))
+                        waiting = []
                 elif kind == "text":
                     text, entries = value
                     yield chunk(job, model, choice({"content": text}, logprobs=entries))
@@ -848,8 +927,18 @@ class OpenAIApi:
                     yield sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
                     break
                 else:
-                    outcome = value
-                    last = text_choice("", finish_reason(outcome)) if job.completion else choice({}, finish_reason(outcome))
+                    outcome, reason = value, finish_reason(value)
+                    if held is not None:
+                        rest, calls = held.finish()
+                        if rest or waiting:
+                            yield chunk(job, model, choice({"content": rest}, logprobs=waiting or None))
+                        for index, call in enumerate(calls):  # OpenAI's shape: the name, then the arguments
+                            start = {**call.openai(index), "function": {"name": call.name, "arguments": ""}}
+                            yield chunk(job, model, choice({"tool_calls": [start]}))
+                            yield chunk(job, model, choice({"tool_calls": [
+                                {"index": index, "function": {"arguments": call.arguments}}]}))
+                        reason = "tool_calls" if calls else reason
+                    last = text_choice("", reason) if job.completion else choice({}, reason)
                     yield chunk(job, model, last, ppd=ppd_figures(job, outcome))
                     if job.include_usage:  # OpenAI's last chunk: no choices, the usage
                         yield chunk(job, model, [], usage=usage(job, outcome))

@@ -352,11 +352,18 @@ class Engine:
     def set_tree(self, family: TreeFamily) -> None:
         self.family = vanilla_family() if self.plain_only else family
 
-    def chat_ids(self, messages: Sequence[dict]) -> list[int]:
-        """Token ids of a conversation in the model's chat template, ready for the answer."""
+    def chat_ids(self, messages: Sequence[dict], **variables) -> list[int]:
+        """Token ids of a conversation in the model's chat template, ready for the answer; ``variables`` (such as
+        ``tools=[...]``) reach the template."""
         if not messages or not any(str(m.get("content", "")).strip() for m in messages if m.get("role") == "user"):
             raise PpdError("the message is empty")
-        return chat_ids(self.tokenizer, messages)
+        return chat_ids(self.tokenizer, messages, **variables)
+
+    @property
+    def chat_template(self) -> str:
+        """The chat template's source ("" where the tokenizer names none)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else ""
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of raw text to complete (a model without a chat template: ``ppd generate``)."""

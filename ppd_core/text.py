@@ -33,8 +33,9 @@ def utf8(text: str, name: str = "the text") -> bytes:
                               f"(a lone UTF-16 surrogate) at position {error.start}") from None
 
 
-def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
-    """Token ids of ``messages`` in the model's chat template, ready for the assistant's answer; UnencodableText for
+def chat_ids(tokenizer, messages: Sequence[dict], **variables) -> list[int]:
+    """Token ids of ``messages`` in the model's chat template, ready for the assistant's answer (``variables``, such as
+    ``tools=[...]``, reach the template); UnencodableText for
     a message with a lone surrogate. Special-token text inside a message stays plain text: a GGUF's tokenizer sees
     to it (``plain_content_ids``), transformers' with ``sanitize_control_tokens``, only for messages that hold such
     text (the others get exactly the ids of the rendered template)."""
@@ -44,7 +45,8 @@ def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
                 utf8(value, f"message {index + 1}'s {key}")
     sanitize = {"sanitize_control_tokens": True} if hf_control_text(tokenizer, messages) else {}
     try:
-        encoded = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, **sanitize)
+        encoded = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, **sanitize,
+                                                 **variables)
     except ValueError as error:  # transformers: a control token it cannot write as text (a PpdError passes as is)
         if not sanitize or isinstance(error, PpdError):
             raise
