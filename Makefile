@@ -22,6 +22,8 @@ LLAMA_CUDA := $(if $(and $(NVCC),$(NVIDIA_GPU)),-DGGML_CUDA=on -DCMAKE_CUDA_COMP
 LLAMA_ARGS := -DLLAVA_BUILD=OFF -DGGML_LLAMAFILE=OFF $(LLAMA_CMAKE_ARGS) $(LLAMA_CUDA)
 # the built wheel, kept per version, build options and CPU (-march=native): later set-ups install it in seconds
 LLAMA_WHEELS := $(HOME)/.cache/ppd-build/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(shell (echo '$(LLAMA_ARGS)'; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null; uname -m) | sha256sum | cut -c1-16)
+# llama.cpp's JSON-schema converter (llama-server's), built from the same source (ppd_core/native; about 30 s)
+SCHEMA_LIB := $(LLAMA_WHEELS)/libppd_schema-$(shell sha256sum ppd_core/native/schema_grammar.cpp ppd_core/native/build.py | sha256sum | cut -c1-8).so
 
 .PHONY: setup chat test browser bench gpu-check clean
 
@@ -50,6 +52,9 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl \
 		&& $(PY) -m pip install -q "numpy>=1.20" "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5" \
 		|| echo "ppd: llama-cpp-python is not installed; GGUF files cannot load"
+	ls $(SCHEMA_LIB) >/dev/null 2>&1 || $(PY) -m ppd_core.native.build $(LLAMA_CPP_VERSION) $(SCHEMA_LIB) \
+		|| echo "ppd: llama.cpp's JSON-schema converter did not build; schemas use llama-cpp-python's older port"
+	mkdir -p $(VENV)/share/ppd && { cp $(SCHEMA_LIB) $(VENV)/share/ppd/libppd_schema.so 2>/dev/null || true; }
 	touch $@
 
 chat: setup

@@ -84,6 +84,6 @@ def checked_schema_grammar(schema: Any, param: str) -> str:
         raise FieldError(f"minItems, maxItems, minLength and maxLength must be whole numbers from 0 to {MAX_COUNT}",
                          param)
     try:
-        return schema_grammar(schema)
+        return schema_grammar(schema or {"type": "object"})  # llama-server's rule: an empty schema means any object
     except GrammarError as error:
         raise FieldError(str(error), param) from None

@@ -7,10 +7,9 @@ argmax if the grammar allows it, else the argmax of the masked row), so that gre
 llama-server's. In a tree step each row's state is its parent's with the row's token accepted (``child``), made only
 for the rows verification reaches; rejected branches leave nothing behind.
 
-JSON schemas become GBNF through llama-cpp-python's port of llama.cpp's converter (``json_schema_to_gbnf``);
-``response_format`` {"type": "json_object"} is its JSON grammar (``JSON_GBNF``). The port is older than the C++
-converter llama-server uses (common/json-schema-to-grammar.cpp: other whitespace rules, among others), so ppd's
-answers equal llama-server's given the same GBNF (its ``grammar`` field), not yet given the same schema.
+JSON schemas become GBNF through llama.cpp's own converter (common/json-schema-to-grammar.cpp, built at set-up:
+``ppd_core.native``), the one llama-server applies to ``response_format``, so a schema constrains ppd's answers as it
+constrains llama-server's; ``response_format`` {"type": "json_object"} is the schema {"type": "object"}, as there.
 """
 
 from __future__ import annotations
@@ -31,20 +30,21 @@ class GrammarError(PpdError):
 
 
 def schema_grammar(schema: dict | bool) -> str:
-    """GBNF for a JSON schema (llama.cpp's converter, as llama-cpp-python ports it)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: PLC0415 - with llama.cpp only
+    """GBNF for a JSON schema: llama.cpp's own converter, llama-server's (``ppd_core.native``), where the set-up built
+    it; else llama-cpp-python's older port of it (other whitespace rules, among others)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: PLC0415 - loads llama.cpp: the converter needs it
+
+    from ppd_core.native.schema import converter, schema_to_gbnf  # noqa: PLC0415
 
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except Exception as error:  # noqa: BLE001 - the converter's own errors are of every kind
+        return schema_to_gbnf(schema) if converter() is not None else json_schema_to_gbnf(json.dumps(schema))
+    except Exception as error:  # noqa: BLE001 - the converters' own errors are of every kind
         raise GrammarError(f"this JSON schema cannot be turned into a grammar: {error}") from None
 
 
 def json_grammar() -> str:
-    """GBNF for any JSON value (``response_format`` json_object): llama-cpp-python's ``JSON_GBNF``."""
-    from llama_cpp.llama_grammar import JSON_GBNF  # noqa: PLC0415
-
-    return JSON_GBNF
+    """GBNF for ``response_format`` json_object without a schema: any JSON object, as llama-server makes it."""
+    return schema_grammar({"type": "object"})
 
 
 class Grammar:

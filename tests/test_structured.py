@@ -39,6 +39,21 @@ SCHEMAS = [
 ANSWER = 80
 
 
+def test_schemas_become_the_grammar_llama_server_makes_of_them():
+    """The set-up built llama.cpp's own converter (llama-server's, common/json-schema-to-grammar.cpp) and schemas go
+    through it: its whitespace rule and integer bounds (from llama.cpp's tests/test-json-schema-to-grammar.cpp; the
+    older Python port gives `" "?` and no bound); json_object and an empty schema are any object, as there."""
+    from ppd_core.grammar import json_grammar
+    from ppd_core.native.schema import converter
+
+    assert converter() is not None, "make setup did not build ppd_core/native (llama.cpp's schema converter)"
+    assert schema_grammar({"type": "integer", "minimum": 3}).split("\n")[:2] == [
+        "root ::= ([1-2] [0-9]{1,15} | [3-9] [0-9]{0,15})", 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}']
+    assert "root ::= object" in json_grammar()
+    with pytest.raises(Exception, match="unrecognized type foo"):
+        schema_grammar({"type": "foo"})
+
+
 def test_the_constrained_argmax_is_the_masked_rows_argmax(llama_default):
     """``Grammar.best`` (the row's argmax where allowed, else a few likeliest, else the whole masked row) is the
     argmax of the row with every forbidden token at -inf, in every state of a real answer."""
