@@ -81,7 +81,7 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict], str, str | No
         if not isinstance(parameters, dict):
             raise FieldError(f"{param}.function.parameters must be a JSON schema object", f"{param}.function.parameters")
         try:
-            json.dumps(parameters).encode()
+            json.dumps(function, ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError, UnicodeEncodeError):
             raise FieldError(f"{param}.function has text UTF-8 cannot encode", f"{param}.function") from None
     kind, name = choice_of(tool_choice, names)
@@ -123,7 +123,7 @@ def template_format(source: str | None) -> tuple[bool, str]:
 def plan_tools(tools: Any, tool_choice: Any, template: str | None) -> ToolPlan | None:
     """The request's plan; None where no tools are offered to the model (none given, or tool_choice 'none')."""
     tools, kind, name = check_tools(tools, tool_choice)
-    if kind == "none":
+    if kind == "none" or not tools:
         return None
     native, form = template_format(template)
     return ToolPlan(tools, kind, name, form, native, {tool["function"]["name"] for tool in tools})

@@ -206,3 +206,18 @@ def test_several_calls_text_before_them_and_text_that_is_no_call():
                  '<tool_call>{"name": "get_weather", "arguments": {"city": ', '[1, 2, 3]', '{"name": "other", "parameters": {}}'):
         assert parse(text, {"get_weather"}) == (text, [])
     assert parse('{"response": "It is sunny."}') == ("It is sunny.", [])  # the generic format's answer
+
+
+def test_auto_answers_text_or_a_call_and_plain_text_still_streams(served):  # noqa: F811
+    client, service, app, url = served
+    whole = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="auto", temperature=0,
+                                           max_tokens=24).choices[0]
+    chunks = list(client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="auto",
+                                                 temperature=0, max_tokens=24, stream=True))
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    if whole.message.tool_calls:
+        assert whole.finish_reason == "tool_calls" and all(checked_call(c) for c in whole.message.tool_calls)
+    else:
+        assert "".join(pieces) == whole.message.content and whole.finish_reason in ("stop", "length")
+        if not whole.message.content.lstrip().startswith(("{", "[")):  # no call can begin: it streams as it grows
+            assert len(pieces) > 1
