@@ -29,7 +29,7 @@ SCHEMA_LIB := $(LLAMA_WHEELS)/libppd_schema-$(shell sha256sum ppd_core/native/sc
 
 setup: $(SETUP_STAMP)
 
-$(SETUP_STAMP): pyproject.toml Makefile
+$(SETUP_STAMP): pyproject.toml Makefile ppd_core/native/schema_grammar.cpp ppd_core/native/build.py
 	test -x $(PY) || python3 -m venv $(if $(filter 1,$(SYSTEM_PACKAGES)),--system-site-packages) $(VENV)
 	# A torch the environment already has (JetPack's, a CUDA build) is kept; only where none is importable does
 	# this pin take the local CPU build here (a CUDA build from PyPI elsewhere). One too old for transformers stops

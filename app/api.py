@@ -43,7 +43,7 @@ from starlette.routing import Mount, Route
 from app.chat_service import ChatService, ModelChanged
 from app.model_catalog import available, public_name
 from app.model_queue import Busy, Queued
-from app.structured import FieldError, response_grammar
+from app.structured import FieldError, JsonContent, json_content, response_grammar
 from app.tools import HeldText, ToolPlan, call_grammar, parse, plan_tools, template_format
 from app.tools import prompt as tool_prompt
 from ppd_core.engine import (MAX_TOP_LOGPROBS, ChosenSampling, ModelSnapshot, SamplingParams, UnencodableText,
@@ -154,6 +154,7 @@ class Job:
     model: str  # the name of the model the ids were made for: a streamed answer's label
     logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
     grammar: str | None = None  # GBNF the answer follows (``structured.response_grammar``)
+    json_content: bool = False  # a chat's response_format: the content is the answer's JSON (``structured.json_content``)
     tools: ToolPlan | None = None  # the tools offered: the answer is parsed for calls (``app.tools.parse``)
     completion: bool = False  # a ``/v1/completions`` job: its answers are text_completion objects
     created: int = field(default_factory=lambda: int(time.time()))
@@ -391,7 +392,8 @@ def make_job(service: ChatService, request: ChatCompletionRequest | CompletionRe
     model, sampling = snapshot.name, sampling_of(request, snapshot.sampling_defaults)
     tools, variables = None, {}
     try:
-        grammar = response_grammar(request.response_format, request.grammar)
+        grammar = response_grammar(request.response_format, request.grammar, chat=not completion)
+        json_answer = grammar is not None and request.grammar is None and not completion
         if not completion:
             tools = plan_tools(request.tools, request.tool_choice, engine.chat_template)
             messages, variables = tool_prompt(messages, tools, template_format(engine.chat_template)[0])
@@ -427,7 +429,7 @@ def make_job(service: ChatService, request: ChatCompletionRequest | CompletionRe
         id=f"{'cmpl' if completion else 'chatcmpl'}-{uuid.uuid4().hex}", ids=ids,
         max_new_tokens=limit if limit is not None else context - len(ids), sampling=sampling, stop=stops,
         include_usage=bool(request.stream_options and request.stream_options.include_usage), model=model,
-        logprobs=logprobs, grammar=grammar, tools=tools, completion=completion,
+        logprobs=logprobs, grammar=grammar, json_content=json_answer, tools=tools, completion=completion,
     )
 
 
@@ -477,6 +479,8 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
     queued = time.monotonic()
     outcome = Outcome("cancelled")
     cutter = StopCutter(job.stop)
+    content = JsonContent(emit) if job.json_content else None  # a response_format's JSON, out of its fence
+    emit = content.feed if content is not None else emit
     entries = None  # the answer's logprobs entries (asked for), and how many went out with text so far
     event = None
     events = service.decode(job.ids, "ppd", job.max_new_tokens, job.sampling, reuse_cache=False, stop=cancelled.is_set,
@@ -494,12 +498,16 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
             if not answer_step(event, outcome, cutter, cancelled, emit, entries):
                 break
         finished = time.time()  # before the turn ends (closing ``events``): the next job starts after it
+    if content is not None and not cancelled.is_set():
+        content.close()
     if entries is not None and (rest := entries.take()) and not cancelled.is_set():
         emit("", rest)  # tokens that added no text of their own (the end-of-turn token)
     if outcome.started_at == 0.0:  # never reached the model
         outcome.queued_seconds = time.monotonic() - queued
     elif event is not None and not isinstance(event, Queued):
         outcome.text = event.text[: cutter.sent]
+        if job.json_content:
+            outcome.text = json_content(outcome.text)
         outcome.completion_tokens = len(event.tokens)
         outcome.stats = event.stats
         outcome.logprobs = entries.all if entries is not None else None

@@ -4,6 +4,7 @@ and llama-server's raw ``grammar``; bad ones are a 400 naming the field."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ppd_core.engine import GrammarError, json_grammar, schema_grammar
@@ -46,8 +47,9 @@ def keyed(value: Any):
             stack.extend(item)
 
 
-def response_grammar(response_format: dict[str, Any] | None, grammar: str | None) -> str | None:
-    """The GBNF the answer must follow, or None for free text."""
+def response_grammar(response_format: dict[str, Any] | None, grammar: str | None, chat: bool = True) -> str | None:
+    """The GBNF the answer must follow, or None for free text. A chat's ``response_format`` gets llama-server's chat
+    grammar (the JSON bare or in a ```json fence: ``json_content`` takes it out), a completion's the schema's own."""
     kind = (response_format or {}).get("type", "text")
     if grammar is not None and kind != "text":
         raise FieldError("give either grammar or a response_format with a schema, not both", "grammar")
@@ -61,18 +63,21 @@ def response_grammar(response_format: dict[str, Any] | None, grammar: str | None
         return None
     if kind == "json_object":
         schema = response_format.get("schema")  # llama-server also takes a schema here
-        return json_grammar() if schema is None else checked_schema_grammar(schema, "response_format.schema")
+        if schema is None:
+            return json_grammar() if chat else checked_schema_grammar({}, "response_format")
+        return checked_schema_grammar(schema, "response_format.schema", chat)
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
             raise FieldError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
                              "response_format.json_schema")
-        return checked_schema_grammar(spec["schema"], "response_format.json_schema.schema")
+        return checked_schema_grammar(spec["schema"], "response_format.json_schema.schema", chat)
     raise FieldError(f"response_format type must be text, json_object or json_schema, got {kind!r}",
                      "response_format.type")
 
 
-def checked_schema_grammar(schema: Any, param: str) -> str:
+def checked_schema_grammar(schema: Any, param: str, response_format: bool = False) -> str:
+    """``schema_grammar`` for a schema from a request (its ``param``), a FieldError where it cannot be used."""
     if not isinstance(schema, (dict, bool)):
         raise FieldError("a JSON schema is an object", param)
     if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
@@ -84,6 +89,48 @@ def checked_schema_grammar(schema: Any, param: str) -> str:
         raise FieldError(f"minItems, maxItems, minLength and maxLength must be whole numbers from 0 to {MAX_COUNT}",
                          param)
     try:
-        return schema_grammar(schema or {"type": "object"})  # llama-server's rule: an empty schema means any object
+        # llama-server's rule: an empty schema means any object
+        return schema_grammar(schema or {"type": "object"}, response_format)
     except GrammarError as error:
         raise FieldError(str(error), param) from None
+
+
+FENCE_OPEN, FENCE_CLOSE = "```json", "```"
+
+
+def json_content(text: str, final: bool = True) -> str:
+    """The JSON of a chat answer to a ``response_format`` (llama-server's content): without the whitespace around it
+    and the ```json fence it may be in. Before the answer's end (``final`` False), what may still turn out to be
+    fence or whitespace is left out, so each result begins with the one before it."""
+    body = text.lstrip()
+    if FENCE_OPEN.startswith(body):
+        return ""  # a fence, or nothing yet
+    fenced = body.startswith(FENCE_OPEN)
+    if fenced:
+        body = body[len(FENCE_OPEN):].lstrip()
+    if final and fenced and body.rstrip().endswith(FENCE_CLOSE):
+        body = body.rstrip()[: -len(FENCE_CLOSE)]
+    body = body.rstrip()
+    return body if final or not fenced else body.rstrip("`").rstrip()
+
+
+class JsonContent:
+    """``json_content`` for a streamed answer: ``emit`` hears the JSON as it grows (``feed``), the rest at ``close``."""
+
+    def __init__(self, emit: Callable[[str, Any], None]):
+        self.emit, self.text, self.sent = emit, "", 0
+
+    def feed(self, piece: str, extra: Any = None) -> None:
+        self.text += piece
+        self._send(False, extra)
+
+    def close(self) -> str:
+        """Send what is left; the whole JSON."""
+        return self._send(True, None)
+
+    def _send(self, final: bool, extra: Any) -> str:
+        content = json_content(self.text, final)
+        piece, self.sent = content[self.sent:], max(self.sent, len(content))
+        if piece or extra:
+            self.emit(piece, extra)
+        return content

@@ -18,6 +18,7 @@ import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
+from ppd_core.forced import ForcedText, allowed_prefix
 from ppd_core.grammar import Grammar
 from ppd_core.logprobs import token_logprobs
 from ppd_core.lookup import ChainedTrees, NgramIndex, match_class, right_guesses
@@ -70,6 +71,8 @@ class Request:
     logprobs: int | None = None  # report each token's log-probability and this many alternatives; None: none
     chains: ChainPolicy | None = None  # lookup chains copied from the conversation, and how long; None: none
     grammar: Grammar | None = None  # the answer must follow it (a fresh state, advanced as tokens are emitted)
+    forced: ForcedText | None = None  # with ``grammar``: the text it forces, drafted as a chain ...
+    forced_chains: ChainPolicy | None = None  # ... this long (one match class, 0)
 
 
 @dataclass
@@ -195,21 +198,37 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
 
         # the depth-0 tree (no guesses yet) only attaches prompt tokens to the root
         tree = speculator.family.for_depth(0 if state.guesses is None else state.guesses.shape[0])
+        room = max(0, decoder.max_tree_rows - tree.num_tokens)  # rows left for a chain
         offered, match, drafted = [], 0, 0  # the lookup's proposal, its match class, the tokens drafted of it
         if lookup is not None:
             lookup.extend(stats.tokens)
             offered, match = lookup.propose(chains.longest)
+            if offered and state.grammar is not None:
+                offered = allowed_prefix(state.grammar, offered)  # never draft what the grammar forbids
             if offered:
                 match = match_class(match)
-                drafted = min(chains.length(match, len(offered)), max(0, decoder.max_tree_rows - tree.num_tokens))
-                if drafted:
-                    tree, state.guesses = chained.step(tree, state.guesses, offered[:drafted])
+                drafted = min(chains.length(match, len(offered)), room)
+        forced, forcing = [], 0  # the grammar's forced text, the tokens drafted of it
+        if request.forced is not None:
+            request.forced.observe(stats.tokens)
+            forced = request.forced.propose(state.grammar, request.forced_chains.longest)
+            forcing = min(request.forced_chains.length(0, len(forced)), room) if forced else 0
+        if forcing and forcing >= drafted:  # one chain a step: the grammar's where it is at least as long
+            chain, drafted = forced[:forcing], 0
+        else:
+            chain, forcing = offered[:drafted], 0
+        if chain:
+            tree, state.guesses = chained.step(tree, state.guesses, chain)
         if prompt_end + len(produced) - 1 + tree.max_offset >= max_context:
-            tree, drafted = last_resort, 0  # no room left for guesses near the end of the context
+            tree, drafted, forcing = last_resort, 0, 0  # no room left for guesses near the end of the context
         stats = tree_step(speculator, state, tree)
         if offered:  # the emitted tokens show how much of the proposal was right, drafted or not
             chains.observe(match, right_guesses(offered, stats.tokens, 0), drafted, len(offered))
             stats.chain, stats.chain_match = drafted, match
+        if forced:
+            request.forced_chains.observe(0, right_guesses(forced, stats.tokens, 0), forcing, len(forced))
+            if forcing:  # the chain's accepted tokens were the grammar's
+                stats.from_grammar, stats.from_lookup, stats.forced = stats.from_lookup, 0, forcing
         if request.guess_hook is not None and state.guesses is not None:
             state.guesses = request.guess_hook(produced + stats.tokens, state.guesses)
 

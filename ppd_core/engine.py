@@ -23,7 +23,7 @@ from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, 
 from ppd_core.calibration.curves import LatencyCurve, read_curve
 from ppd_core.calibration.calibrate import within
 from ppd_core.calibration.latency import mean_curve, measure_latency, step_seconds
-from ppd_core.calibration.prior import uncalibrated_chains
+from ppd_core.calibration.prior import forced_chains, uncalibrated_chains
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.calibration.type_curves import CONTEXT as TYPE_CURVE_CONTEXT, SIZES as TYPE_CURVE_SIZES  # noqa: F401
@@ -37,6 +37,7 @@ from ppd_core.engine_load import (
     EngineConfig, load_engine, model_signature, user_prompt_tokens_path,
 )
 from ppd_core.errors import PpdError
+from ppd_core.forced import ForcedText, char_tokens
 from ppd_core.loading import LoadedModel, load_model, model_path  # noqa: F401 - app/'s `ppd quantize` reads model_path
 from ppd_core.memory import limit_malloc_arenas, release_free_heap
 from ppd_core.logprobs import MAX_TOP_LOGPROBS  # noqa: F401 - app/'s API reads it here
@@ -141,6 +142,7 @@ class Engine:
         self._lookup: int | None = None  # the asked-for chain length; None: the profile's
         self.chain_policy = "adaptive"  # with a profile: chains learnt per conversation, or "fixed": calibration's
         self.awaiting_calibration = False  # --tree auto with no profile yet: plain steps and prior chains meanwhile
+        self._char_tokens: dict[str, int] | None = None  # the forced-text drafter's single-character tokens
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
@@ -234,10 +236,29 @@ class Engine:
         if self.lookup_policy() == "adaptive" and self.awaiting_calibration:
             return uncalibrated_chains()
         if self.lookup_policy() == "adaptive":
-            seconds = profile.policy.seconds(within(step_seconds(profile.latency_ms), max(mean_curve(profile.latency_ms))))
-            tokens_per_step = self.calibration_expectation()["expected_tokens_per_step"] or 1.0
-            return AdaptiveChains(profile.lookup_acceptance, seconds, tokens_per_step, self.family.trees[-1].num_tokens)
+            return AdaptiveChains(profile.lookup_acceptance, *self._chain_pricing())
         return FixedChains(self.lookup_lengths) if any(self.lookup_lengths) else None
+
+    def _chain_pricing(self) -> tuple:
+        """(seconds of a step of so many rows, tokens per step of the trees, their rows) on the profile's curve."""
+        profile = self.profile
+        seconds = profile.policy.seconds(within(step_seconds(profile.latency_ms), max(mean_curve(profile.latency_ms))))
+        tokens_per_step = self.calibration_expectation()["expected_tokens_per_step"] or 1.0
+        return seconds, tokens_per_step, self.family.trees[-1].num_tokens
+
+    def new_forced_text(self) -> ForcedText:
+        """One answer's drafter of the text its grammar forces (``ppd_core.forced``)."""
+        tokenizer = self.tokenizer
+        if self._char_tokens is None:
+            self._char_tokens = char_tokens(lambda text: tokenizer.encode(text, add_special_tokens=False))
+        return ForcedText(self._char_tokens, lambda text: tokenizer.encode(text, add_special_tokens=False),
+                          lambda token: tokenizer.token_bytes(token).decode(errors="replace"))
+
+    def new_forced_chains(self) -> ChainPolicy:
+        """How long a chain of forced text to draft: learnt per answer, priced on the profile's curve if any."""
+        if self.profile is None or self.awaiting_calibration or not self.profile.latency_ms:
+            return forced_chains()
+        return forced_chains(*self._chain_pricing())
 
     @property
     def padded_rows(self) -> int | None:
@@ -428,9 +449,12 @@ class Engine:
         if getattr(backend, "pads_steps", False):  # the profile's step shape for PPD; plain decoding is 1-token steps
             backend.pad_steps(self.padded_rows if mode == "ppd" and not self.plain_only else None)
         speculator = decoding.Speculator(backend, family, self._prompt_table)
+        forcing = constraint is not None and mode == "ppd" and not self.plain_only
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
-                                   chains=chains, grammar=constraint)
+                                   chains=chains, grammar=constraint,
+                                   forced=self.new_forced_text() if forcing else None,
+                                   forced_chains=self.new_forced_chains() if forcing else None)
         steps = decoding.generate(speculator, request)
         try:
             for step in steps:

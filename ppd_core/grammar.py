@@ -29,22 +29,26 @@ class GrammarError(PpdError):
     """A grammar or schema llama.cpp cannot use."""
 
 
-def schema_grammar(schema: dict | bool) -> str:
+def schema_grammar(schema: dict | bool, response_format: bool = False) -> str:
     """GBNF for a JSON schema: llama.cpp's own converter, llama-server's (``ppd_core.native``), where the set-up built
-    it; else llama-cpp-python's older port of it (other whitespace rules, among others)."""
+    it; else llama-cpp-python's older port of it (other whitespace rules, among others). ``response_format``: the
+    grammar llama-server gives a chat's ``response_format``, the JSON bare or in a ```json fence (``json_content``
+    takes the JSON out of the answer); without the built converter, the schema's own."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: PLC0415 - loads llama.cpp: the converter needs it
 
     from ppd_core.native.schema import converter, schema_to_gbnf  # noqa: PLC0415
 
     try:
-        return schema_to_gbnf(schema) if converter() is not None else json_schema_to_gbnf(json.dumps(schema))
+        if converter() is not None:
+            return schema_to_gbnf(schema, response_format)
+        return json_schema_to_gbnf(json.dumps(schema))
     except Exception as error:  # noqa: BLE001 - the converters' own errors are of every kind
         raise GrammarError(f"this JSON schema cannot be turned into a grammar: {error}") from None
 
 
 def json_grammar() -> str:
     """GBNF for ``response_format`` json_object without a schema: any JSON object, as llama-server makes it."""
-    return schema_grammar({"type": "object"})
+    return schema_grammar({"type": "object"}, response_format=True)
 
 
 class Grammar:

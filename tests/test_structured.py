@@ -42,14 +42,17 @@ ANSWER = 80
 def test_schemas_become_the_grammar_llama_server_makes_of_them():
     """The set-up built llama.cpp's own converter (llama-server's, common/json-schema-to-grammar.cpp) and schemas go
     through it: its whitespace rule and integer bounds (from llama.cpp's tests/test-json-schema-to-grammar.cpp; the
-    older Python port gives `" "?` and no bound); json_object and an empty schema are any object, as there."""
+    older Python port gives `" "?` and no bound); json_object and an empty schema are any object, as there; a chat's
+    response_format is the JSON bare or in a ```json fence, whitespace around it, as llama-server's chat grammar."""
     from ppd_core.grammar import json_grammar
     from ppd_core.native.schema import converter
 
     assert converter() is not None, "make setup did not build ppd_core/native (llama.cpp's schema converter)"
     assert schema_grammar({"type": "integer", "minimum": 3}).split("\n")[:2] == [
         "root ::= ([1-2] [0-9]{1,15} | [3-9] [0-9]{0,15})", 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}']
-    assert "root ::= object" in json_grammar()
+    assert "response-format-schema ::= object" in json_grammar()
+    assert 'root ::= space (space ("```json" space response-format-schema space "```" | space response-format-schema ' \
+           'space))' in json_grammar()
     with pytest.raises(Exception, match="unrecognized type foo"):
         schema_grammar({"type": "foo"})
 
@@ -67,6 +70,21 @@ def test_the_constrained_argmax_is_the_masked_rows_argmax(llama_default):
         token = grammar.best(row)
         assert token == int(np.argmax(masked))
         grammar.accept(token)
+
+
+def test_a_response_formats_json_is_taken_out_of_its_fence_as_it_streams():
+    from app.structured import JsonContent, json_content
+
+    answer = '  ```json\n{"a": "x ``` y", "b": [1, 2]}\n```\n'
+    for text in (answer, '{"a": "x ``` y", "b": [1, 2]} \n', '\n```json{"a": "x ``` y", "b": [1, 2]}```'):
+        assert json_content(text) == '{"a": "x ``` y", "b": [1, 2]}'
+        pieces = []
+        stream = JsonContent(lambda piece, extra: pieces.append(piece))
+        for i in range(0, len(text), 3):  # three characters a step: each piece extends what went out before
+            stream.feed(text[i:i + 3])
+            assert '{"a": "x ``` y", "b": [1, 2]}'.startswith("".join(pieces))
+        assert stream.close() == "".join(pieces) == json_content(text)
+    assert json_content("``") == json_content("   ") == ""
 
 
 @pytest.mark.parametrize("penalties", [False, True], ids=["greedy", "penalised"])

@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/scripts/schema_oracle.py --server BIN [--json OUT] [--limit 40] [--max-new-tokens 80]
 
 BIN: a llama-server built from the same llama.cpp (``benchmarks/scripts/llama_server_bench.py --build-only``). Each
-prompt is asked of llama-server twice, with OpenAI's ``response_format`` json_schema (its C++ schema converter) and
-with the GBNF ppd makes of the schema in llama-server's ``grammar`` field, greedy as ppd's bench asks it
-(``app.server_peer.server_request``), with and without penalties; ppd answers with the same GBNF in plain and PPD
-modes. The JSON counts the equal answers per field and mode and keeps the first differences.
+prompt is asked of llama-server twice, with OpenAI's ``response_format`` json_schema and with the GBNF ppd makes of
+the schema in llama-server's ``grammar`` field, greedy as ppd's bench asks it (``app.server_peer.server_request``),
+with and without penalties; ppd answers each in plain and PPD modes as ``ppd serve`` does (response_format: the chat
+grammar llama-server builds, the JSON bare or in a fence, and the JSON as the content). The JSON counts the equal answers per field and mode and keeps the first differences.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from app.server_peer import ServerPeer, server_request  # noqa: E402
+from app.structured import json_content  # noqa: E402
 from ppd_core.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from ppd_core.grammar import schema_grammar  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
@@ -45,12 +46,17 @@ def main() -> int:
             for prompt, schema in PROMPTS[: args.limit]:
                 messages = [{"role": "user", "content": prompt}]
                 grammar = schema_grammar(schema)
+                wrapped = schema_grammar(schema, response_format=True)  # what ppd serve gives response_format
                 ids = engine.chat_ids(messages)
-                ours = {mode: engine.generate(ids, mode, args.max_new_tokens, sampling=sampling, grammar=grammar).text
-                        for mode in ("vanilla", "ppd")}
+                answers = {field: {mode: engine.generate(ids, mode, args.max_new_tokens, sampling=sampling,
+                                                         grammar=constraint).text for mode in ("vanilla", "ppd")}
+                           for field, constraint in (("response_format", wrapped), ("grammar", grammar))}
+                answers["response_format"] = {mode: json_content(text)  # the content ppd serve answers
+                                              for mode, text in answers["response_format"].items()}
                 fields = {"response_format": {"response_format": {"type": "json_schema", "json_schema": {
                     "name": "answer", "schema": schema}}}, "grammar": {"grammar": grammar}}
                 for field, extra in fields.items():
+                    ours = answers[field]
                     body = {**server_request(messages, args.max_new_tokens, sampling), **extra}
                     theirs = peer.client.post("/v1/chat/completions", json=body).json()
                     theirs = theirs["choices"][0]["message"]["content"]

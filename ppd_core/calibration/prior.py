@@ -9,9 +9,11 @@ costs most of a plain step. Only near-certain copies are drafted until calibrati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ppd_core.calibration.records import read_records
+from ppd_core.lookup import MAX_CHAIN
 from ppd_core.lookup_policy import AdaptiveChains
 
 SHIPPED_RECORD = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-instruct.prompt-tokens.acceptance.json"
@@ -24,3 +26,17 @@ def uncalibrated_chains(record_file: Path = SHIPPED_RECORD) -> AdaptiveChains | 
     if not records or not records[0].lookup.probs:
         return None
     return AdaptiveChains(records[0].lookup.probs, lambda rows: 1.0 + ROW_COST * (rows - 1))
+
+
+# P(the first j tokens of the grammar's forced text are right), before an answer shows its own: text the grammar
+# forces is near-certain; what it leaves to the model within it is where the answer writes whitespace and how the
+# tokenizer cuts (a geometric 0.9 per token; learnt per answer from there)
+FORCED_PRIOR = [0.9 ** j for j in range(1, MAX_CHAIN + 1)]
+
+
+def forced_chains(latency: Callable[[int], float] | None = None, tokens_per_step: float = 1.0,
+                  tree_size: int = 1) -> AdaptiveChains:
+    """How long a chain of grammar-forced text to draft (one match class), learnt per answer; priced on ``latency``
+    (seconds of a step of that many rows), else on the steepest curve measured (``ROW_COST``)."""
+    latency = latency or (lambda rows: 1.0 + ROW_COST * (rows - 1))
+    return AdaptiveChains([FORCED_PRIOR], latency, tokens_per_step, tree_size)

@@ -26,6 +26,8 @@ def converter() -> ctypes.CDLL | None:
     library = ctypes.CDLL(str(path))
     library.ppd_json_schema_to_grammar.restype = ctypes.c_void_p
     library.ppd_json_schema_to_grammar.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    library.ppd_response_format_grammar.restype = ctypes.c_void_p
+    library.ppd_response_format_grammar.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
     library.ppd_free.argtypes = [ctypes.c_void_p]
     return library
 
@@ -37,11 +39,13 @@ def take_text(library: ctypes.CDLL, pointer: int) -> str:
         library.ppd_free(pointer)
 
 
-def schema_to_gbnf(schema) -> str:
+def schema_to_gbnf(schema, response_format: bool = False) -> str:
     """GBNF for ``schema``; ValueError with llama.cpp's message where it cannot convert it (``converter()`` is
-    not None)."""
+    not None). ``response_format``: as llama-server builds it for a chat's response_format (the JSON bare or in a
+    ```json fence, whitespace around it)."""
     library, error = converter(), ctypes.c_void_p()
-    grammar = library.ppd_json_schema_to_grammar(json.dumps(schema).encode(), ctypes.byref(error))
+    convert = library.ppd_response_format_grammar if response_format else library.ppd_json_schema_to_grammar
+    grammar = convert(json.dumps(schema).encode(), ctypes.byref(error))
     if not grammar:
         raise ValueError(" ".join(take_text(library, error.value).split()))
     return take_text(library, grammar)

@@ -62,6 +62,23 @@ extern "C" char * ppd_json_schema_to_grammar(const char * schema, char ** error)
     }
 }
 
+// GBNF for OpenAI's response_format with the JSON schema ``schema``, as llama-server builds it for a chat
+// (common/chat-auto-parser-generator.cpp, after the generation prompt): the schema's JSON, bare or in a ```json
+// fence, whitespace around it; the answer's content is the JSON alone.
+extern "C" char * ppd_response_format_grammar(const char * schema, char ** error) {
+    try {
+        auto document = common_chat_schema_from_json(common_json::parse(schema));
+        return strdup(build_grammar([&](const common_grammar_builder & builder) {
+            auto json = builder.add_schema("response-format-schema", *document.root);
+            builder.add_rule("root", "space (space (\"```json\" space " + json + " space \"```\" | space " + json +
+                                     " space))");
+        }).c_str());
+    } catch (const std::exception & e) {
+        *error = strdup(e.what());
+        return nullptr;
+    }
+}
+
 extern "C" void ppd_free(char * text) {
     free(text);
 }
