@@ -182,6 +182,7 @@ class StopCutter:
     def __init__(self, stops: list[str]):
         self.stops = stops
         self.sent = 0  # characters of the answer handed out so far
+        self.hit = False  # a stop string was reached
 
     def feed(self, text: str, final: bool) -> tuple[str, bool]:
         """The text to hand out now, and whether a stop string was reached."""
@@ -193,7 +194,7 @@ class StopCutter:
         else:
             end, hit = len(text) - self._held(text), False
         piece = text[self.sent : end]
-        self.sent = max(self.sent, end)
+        self.sent, self.hit = max(self.sent, end), self.hit or hit
         return piece, hit
 
     def _held(self, text: str) -> int:
@@ -499,7 +500,7 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
                 break
         finished = time.time()  # before the turn ends (closing ``events``): the next job starts after it
     if content is not None and not cancelled.is_set():
-        content.close()
+        content.close(outcome.finish_reason == "stop" and not cutter.hit)
     if entries is not None and (rest := entries.take()) and not cancelled.is_set():
         emit("", rest)  # tokens that added no text of their own (the end-of-turn token)
     if outcome.started_at == 0.0:  # never reached the model
@@ -507,7 +508,7 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
     elif event is not None and not isinstance(event, Queued):
         outcome.text = event.text[: cutter.sent]
         if job.json_content:
-            outcome.text = json_content(outcome.text)
+            outcome.text = json_content(outcome.text, complete=outcome.finish_reason == "stop" and not cutter.hit)
         outcome.completion_tokens = len(event.tokens)
         outcome.stats = event.stats
         outcome.logprobs = entries.all if entries is not None else None

@@ -98,20 +98,31 @@ def checked_schema_grammar(schema: Any, param: str, response_format: bool = Fals
 FENCE_OPEN, FENCE_CLOSE = "```json", "```"
 
 
-def json_content(text: str, final: bool = True) -> str:
+def json_content(text: str, final: bool = True, complete: bool = True) -> str:
     """The JSON of a chat answer to a ``response_format`` (llama-server's content): without the whitespace around it
-    and the ```json fence it may be in. Before the answer's end (``final`` False), what may still turn out to be
-    fence or whitespace is left out, so each result begins with the one before it."""
+    and the ```json fence it may be in; an answer cut short (not ``complete``: a length limit or a stop string)
+    inside its JSON keeps what it ends with, as llama-server's does. Before the answer's end (``final`` False), what may still turn out to
+    be fence or whitespace is left out, so each result begins with the one before it."""
     body = text.lstrip()
     if FENCE_OPEN.startswith(body):
         return ""  # a fence, or nothing yet
     fenced = body.startswith(FENCE_OPEN)
     if fenced:
         body = body[len(FENCE_OPEN):].lstrip()
-    if final and fenced and body.rstrip().endswith(FENCE_CLOSE):
-        body = body.rstrip()[: -len(FENCE_CLOSE)]
-    body = body.rstrip()
-    return body if final or not fenced else body.rstrip("`").rstrip()
+    stripped = body.rstrip()
+    if fenced:  # the closing fence, or as much of it as came
+        stripped = (stripped[: -len(FENCE_CLOSE)] if stripped.endswith(FENCE_CLOSE) else stripped.rstrip("`")).rstrip()
+    if not final or complete or parses(stripped):
+        return stripped
+    return body  # cut short inside the JSON
+
+
+def parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 class JsonContent:
@@ -124,12 +135,12 @@ class JsonContent:
         self.text += piece
         self._send(False, extra)
 
-    def close(self) -> str:
-        """Send what is left; the whole JSON."""
-        return self._send(True, None)
+    def close(self, complete: bool = True) -> str:
+        """Send what is left; the whole JSON (``json_content``'s ``complete``)."""
+        return self._send(True, None, complete)
 
-    def _send(self, final: bool, extra: Any) -> str:
-        content = json_content(self.text, final)
+    def _send(self, final: bool, extra: Any, complete: bool = True) -> str:
+        content = json_content(self.text, final, complete)
         piece, self.sent = content[self.sent:], max(self.sent, len(content))
         if piece or extra:
             self.emit(piece, extra)

@@ -211,8 +211,9 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
         forced, forcing = [], 0  # the grammar's forced text, the tokens drafted of it
         if request.forced is not None:
             request.forced.observe(stats.tokens)
-            forced = request.forced.propose(state.grammar, request.forced_chains.longest)
-            forcing = min(request.forced_chains.length(0, len(forced)), room) if forced else 0
+            if request.forced_chains.length(0, request.forced_chains.longest):  # a chain could pay on this device
+                forced = request.forced.propose(state.grammar, request.forced_chains.longest)
+                forcing = min(request.forced_chains.length(0, len(forced)), room) if forced else 0
         if forcing and forcing >= drafted:  # one chain a step: the grammar's where it is at least as long
             chain, drafted = forced[:forcing], 0
         else:

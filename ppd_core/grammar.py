@@ -132,7 +132,8 @@ class Grammar:
         top = int(np.argmax(row))
         if self.allows([top])[0]:
             return top
-        order = np.argsort(-row[: self.vocab_size], kind="stable")[:CHECK_FIRST]
+        first = np.argpartition(-row[: self.vocab_size], CHECK_FIRST)[:CHECK_FIRST]  # the likeliest few, in O(vocab)
+        order = first[np.lexsort((first, -row[first]))]  # best first (ties: the lower id)
         ok = self.allows(order)
         if ok.any():  # the likeliest allowed among the first few: the masked row's argmax (ties: the lower id)
             candidates = order[ok]

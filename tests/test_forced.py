@@ -52,7 +52,7 @@ def test_drafted_forced_text_keeps_constrained_ppd_equal_to_plain(llama_default,
     sampling = SamplingParams(repeat_penalty=1.3, repeat_last_n=64, frequency_penalty=0.2) if penalties else SamplingParams()
     monkeypatch.setattr(llama_default, "new_forced_chains", lambda: FixedChains((8,)))  # always draft
     vocab, counted = llama_default.loaded.backend.vocab_size, 0
-    for prompt, schema in [*SCHEMAS, *PROMPTS[::8]]:  # the four and one of each kind of the forty
+    for prompt, schema in [*SCHEMAS, *PROMPTS[::8]]:  # the four, and five kinds of the forty
         ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
         grammar = schema_grammar(schema)
         plain = llama_default.generate(ids, "vanilla", ANSWER, sampling=sampling, grammar=grammar)

@@ -5,8 +5,8 @@ same schema in ``response_format``, same GGUF and threads, on the 40 schema prom
 
 BIN: a llama-server built from the same llama.cpp (``benchmarks/scripts/llama_server_bench.py --build-only``). ppd
 loads the default model as ``ppd serve`` does (``--tree auto``: its saved calibration; run ``ppd calibrate`` first)
-and answers in-process; llama-server's answers are timed over HTTP (wall), as ``ppd bench --compare-llama-server``
-times them. The prompts go round ``--rounds`` times, the three runners taking turns per prompt, so drift in the
+and answers in-process; llama-server's answers are timed over HTTP (wall), its slot erased before each (ppd starts
+each answer from an empty cache too), as ``ppd bench --compare-llama-server`` times them. The prompts go round ``--rounds`` times, the three runners taking turns per prompt, so drift in the
 machine's speed falls on all three alike. Tokens per second are total answer tokens over total seconds.
 """
 
@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from app.server_peer import ServerPeer, server_request  # noqa: E402
+from app.structured import json_content  # noqa: E402
 from ppd_core.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from ppd_core.grammar import schema_grammar  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
@@ -51,19 +52,20 @@ def main() -> int:
                 messages = [{"role": "user", "content": prompt}]
                 body = {**server_request(messages, args.max_new_tokens, SamplingParams()),
                         "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
+                peer.client.post("/slots/0", params={"action": "erase"}).raise_for_status()  # no cached prefix: as ppd
                 start = time.perf_counter()
                 theirs = peer.client.post("/v1/chat/completions", json=body).raise_for_status().json()
                 totals["llama-server"]["seconds"] += time.perf_counter() - start
                 totals["llama-server"]["tokens"] += theirs["usage"]["completion_tokens"]
                 text = theirs["choices"][0]["message"]["content"]
-                grammar = schema_grammar(schema)
+                grammar = schema_grammar(schema, response_format=True)  # as ppd serve takes response_format
                 for name, mode in (("ppd plain", "vanilla"), ("ppd PPD", "ppd")):
                     start = time.perf_counter()  # tokenizing counts, as the server's does
                     result = engine.generate(engine.chat_ids(messages), mode, args.max_new_tokens, grammar=grammar)
                     totals[name]["seconds"] += time.perf_counter() - start
                     totals[name]["tokens"] += result.stats.new_tokens
-                    if round_ == 0:
-                        equal[name] += result.text == text
+                    if round_ == 0:  # the content ppd serve answers
+                        equal[name] += json_content(result.text, complete=result.stop_reason == "eos") == text
                     if mode == "ppd" and round_ == 0:
                         for key in guessed:
                             guessed[key] += getattr(result.stats, key)

@@ -49,10 +49,11 @@ def main() -> int:
                 wrapped = schema_grammar(schema, response_format=True)  # what ppd serve gives response_format
                 ids = engine.chat_ids(messages)
                 answers = {field: {mode: engine.generate(ids, mode, args.max_new_tokens, sampling=sampling,
-                                                         grammar=constraint).text for mode in ("vanilla", "ppd")}
+                                                         grammar=constraint) for mode in ("vanilla", "ppd")}
                            for field, constraint in (("response_format", wrapped), ("grammar", grammar))}
-                answers["response_format"] = {mode: json_content(text)  # the content ppd serve answers
-                                              for mode, text in answers["response_format"].items()}
+                answers["grammar"] = {mode: result.text for mode, result in answers["grammar"].items()}
+                answers["response_format"] = {mode: json_content(result.text, complete=result.stop_reason == "eos")
+                                              for mode, result in answers["response_format"].items()}  # as ppd serve
                 fields = {"response_format": {"response_format": {"type": "json_schema", "json_schema": {
                     "name": "answer", "schema": schema}}}, "grammar": {"grammar": grammar}}
                 for field, extra in fields.items():
