@@ -110,12 +110,22 @@ def test_constrained_ppd_equals_constrained_plain_decoding_and_validates(llama_d
 
 
 def test_seeded_constrained_sampling_is_valid_json(llama_default):
+    """Sampled under the grammar, every token is one it allows, and every answer that ends is valid JSON."""
+    from ppd_core.forced import allowed_prefix
+
     prompt, schema = SCHEMAS[0]
     ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
-    for seed in range(3):
-        sampled = llama_default.generate(ids, "ppd", ANSWER, sampling=SamplingParams(temperature=1.0, seed=seed),
-                                          grammar=schema_grammar(schema))
-        jsonschema.validate(json.loads(sampled.text), schema)
+    grammar, ended = schema_grammar(schema), 0
+    for seed in range(4):
+        sampled = llama_default.generate(ids, "ppd", 120, sampling=SamplingParams(temperature=0.7, seed=seed),
+                                          grammar=grammar)
+        state = llama_default.loaded.backend.grammar(grammar)
+        body = [t for t in sampled.tokens if t not in llama_default.loaded.eos_token_ids]
+        assert allowed_prefix(state, body) == body
+        if sampled.stop_reason == "eos":
+            jsonschema.validate(json.loads(sampled.text), schema)
+            ended += 1
+    assert ended >= 2, ended  # most answers end within the budget
 
 
 @pytest.mark.slow
