@@ -7,12 +7,15 @@ repetition penalties; every answer validates against its schema (``jsonschema``)
 """
 
 import json
+from typing import Literal
 
 import httpx
 import jsonschema
 import numpy as np
+import pydantic
 import pytest
 
+from app.structured import json_content
 from ppd_core.engine import SamplingParams
 from ppd_core.grammar import schema_grammar
 from test_api import error_of, served  # noqa: F401 - a fixture
@@ -140,16 +143,29 @@ def test_response_format_and_grammar_through_the_openai_client(served):  # noqa:
     jsonschema.validate(json.loads(text), schema)
     engine = service.engine
     sampling = service.snapshot().sampling_defaults.params(temperature=0.0)
-    with service.turn():
+    with service.turn():  # what the API does: llama-server's chat grammar, the JSON as the content
         expected = engine.generate(engine.chat_ids(messages), "vanilla", ANSWER, sampling=sampling,
-                                   grammar=schema_grammar(schema))
-    assert text == expected.text
+                                   grammar=schema_grammar(schema, response_format=True))
+    assert text == json_content(expected.text, complete=expected.stop_reason == "eos")
+    streamed = client.chat.completions.create(
+        model="m", messages=messages, temperature=0, max_tokens=ANSWER, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == text
+
+    class Person(pydantic.BaseModel):  # the openai client's own schema from a Pydantic model, and its parse
+        name: str
+        age: int
+        city: Literal["Paris", "Berlin", "Rome"]
+
+    parsed = client.beta.chat.completions.parse(model="m", messages=messages, temperature=0, max_tokens=ANSWER,
+                                                response_format=Person)
+    assert isinstance(parsed.choices[0].message.parsed, Person)
     yes_no = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Is water wet?"}],
                                             temperature=0, max_tokens=8, extra_body={"grammar": 'root ::= "yes" | "no"'})
     assert yes_no.choices[0].message.content in ("yes", "no")
     anything = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=ANSWER,
                                               response_format={"type": "json_object"})
-    assert isinstance(json.loads(anything.choices[0].message.content), (dict, list, str, int, float, bool, type(None)))
+    assert isinstance(json.loads(anything.choices[0].message.content), dict)  # json_object: an object
 
 
 def test_bad_schemas_and_grammars_are_one_400_naming_the_field(served):  # noqa: F811
@@ -184,6 +200,8 @@ def test_bad_schemas_and_grammars_are_one_400_naming_the_field(served):  # noqa:
         assert error["param"] == param, (fields if len(json.dumps(fields)) < 300 else param, error)
         assert "\n" not in error["message"]
     assert not service.queue.busy and app.state.ppd.running == 0  # nothing reached the model
+    answer = httpx.post(f"{url}/v1/chat/completions", json={"messages": question, "max_tokens": 4}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]  # and it answers after
 
 
 @pytest.fixture(scope="module")
