@@ -31,7 +31,7 @@ def sigterm_interrupts():
 
     def unraisable(info) -> None:
         if info.exc_type is KeyboardInterrupt:  # dropped inside a C callback: interrupt the main thread again
-            timers.append(threading.Timer(REDELIVER_S, _thread.interrupt_main))
+            timers.append(threading.Timer(REDELIVER_S, _thread.interrupt_main, (signal.SIGTERM,)))  # ``interrupt``
             timers[-1].start()
         else:
             previous_hook(info)
