@@ -135,10 +135,11 @@ class Grammar:
         first = np.argpartition(-row[: self.vocab_size], CHECK_FIRST)[:CHECK_FIRST]  # the likeliest few, in O(vocab)
         order = first[np.lexsort((first, -row[first]))]  # best first (ties: the lower id)
         ok = self.allows(order)
-        if ok.any():  # the likeliest allowed among the first few: the masked row's argmax (ties: the lower id)
+        if ok.any():  # the likeliest allowed among the first few: the masked row's argmax (ties: the lower id) ...
             candidates = order[ok]
             value = row[candidates].max()
-            return int(candidates[row[candidates] == value].min())
+            if value > row[first].min():  # ... unless it ties with tokens the few may have left out
+                return int(candidates[row[candidates] == value].min())
         masked = self.allowed(row)
         if not np.isfinite(masked).any():
             raise GrammarError("the grammar allows no token here")

@@ -66,8 +66,10 @@ def test_the_constrained_argmax_is_the_masked_rows_argmax(llama_default):
     backend = llama_default.loaded.backend
     grammar = backend.grammar(schema_grammar(SCHEMAS[2][1]))
     rng = np.random.default_rng(0)
-    for _ in range(40):
+    for step in range(40):
         row = rng.standard_normal(backend.vocab_size).astype(np.float32)
+        if step % 2:  # many exact ties, as coarse logits have
+            row = np.round(row, 1)
         masked = grammar.allowed(row)
         assert np.isfinite(masked).sum() >= 1
         token = grammar.best(row)
