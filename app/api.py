@@ -264,7 +264,6 @@ def tool_calls_of(message: Message, index: int) -> list[dict]:
         if not isinstance(arguments, dict):
             raise ApiError(f"{at}.function.arguments must be a JSON object (as text)", f"{at}.function.arguments")
         try:
-            json.dumps(arguments).encode("utf-8")
             json.dumps(arguments, ensure_ascii=False).encode("utf-8")
         except (UnicodeEncodeError, ValueError):
             raise ApiError(f"{at}.function.arguments has text UTF-8 cannot encode", f"{at}.function.arguments",
@@ -499,8 +498,9 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
             if not answer_step(event, outcome, cutter, cancelled, emit, entries):
                 break
         finished = time.time()  # before the turn ends (closing ``events``): the next job starts after it
+    complete = outcome.finish_reason == "stop" and not cutter.hit  # ended by the model, not cut short
     if content is not None and not cancelled.is_set():
-        content.close(outcome.finish_reason == "stop" and not cutter.hit)
+        content.close(complete)
     if entries is not None and (rest := entries.take()) and not cancelled.is_set():
         emit("", rest)  # tokens that added no text of their own (the end-of-turn token)
     if outcome.started_at == 0.0:  # never reached the model
@@ -508,7 +508,7 @@ def decode(service: ChatService, job: Job, ticket: int, cancelled: threading.Eve
     elif event is not None and not isinstance(event, Queued):
         outcome.text = event.text[: cutter.sent]
         if job.json_content:
-            outcome.text = json_content(outcome.text, complete=outcome.finish_reason == "stop" and not cutter.hit)
+            outcome.text = json_content(outcome.text, complete=complete)
         outcome.completion_tokens = len(event.tokens)
         outcome.stats = event.stats
         outcome.logprobs = entries.all if entries is not None else None

@@ -249,10 +249,13 @@ class Engine:
     def new_forced_text(self) -> ForcedText:
         """One answer's drafter of the text its grammar forces (``ppd_core.forced``)."""
         tokenizer = self.tokenizer
+
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False)
+
         if self._char_tokens is None:
-            self._char_tokens = char_tokens(lambda text: tokenizer.encode(text, add_special_tokens=False))
-        return ForcedText(self._char_tokens, lambda text: tokenizer.encode(text, add_special_tokens=False),
-                          lambda token: tokenizer.token_bytes(token).decode(errors="replace"))
+            self._char_tokens = char_tokens(encode)
+        return ForcedText(self._char_tokens, encode, lambda token: tokenizer.token_bytes(token).decode(errors="replace"))
 
     def new_forced_chains(self) -> ChainPolicy:
         """How long a chain of forced text to draft: learnt per answer, priced on the profile's curve if any."""
