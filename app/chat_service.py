@@ -18,13 +18,15 @@ from typing import NoReturn
 
 from app.model_catalog import remember
 from app.model_queue import ModelQueue, Queued
+from app.readout import SPEED_DEFINITION, AnswerSpeed, compare_verdict, penalties_line
 from app.startup import Progress, Startup, failure_line
 from app.structured import FieldError, checked_schema_grammar
 from app.training_job import TrainingJob
-from ppd_core.engine import Engine, GenerationEvent, GenerationStats, ModelSnapshot, SamplingParams, text_stream
+from ppd_core.calibration.prices import LiveEstimate, StepPrices
+from ppd_core.engine import (Engine, GenerationEvent, GenerationResult, GenerationStats, ModelSnapshot, SamplingParams,
+                             text_stream)
 from ppd_core.errors import PpdError
 
-SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too
 log = logging.getLogger(__name__)
 
@@ -118,61 +120,19 @@ class Comparison:
         return self.ppd_stats.tok_s / self.vanilla_stats.tok_s if self.vanilla_stats.tok_s else 0.0
 
     def verdict(self) -> str:
-        if self.identical:
-            same = "identical"
-        elif self.bitwise:
-            same = "different (on this path they should be identical: please report this)"
+        """In words, the figures behind a toggle: "PPD was 1.42x faster on this answer; identical text."."""
+        if self.bitwise:
+            differs = "on this path they should be identical: please report this"
         else:
-            same = ("different: on this path tree steps round differently from single steps, and a near-tie "
-                    "between two tokens resolved the other way")
+            differs = ("on this path tree steps round differently from single steps, and a near-tie between two tokens "
+                       "resolved the other way")
         second = "PPD" if self.first == "plain" else "plain"
-        return (
-            f"**PPD {self.ppd_stats.tok_s:.1f} tokens/s vs plain {self.vanilla_stats.tok_s:.1f} tokens/s: "
-            f"{self.speedup:.2f}x.** Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.vanilla_stats.seconds:.2f} s "
-            f"({SPEED_DEFINITION}, no cache reuse on either side; {self.first} ran first, {second} second: the order "
-            f"alternates between comparisons); {self.ppd_stats.mean_accepted:.2f} tokens per PPD step. "
-            f"Greedy outputs: {same}."
-        )
-
-
-def format_readout(stats: GenerationStats, speedup: str | None, finished: bool, backend: str = "",
-                   penalties: str = "", grammar: bool = False) -> str:
-    """The live speed line; ``speedup`` is None with PPD off (there is nothing to compare); ``backend`` names
-    what decodes; ``penalties`` says which repetition penalties are on ("" for none); ``grammar``: the answer followed
-    one (its forced text is a third guess source)."""
-    state = "" if finished else " (streaming)"
-    steps = max(stats.steps, 1)
-    prompt_guesses = stats.from_guesses - stats.from_lookup - stats.from_grammar
-    forced = f", grammar {stats.from_grammar / steps:.2f}" if grammar else ""
-    sources = f" (guessed per step: prompt tokens {prompt_guesses / steps:.2f}, lookup {stats.from_lookup / steps:.2f}{forced})"
-    mode = (f"{stats.mean_accepted:.2f} tokens/step{sources} · speedup over plain decoding: {speedup}" if speedup
-            else "PPD off: plain decoding, 1 token/step")
-    reused = f", {stats.reused_tokens} reused from the last turn" if stats.reused_tokens else ""
-    return (
-        f"**{stats.tok_s:.1f} tokens/s**{state} ({SPEED_DEFINITION}){' on ' + backend if backend else ''} · {mode} · "
-        f"{stats.new_tokens} tokens · prompt processing {stats.prefill_seconds * 1000:.0f} ms "
-        f"({stats.prompt_tokens - stats.reused_tokens} tokens{reused})"
-        + (f" · {penalties} (fewer tokens copied from the conversation)" if penalties else "")
-        + (f" · lookup: {lookup_line(stats)}" if speedup and stats.lookup_note else "")
-        + (f" · grammar: {stats.from_grammar} of {stats.forced} forced tokens right" if speedup and grammar else "")
-    )
-
-
-def lookup_line(stats: GenerationStats) -> str:
-    """What the lookup chains did so far and at the last step: "12 of 15 drafted tokens right; last step drafted 5
-    copied tokens (first copied token right 91% after 8-15-token matches)"."""
-    return f"{stats.from_lookup} of {stats.drafted} drafted tokens right; last step {stats.lookup_note}"
-
-
-def penalties_line(sampling: SamplingParams) -> str:
-    """"repeat penalty 1.1 over 64 tokens" (and the others that are on), or "" with none on."""
-    if not sampling.penalized:
-        return ""
-    window = "the whole context" if sampling.repeat_last_n < 0 else f"{sampling.repeat_last_n} tokens"
-    parts = [f"repeat penalty {sampling.repeat_penalty:g}"] if sampling.repeat_penalty != 1.0 else []
-    parts += [f"{name} penalty {value:g}" for name, value in (("presence", sampling.presence_penalty),
-                                                               ("frequency", sampling.frequency_penalty)) if value]
-    return f"{', '.join(parts)} over {window}"
+        details = (f"Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.vanilla_stats.seconds:.2f} s "
+                   f"({SPEED_DEFINITION}, greedy, no cache reuse on either side; {self.first} ran first, {second} "
+                   f"second: the order alternates between comparisons); {self.ppd_stats.mean_accepted:.2f} tokens per "
+                   f"PPD step.")
+        return compare_verdict(self.speedup, self.ppd_stats.tok_s, self.vanilla_stats.tok_s, self.identical, differs,
+                               details)
 
 
 BACKEND_NAMES = {"llamacpp": "llama.cpp", "torch": "torch"}
@@ -502,13 +462,6 @@ class ChatService:
         finally:
             self.queue.leave(ticket)
 
-    def speedup_label(self) -> str:
-        if self.last_comparison is not None:
-            return f"{self.last_comparison.speedup:.2f}x (measured: last comparison)"
-        if self.engine.profile is not None:
-            return f"{self.engine.expected_speedup():.2f}x (expected: calibration)"
-        return "not measured yet (run Compare or Calibrate)"
-
     def prepare(self, messages: list[dict], settings: ChatSettings, engine: Engine | None = None) -> tuple[list[int], str]:
         """Chat-template ids for the conversation, dropping the oldest turns until prompt + answer fit; made by
         ``engine`` (default: the one loaded now), the only one that may decode them."""
@@ -555,6 +508,7 @@ class ChatService:
         mode = "ppd" if settings.ppd else "vanilla"
         event: GenerationEvent | None = None
         highlighter: Highlighter | None = None
+        estimate: LiveEstimate | None = None
         notes = [note]  # the trimming note of the ids that are decoded
 
         def remake(now: Engine) -> list[int]:  # another model was switched in before this answer's turn
@@ -569,19 +523,23 @@ class ChatService:
                     yield AnswerUpdate("", "", "", f"Waiting for the model: {_answers(event.ahead)} ahead.", None,
                                        queued=event.ahead)
                     continue
-                note = notes[0]
-                if settings.highlight and highlighter is None:  # the model that answers, read under its turn
-                    highlighter = Highlighter(self.engine.tokenizer)
+                note, step = notes[0], event.step
+                if event.stats.new_tokens == len(step.tokens):  # the first event: the model that answers, read in its turn
+                    prices = StepPrices.of(self.engine.profile) if settings.ppd else None
+                    estimate = LiveEstimate(prices) if prices is not None else None
+                    highlighter = Highlighter(self.engine.tokenizer) if settings.highlight else None
+                if estimate is not None:
+                    estimate.add(step)
                 if highlighter is not None:
-                    step = event.step
                     highlighter.add(step.tokens, step.from_guesses, step.from_lookup, step.from_grammar)
-                yield self._update(event, settings, note, highlighter, event.stop_reason)
+                yield self._update(event, settings, note, highlighter, estimate, event.stop_reason)
         if event is None or isinstance(event, Queued):
             yield AnswerUpdate("", "", "", "Stopped before the answer began.", None, "stopped")
         elif event.stop_reason is None:  # stopped by the user
-            yield self._update(event, settings, note, highlighter, "stopped")
+            yield self._update(event, settings, note, highlighter, estimate, "stopped")
 
-    def _update(self, event: GenerationEvent, settings: ChatSettings, note: str, highlighter: Highlighter | None, stop_reason) -> AnswerUpdate:
+    def _update(self, event: GenerationEvent, settings: ChatSettings, note: str, highlighter: Highlighter | None,
+                estimate: LiveEstimate | None, stop_reason) -> AnswerUpdate:
         finished = stop_reason is not None
         notes = [note] if note else []
         if stop_reason == "context":
@@ -592,20 +550,23 @@ class ChatService:
             notes.append("Typical acceptance: faster, but does not follow the model's distribution exactly.")
         if settings.constrained:
             notes.append("The answer follows the JSON schema.")
+        backend = self.engine.loaded.backend.name
+        speed = AnswerSpeed(event.stats, finished, settings.ppd, estimate, BACKEND_NAMES.get(backend, backend),
+                            penalties_line(settings.sampling()), settings.constrained)
         return AnswerUpdate(
             text=event.text,
             marked=highlighter.html if highlighter is not None else "",
-            readout=format_readout(event.stats, self.speedup_label() if settings.ppd else None, finished,
-                                   BACKEND_NAMES.get(self.engine.loaded.backend.name, self.engine.loaded.backend.name),
-                                   penalties_line(settings.sampling()), settings.constrained),
+            readout=speed.markdown(),
             note=" ".join(notes),
             stats=event.stats,
             stop_reason=stop_reason,
         )
 
-    def compare(self, messages: list[dict], settings: ChatSettings) -> Comparison:
+    def compare(self, messages: list[dict], settings: ChatSettings,
+                progress: Callable[[str, int, int], None] | None = None) -> Comparison:
         """The last user message answered greedily both ways (with the settings' penalties and JSON schema), timed the
-        same way and with no cache reuse.
+        same way and with no cache reuse; ``progress(mode, tokens, max_new_tokens)`` after each step ("plain decoding"
+        or "PPD").
 
         Which mode runs first alternates between comparisons, so neither always gets the warmer caches.
         """
@@ -619,9 +580,15 @@ class ChatService:
                 engine = self.engine
                 grammar = self.checked_grammar(settings, engine)
                 ids, _ = self.prepare(messages, settings, engine)
-            greedy = SamplingParams(**settings.penalties())
-            results = {mode: engine.generate(ids, mode, int(settings.max_new_tokens), sampling=greedy, grammar=grammar)
-                       for mode in order}
+            greedy, max_new = SamplingParams(**settings.penalties()), int(settings.max_new_tokens)
+
+            def run(mode: str) -> GenerationResult:
+                def told(tokens: int) -> None:
+                    if progress is not None:
+                        progress(COMPARED[mode], tokens, max_new)
+                return generated(engine.stream(ids, mode, max_new, sampling=greedy, grammar=grammar), told)
+
+            results = {mode: run(mode) for mode in order}
         plain, ppd = results["vanilla"], results["ppd"]
         first = "plain" if order[0] == "vanilla" else "PPD"
         self.last_comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first,
@@ -633,6 +600,18 @@ class ChatService:
             profile = self.engine.calibrate(progress, **self.calibration_options)
         self.last_comparison = None  # measured with the previous tree
         return profile
+
+
+COMPARED = {"vanilla": "plain decoding", "ppd": "PPD"}
+
+
+def generated(events: Iterator[GenerationEvent], step: Callable[[int], object]) -> GenerationResult:
+    """``Engine.generate`` of the stream ``events``, calling ``step(tokens so far)`` after each event."""
+    steps, event = [], None
+    for event in events:
+        steps.append(event.step)
+        step(event.stats.new_tokens)
+    return GenerationResult(event.text, event.tokens, event.stats, event.stop_reason, steps)
 
 
 def needs_calibration(engine: Engine) -> bool:

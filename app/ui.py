@@ -27,11 +27,12 @@ from pathlib import Path
 import gradio as gr
 import psutil
 
-from app.chat_service import (GRAMMAR_MARK, LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, SPEED_DEFINITION, AnswerUpdate,
+from app.chat_service import (DEFAULT_SPEC, GRAMMAR_MARK, LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, AnswerUpdate,
                                ChatService, ChatSettings)
 from app.history import Conversation, ConversationStore
 from app.model_catalog import available
 from app.plots import COLUMNS, latency_points
+from app.readout import SPEED_DEFINITION
 from app.system_info import device_panel
 from ppd_core.engine import ChosenSampling, chains_text, default_sampling
 from ppd_core.errors import PpdError
@@ -53,6 +54,7 @@ class Session:
     conversation: Conversation = field(default_factory=Conversation)
     stop_requested: bool = False
     answering: bool = False
+    chosen: set[str] = field(default_factory=set)  # sampling widgets set on this page: a model's defaults keep off them
 
 
 def new_session() -> Session:
@@ -93,6 +95,19 @@ def marked_answer(marked: str) -> str:
             f'<div style="white-space: pre-wrap">{marked}</div></div>')
 
 
+def model_note(model, spec: str) -> str:
+    """The line above the chat: a model with no chat template (a base model) writes on from a chat rather than answer
+    it; the embedded default is a tiny demo. "" for any other model."""
+    if model.template_note:
+        return (f"**{model.name} has no chat template** (a base model?): chats are written in ChatML, which it was not "
+                "trained on, so it may continue the text instead of answering. Load an instruction-tuned (chat) model "
+                "for a chat.")
+    if spec == DEFAULT_SPEC:
+        return (f"**{model.name}** is a tiny demo model: fast on any CPU, but its answers are simple. Load another "
+                "in Model (a `.gguf` path or `hf:OWNER/REPO`).")
+    return ""
+
+
 def one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
@@ -110,6 +125,10 @@ def sampling_defaults(chosen: ChosenSampling) -> tuple:
     each label saying where its value came from (the model, ppd's measured default, llama-server's default)."""
     return tuple(gr.update(value=chosen.values[name], label=f"{label} · {chosen.sources[name]}")
                  for name, label in SAMPLING_LABELS.items())
+
+
+def chosen_label(name: str) -> str:
+    return f"{SAMPLING_LABELS[name]} · your choice"
 
 
 def conversation_choices(store: ConversationStore) -> list[tuple[str, str]]:
@@ -309,8 +328,10 @@ class ComparePanel:
 
 
 def compare_panel() -> ComparePanel:
+    """Under the chat: the readout estimates each answer's speedup, Compare measures it."""
     with gr.Accordion("Compare with plain decoding", open=True):
-        button = gr.Button("Compare the last message: plain vs PPD (greedy)", elem_id="compare")
+        button = gr.Button("Compare: answer the last message both ways, plain and PPD (greedy), and time them",
+                           size="sm", elem_id="compare")
         verdict = gr.Markdown("", elem_id="verdict")
         with gr.Row():
             plain = gr.Markdown("", elem_id="plain-answer")
@@ -344,7 +365,8 @@ class Handlers:
 
     def model_panels(self, fresh_page: bool = False) -> tuple:
         """(startup line, Send, device panel, calibration summary, latency plot, timer, the sampling widgets
-        (``SAMPLING_LABELS``), model picker, training): what depends on the model. While it loads: its progress, Send
+        (``SAMPLING_LABELS``), model picker, training line, training button, the note above the chat): what depends on
+        the model. While it loads: its progress, Send
         off, and the timer on so the page keeps asking; once ready, the model's sampling defaults (its recommendation,
         else ppd's and llama-server's, each widget naming its source) and the
         models to switch to: set on a fresh page and once per newly loaded model, never over the user's choices on the
@@ -355,7 +377,7 @@ class Handlers:
             return (f"**{service.startup.line()}**", gr.update(interactive=False),
                     "No model is loaded." if failed else "The model is loading.", gr.update(), gr.update(),
                     gr.Timer(active=not failed), *(gr.update(),) * len(SAMPLING_LABELS), gr.update(interactive=failed),
-                    gr.update(), gr.update(interactive=False))
+                    gr.update(), gr.update(interactive=False), "")
         engine, model = service.engine, service.snapshot()
         training, train, training_running = self.training_panel()
         new_model, self._shown_model = self._shown_model is not engine, engine
@@ -368,7 +390,7 @@ class Handlers:
                 gr.update(interactive=True), device_panel(model), calibration_summary(model.profile, model.tree["name"]),
                 latency_points(model.profile) if model.profile else None,
                 gr.Timer(active=service.switching or training_running or service.background is not None), *sampling,
-                picker, training, train)
+                picker, training, train, model_note(model, service.spec))
 
     def training_panel(self) -> tuple:
         """(status line, train button, whether a training runs): the offer to train PPD tokens for a model that has
@@ -500,8 +522,20 @@ class Handlers:
             return True
 
     def page_panels(self, session: Session, panels: tuple) -> tuple:
-        """``model_panels``' outputs for one page: its Send stays off while its own answer streams."""
-        return (panels[0], gr.update(interactive=False), *panels[2:]) if session.answering else panels
+        """``model_panels``' outputs for one page: its Send stays off while its own answer streams, and the sampling
+        values its user set stay as set when another model's defaults come."""
+        panels = list(panels)
+        if session.answering:
+            panels[1] = gr.update(interactive=False)
+        for index, name in enumerate(SAMPLING_LABELS, start=TIMER + 1):
+            if name in session.chosen and panels[index].get("value") is not None:
+                panels[index] = gr.update(label=chosen_label(name))
+        return tuple(panels)
+
+    def choose(self, name: str, session: Session):
+        """The user set sampling widget ``name``: its label says so, and a model loaded later leaves it as set."""
+        session.chosen.add(name)
+        return session, gr.update(label=chosen_label(name))
 
     def send(self, message: str, session: Session, *settings):
         """Answer ``message``; outputs: chat, message box, readout, note, session, saved list, Send, Stop. While the
@@ -588,24 +622,37 @@ class Handlers:
 
     def compare(self, session: Session, system: str, max_new: int, *penalties_and_schema):
         """Compare the last user message both ways; the inputs after ``max_new``: the repetition penalties
-        (``PENALTY_FIELDS``), then the JSON schema box (each left out: its default)."""
+        (``PENALTY_FIELDS``), then the JSON schema box (each left out: its default). Yields (plain answer, PPD answer,
+        verdict): the verdict line shows the progress (which way, tokens so far) until the verdict in words."""
         messages = list(session.conversation.messages)
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()
         if not messages:
             gr.Warning("Send a message first, then compare.")
-            return gr.update(), gr.update(), "Send a message first, then compare."
-        try:
-            settings = ChatSettings(system, max_new_tokens=int(max_new),
-                                    **dict(zip((*PENALTY_FIELDS, "schema"), penalties_and_schema)))
-            result = self.service.compare(messages, settings)
-        except PpdError as error:  # too long, or ppd busy
-            gr.Warning(str(error))
-            return gr.update(), gr.update(), str(error)
+            yield gr.update(), gr.update(), "Send a message first, then compare."
+            return
+        settings = ChatSettings(system, max_new_tokens=int(max_new),
+                                **dict(zip((*PENALTY_FIELDS, "schema"), penalties_and_schema)))
+        progress = CompareProgress()
+        run = threading.Thread(target=progress.run, args=(self.service, messages, settings), daemon=True,
+                               name="ppd-compare")
+        run.start()
+        yield "", "", progress.line  # the last comparison's answers go: this one's come
+        shown = progress.line
+        while run.is_alive():
+            run.join(UPDATE_SECONDS)
+            if progress.line != shown:
+                shown = progress.line
+                yield gr.update(), gr.update(), shown
+        if progress.error is not None:  # too long, ppd busy, a box it cannot use: one line
+            gr.Warning(progress.error)
+            yield gr.update(), gr.update(), progress.error
+            return
+        result = progress.result
         plain, ppd = result.vanilla_stats, result.ppd_stats
-        return (f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.vanilla_text}",
-                f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
-                result.verdict())
+        yield (f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.vanilla_text}",
+               f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
+               result.verdict())
 
     def calibrate(self, progress=gr.Progress()):
         try:
@@ -614,6 +661,31 @@ class Handlers:
             gr.Warning(str(error))
             return gr.update(), str(error), gr.update()
         return latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
+
+
+@dataclass
+class CompareProgress:
+    """A comparison running on its own thread (``run``), and what the page says of it meanwhile (``line``)."""
+
+    line: str = "Comparing: waiting for the model…"
+    result: object = None  # the ``Comparison`` once done
+    error: str | None = None  # one line where it was refused or failed
+    modes: list = field(default_factory=list)  # the ways run so far, in order
+
+    def run(self, service: ChatService, messages: list[dict], settings: ChatSettings) -> None:
+        try:
+            self.result = service.compare(messages, settings, self.told)
+        except PpdError as error:
+            self.error = str(error)
+        except Exception as error:  # noqa: BLE001 - a bug: its traceback logged, one line on the page
+            log.exception("comparing failed")
+            self.error = f"The comparison failed: {one_line(error)}"
+
+    def told(self, mode: str, tokens: int, total: int) -> None:
+        if mode not in self.modes:
+            self.modes.append(mode)
+        self.line = (f"Comparing (greedy, both ways, no cache reuse): {mode}, {len(self.modes)} of 2: "
+                     f"{tokens} of at most {total} tokens…")
 
 
 def training_button(label: str, variant: str = "secondary") -> dict:
@@ -644,11 +716,23 @@ def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: 
                           [chat.chatbot, chat.readout, chat.note, session, chat.send, chat.stop, chat.marked], **MODEL,
                           api_name=False)
     chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
-    settings.greedy.click(lambda: 0.0, None, settings.temperature, queue=False, api_name=False)  # one click to greedy
     # the chat's own trash icon is the Clear button: a new conversation (else it only emptied the display, and the
     # next message brought the cleared turns back, to the page and to the model)
     gr.on([chat.clear.click, chat.chatbot.clear], handlers.clear, [session],
           [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
+
+
+def wire_sampling(handlers: Handlers, session: gr.State, settings: SettingsPanel) -> None:
+    """A sampling widget the user sets (Greedy sets the temperature) is the user's choice, said in its label."""
+    for name, widget in zip(SAMPLING_LABELS, settings.sampling):
+        widget.input(lambda page, name=name: handlers.choose(name, page), [session], [session, widget], queue=False,
+                     api_name=False, show_progress="hidden")
+    def greedy(page: Session):  # one click to greedy
+        page, label = handlers.choose("temperature", page)
+        return page, {**label, "value": 0.0}
+
+    settings.greedy.click(greedy, [session], [session, settings.temperature], queue=False, api_name=False,
+                          show_progress="hidden")
 
 
 def wire_history(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel) -> None:
@@ -666,32 +750,35 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
         timer = gr.Timer(1.0, active=False)
         with gr.Row():
             with gr.Column(scale=3):
+                model_note = gr.Markdown("", elem_id="model-note")  # what this model is, where that matters to a chat
                 chat = chat_panel()
+                compare = compare_panel()
             with gr.Column(scale=2):
                 model = model_panel()
                 settings = settings_panel()
                 history = history_panel()
                 device = device_block()
                 calibration = calibration_panel()
-        compare = compare_panel()
 
         model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer, *settings.sampling,
-                        model.choice, model.training, model.train]
+                        model.choice, model.training, model.train, model_note]
         app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, *model_panels])
         # each page's Send stays off while its own answer streams (``Handlers.page_panels``)
+        # the page's own lines say what is going on: no Gradio timers flashing inside them
         timer.tick(lambda page: handlers.page_panels(page, handlers.model_panels()), [session], model_panels,
-                   queue=False, api_name=False)
+                   queue=False, api_name=False, show_progress="hidden")
         model.load.click(lambda spec, page: handlers.page_panels(page, handlers.switch_model(spec)), [model.choice, session],
-                         model_panels, queue=False, api_name=False)
+                         model_panels, queue=False, api_name=False, show_progress="hidden")
         # the button's label says what the click does: train, resume, or stop the training
         model.train.click(lambda label, page: handlers.page_panels(page, handlers.training_button(label)),
-                          [model.train, session], model_panels, queue=False, api_name=False)
+                          [model.train, session], model_panels, queue=False, api_name=False, show_progress="hidden")
         wire_chat(handlers, session, chat, settings, history, device)
+        wire_sampling(handlers, session, settings)
         wire_history(handlers, session, chat, settings, history)
         compare.button.click(handlers.compare,
                              [session, settings.system, settings.max_new, *settings.penalties, settings.schema],
                              [compare.plain, compare.ppd, compare.verdict],
-                             **MODEL, api_name="compare")
+                             **MODEL, api_name="compare", show_progress="hidden")  # the verdict line says how far
         calibration.button.click(handlers.calibrate, None, [calibration.curve, calibration.summary, device],
                                  **MODEL, api_name="calibrate")
     app.queue(default_concurrency_limit=1)

@@ -79,11 +79,15 @@ def test_highlighter_marks_accepted_guesses(service):
     assert copied.html.count(LOOKUP_MARK) == sum(1 for p, s in copied.pieces if s == "lookup" and p.strip())
 
 
-def test_compare_runs_both_ways_and_feeds_the_readout(service):
-    result = service.compare([user("Say something nice")], ChatSettings(max_new_tokens=20))
+def test_compare_runs_both_ways_and_tells_its_progress(service):
+    told = []
+    result = service.compare([user("Say something nice")], ChatSettings(max_new_tokens=20),
+                             lambda mode, tokens, total: told.append((mode, tokens, total)))
     assert result.identical and result.ppd_text == result.vanilla_text
-    assert result.speedup > 0 and "Greedy outputs: identical" in result.verdict()
-    assert service.speedup_label().endswith("(measured: last comparison)")
+    assert result.speedup > 0 and "; identical text." in result.verdict() and "(measured)" not in result.verdict()
+    first = "plain decoding" if result.first == "plain" else "PPD"
+    assert told[0] == (first, 1, 20) and {mode for mode, _, _ in told} == {"plain decoding", "PPD"}
+    assert [tokens for mode, tokens, _ in told if mode == "PPD"][-1] == result.ppd_stats.new_tokens
 
 
 def test_history_round_trip_export_and_corrupt_files(tmp_path):
@@ -275,7 +279,8 @@ def test_exactness_is_stated_per_path(service, llama_default):
     stats = GenerationStats(new_tokens=8, prefill_seconds=0.1, decode_seconds=0.1)
     verdicts = {bitwise: Comparison("a", "b", stats, stats, False, "plain", bitwise).verdict() for bitwise in (True, False)}
     assert "please report this" in verdicts[True] and "near-tie" in verdicts[False] and "report" not in verdicts[False]
-    assert "Greedy outputs: identical." in Comparison("a", "a", stats, stats, True, "plain", False).verdict()
+    assert all("different text (" in verdict for verdict in verdicts.values())
+    assert "; identical text." in Comparison("a", "a", stats, stats, True, "plain", False).verdict()
     # the default GGUF on llama.cpp on the CPU (its rows probed equal to single steps at load), and the tiny model
     # in fp32 on torch, whose tree matmuls round differently
     assert llama_default.loaded.backend.bitwise and "**Exactness:** bitwise" in device_panel(llama_default.snapshot())
@@ -334,10 +339,10 @@ def test_a_full_line_is_a_busy_notice_that_keeps_the_text(tiny_model_dir, tmp_pa
         assert len(updates) == 1
         chat, textbox, _, note, *_ = updates[0]
         assert textbox == {"__type__": "update"} and note.startswith("ppd is busy") and session.conversation.messages == []
-        _, _, verdict = handlers.compare(session, "", 16)
+        [(_, _, verdict)] = handlers.compare(session, "", 16)
         assert verdict == "Send a message first, then compare."
         session.conversation.messages.append(user("Hello there."))
-        _, _, verdict = handlers.compare(session, "", 16)
+        *_, (_, _, verdict) = handlers.compare(session, "", 16)
         assert verdict.startswith("ppd is busy")
     *_, (chat, _, note, *_), _ = handlers.regenerate(session, *SETTINGS)  # free again: answered
     assert session.conversation.messages[-1]["role"] == "assistant"
@@ -410,14 +415,14 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
                                                      "repeat_last_n": -1}
     handlers = Handlers(sampler, ConversationStore(tmp_path / "c"))
     widgets = len(SAMPLING_LABELS)
-    shown = dict(zip(SAMPLING_LABELS, handlers.load(new_session())[-3 - widgets:-3]))
+    shown = dict(zip(SAMPLING_LABELS, handlers.load(new_session())[-4 - widgets:-4]))
     assert shown["temperature"]["value"] == 0.6 and "the model" in shown["temperature"]["label"]
     assert shown["top_p"]["value"] == 0.9 and shown["top_k"]["value"] == 40 and "llama-server" in shown["top_k"]["label"]
     assert shown["repeat_penalty"]["value"] == 1.15 and shown["repeat_last_n"]["value"] == -1
-    picker = handlers.load(new_session())[-3]
+    picker = handlers.load(new_session())[-4]
     assert picker["value"] == "default" and picker["choices"][0] == "default"  # the loaded model's name, as --model takes it
-    *_, picker, _, _ = later = handlers.model_panels()  # the timer's next tick: the user's choices stay
-    assert all(update == {"__type__": "update"} for update in later[-3 - widgets:-3]) and "value" not in picker
+    *_, picker, _, _, _ = later = handlers.model_panels()  # the timer's next tick: the user's choices stay
+    assert all(update == {"__type__": "update"} for update in later[-4 - widgets:-4]) and "value" not in picker
     settings = ChatSettings(temperature=0.6, top_p=0.9, top_k=20)
     assert settings.sampling().top_k == 20 and settings.sampling().temperature == 0.6
     messages = [user("Hello there")]

@@ -6,7 +6,8 @@ import json
 import jsonschema
 import pytest
 
-from app.chat_service import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK, ChatService, Highlighter, format_readout
+from app.chat_service import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK, ChatService, Highlighter
+from app.readout import AnswerSpeed
 from app.history import ConversationStore
 from app.ui import Handlers, marked_answer, new_session
 from ppd_core.stats import GenerationStats, StepStats
@@ -45,11 +46,11 @@ def test_a_schema_in_the_box_constrains_the_answers_and_compare(page):
     text, readout, note = answered(handlers, session, QUESTION, settings(json.dumps(PERSON), highlight=True))
     jsonschema.validate(json.loads(text), PERSON)
     assert "grammar " in readout and "forced tokens right" in readout and "follows the JSON schema" in note
-    plain, ppd, verdict = handlers.compare(session, "", 96, 1.0, 64, 0.0, 0.0, json.dumps(PERSON))
+    *_, (plain, ppd, verdict) = handlers.compare(session, "", 96, 1.0, 64, 0.0, 0.0, json.dumps(PERSON))
     result = handlers.service.last_comparison
     for answer in (result.vanilla_text, result.ppd_text):
         jsonschema.validate(json.loads(answer), PERSON)
-    assert "Greedy outputs: identical." in verdict
+    assert "; identical text." in verdict
 
 
 @pytest.mark.parametrize("box, line", [
@@ -68,7 +69,7 @@ def test_a_box_it_cannot_use_is_one_line_and_the_message_stays_in_the_textbox(pa
     assert session.conversation.messages == before == handlers.store.load(session.conversation.id).messages
     [(_, _, note, *_)] = handlers.regenerate(session, *settings(box))  # Regenerate keeps the last answer
     assert note.startswith(line) and session.conversation.messages == before
-    _, _, verdict = handlers.compare(session, "", 16, 1.0, 64, 0.0, 0.0, box)
+    *_, (_, _, verdict) = handlers.compare(session, "", 16, 1.0, 64, 0.0, 0.0, box)
     assert verdict.startswith(line)
 
 
@@ -99,8 +100,8 @@ def test_grammar_guesses_are_their_own_source_after_the_lookups():
 
     stats = GenerationStats(prefill_seconds=0.1, decode_seconds=0.1)
     stats.add(step)
-    constrained = format_readout(stats, "2.00x", True, grammar=True)
-    assert "(guessed per step: prompt tokens 1.00, lookup 2.00, grammar 2.00)" in constrained
+    constrained = AnswerSpeed(stats, True, True, grammar=True).details()
+    assert "accepted per step: prompt tokens 1.00, lookup 2.00, grammar 2.00;" in constrained
     assert "grammar: 2 of 4 forced tokens right" in constrained
-    free = format_readout(stats, "2.00x", True)  # a free-text answer's readout, as before
-    assert "(guessed per step: prompt tokens 1.00, lookup 2.00)" in free and "grammar" not in free
+    free = AnswerSpeed(stats, True, True).details()  # a free-text answer's readout, as before
+    assert free.endswith("accepted per step: prompt tokens 1.00, lookup 2.00") and "grammar" not in free

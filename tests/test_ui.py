@@ -103,7 +103,7 @@ def test_browser_chat_stop_compare_and_calibrate(running_app, tmp_path):
         expect(readout).to_contain_text("(streaming)", timeout=120_000)
         bot = page.locator("#chat [data-testid='bot']").last
         expect(bot).not_to_be_empty()
-        expect(readout).to_contain_text("tokens/step")
+        expect(readout).to_contain_text("tokens per step")
         expect(readout).not_to_contain_text("(streaming)", timeout=180_000)
         assert "tokens/s" in readout.inner_text()
 
@@ -116,11 +116,10 @@ def test_browser_chat_stop_compare_and_calibrate(running_app, tmp_path):
 
         # compare with plain decoding: both answers side by side, with a verdict
         page.locator("#compare").click()
-        expect(page.locator("#verdict")).to_contain_text("Greedy outputs: identical", timeout=240_000)
+        expect(page.locator("#verdict")).to_contain_text("identical text", timeout=240_000)
         expect(page.locator("#plain-answer")).to_contain_text("Plain decoding")
         expect(page.locator("#ppd-answer")).to_contain_text("PPD")
         page.screenshot(path=str(tmp_path / "after-compare.png"), full_page=True)
-        assert "measured: last comparison" in service.speedup_label()
 
         # one-click calibration with its progress, then the curve and the expected speedup
         page.get_by_text("Calibration", exact=True).click()
