@@ -1,0 +1,170 @@
+"""Issue 43 on the real page (Chromium, the default model on llama.cpp, calibrated on this machine): the readout tells
+this answer's speedup over plain decoding in one line, estimated live, within 10% of what Compare then measures on a
+first turn and on a follow-up that copies; Compare shows its progress and its verdict in words; a busy device is said;
+a model with no chat template and the tiny default are said above the chat; a sampling value the user set stays set
+across a model switch, its label saying so."""
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.chat_service import ChatService
+from app.history import ConversationStore
+from app.ui import build_app
+from ppd_core.engine import Engine, EngineConfig
+from tiny_gguf import tiny_models  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+BUDGET = 6  # tokens per step of the trees answers use: on a CPU they cost more than they guess, on a GPU less
+QUICK = dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1)
+FIRST = "Give me three tips for staying healthy."
+COPY = "Repeat your previous answer word for word."
+ESTIMATE = re.compile(r"([0-9.]+)x faster than plain decoding|([0-9.]+)x the speed of plain decoding|"
+                      r"as fast as plain decoding \(([0-9.]+)x\)")
+TIMER_TEXT = re.compile(r"\b\d+\.\d+s\b")  # Gradio's elapsed-time counter ("0.1s")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def load(spec: str, progress=None) -> Engine:
+    """The page's loader: the default model with trees of ``BUDGET`` tokens from its calibrated profile; others as
+    `ppd chat` loads them."""
+    if spec != "default":
+        return Engine.load(EngineConfig(model=spec, tree="auto", auto_calibrate=False), progress)
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False), progress)
+    engine.use_profile(engine.saved_profile() or engine.calibrate(None, **QUICK), budget=BUDGET)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def page(tiny_models):  # noqa: F811 - the fixture
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM.exists(), "Debian's chromium is needed: apt-get install chromium (make test does it)"
+    service = ChatService(load("default"), spec="default", loader=load)
+    store = ConversationStore(Path(tiny_models.folder) / "conversations")
+    app = build_app(service, store)
+    port = free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            tab = browser.new_page(viewport={"width": 1400, "height": 1100})
+            tab.goto(f"http://127.0.0.1:{port}/")
+            yield tab, service
+            browser.close()
+    finally:
+        app.close()
+        service.shutdown()
+
+
+def estimated(readout: str) -> float:
+    found = ESTIMATE.search(readout)
+    assert found and "(estimated)" in readout, readout
+    return float(next(group for group in found.groups() if group))
+
+
+def lines(locator) -> float:
+    """How many lines of text ``locator`` takes up as laid out (its height in line heights, rounded)."""
+    return round(locator.evaluate("e => e.getBoundingClientRect().height / parseFloat(getComputedStyle(e).lineHeight)"))
+
+
+def answer(tab, question: str) -> str:
+    """Send ``question``; the readout's text once the answer has ended."""
+    from playwright.sync_api import expect
+
+    readout = tab.locator("#readout")
+    tab.locator("#message textarea").fill(question)
+    tab.locator("#send").click()
+    expect(readout).to_contain_text("(streaming)", timeout=120_000)
+    expect(readout).not_to_contain_text("(streaming)", timeout=240_000)
+    expect(tab.locator("#send")).to_be_enabled(timeout=30_000)
+    return readout.inner_text()
+
+
+def compared(tab, service) -> float:
+    """Click Compare: its progress shows on the verdict line, then the verdict in words; the measured speedup."""
+    from playwright.sync_api import expect
+
+    verdict = tab.locator("#verdict")
+    tab.locator("#compare").click()
+    expect(verdict).to_contain_text("Comparing", timeout=30_000)
+    expect(verdict).to_contain_text(re.compile(r"(plain decoding|PPD), [12] of 2: \d+ of at most \d+ tokens"))
+    expect(verdict).to_contain_text("identical text", timeout=240_000)
+    assert re.search(r"PPD was (\S+ faster|slower|about as fast)", verdict.inner_text())
+    assert lines(verdict.locator("p").first) <= 2
+    return service.last_comparison.speedup
+
+
+def test_the_readout_estimates_this_answers_speedup_within_10_percent_of_compare(page):
+    tab, service = page
+    from playwright.sync_api import expect
+
+    expect(tab.locator("#model-note")).to_contain_text("tiny demo model", timeout=60_000)
+    for question in (FIRST, COPY):  # a first turn, then a follow-up that copies the conversation
+        readout = answer(tab, question)
+        estimate = estimated(readout)
+        measured = compared(tab, service)
+        assert abs(estimate / measured - 1) <= 0.10, (question, estimate, measured, readout)
+        first_line = tab.locator("#readout p").first  # the internals wait behind the Details toggle
+        assert lines(first_line) <= 2 and "prompt processing" not in first_line.inner_text()
+        details = tab.locator("#readout details")
+        expect(details.get_by_text("prompt processing", exact=False)).to_be_hidden()
+        details.locator("summary").click()
+        expect(details).to_contain_text("prompt processing")
+    stats = service.last_comparison.ppd_stats
+    assert stats.from_lookup > 0  # the follow-up copied from the conversation
+
+
+def test_a_busy_device_is_said_in_the_readout(page):
+    tab, service = page
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]  # the CPU taken
+    try:
+        readout = answer(tab, "Write a short poem about the sea.")
+    finally:
+        for hog in hogs:
+            hog.kill()
+    assert "this device is busy (steps " in readout and "slower than when calibrated" in readout, readout
+
+
+def test_a_model_without_a_chat_template_is_said_above_the_chat_and_a_set_temperature_stays(page, tiny_models):  # noqa: F811
+    tab, service = page
+    from playwright.sync_api import expect
+
+    temperature = tab.locator("#temperature")
+    tab.locator("#greedy").click()
+    expect(temperature).to_contain_text("your choice")
+    expect(temperature.locator("input[type='number']")).to_have_value("0")
+    base = tiny_models.get("gemma3")  # a base model: no chat template
+    picker = tab.locator("#model input")
+    picker.fill(str(base))
+    picker.press("Enter")
+    tab.locator("#load-model").click()
+    note = tab.locator("#model-note")
+    seen = []
+    deadline = time.monotonic() + 120
+    while "has no chat template" not in note.inner_text():  # meanwhile no Gradio timer inside the page's own lines
+        assert time.monotonic() < deadline, note.inner_text()
+        seen += [tab.locator(f"#{line}").inner_text() for line in ("startup", "device", "training", "calibration")]
+        time.sleep(0.05)
+    assert not [text for text in seen if TIMER_TEXT.search(text)]
+    expect(note).to_contain_text("may continue the text instead of answering")
+    expect(temperature.locator("input[type='number']")).to_have_value("0")  # the user's choice, not the model's
+    expect(temperature).to_contain_text("your choice")
+    tab.locator("#message textarea").fill("Hello")
+    tab.locator("#send").click()
+    expect(tab.locator("#readout")).not_to_contain_text("(streaming)", timeout=120_000)
+    expect(note).to_contain_text("has no chat template")  # still there beside the answer
