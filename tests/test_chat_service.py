@@ -312,12 +312,12 @@ def test_while_a_pages_answer_streams_send_is_off_and_another_send_or_regenerate
     updates = handlers.send("Tell me a story.", session, *SETTINGS)
     taken = next(updates)
     assert taken[1] == "" and taken[6:8] == ({**keep, "interactive": False}, {**keep, "visible": True})
-    assert list(handlers.send("Another one.", session, *SETTINGS)) == [(keep, keep, keep, keep, session, keep, keep, keep, keep)]
-    assert list(handlers.regenerate(session, *SETTINGS)) == [(keep, keep, keep, session, keep, keep, keep)]
+    assert list(handlers.send("Another one.", session, *SETTINGS)) == [(keep, keep, keep, keep, session, *(keep,) * 6)]
+    assert list(handlers.regenerate(session, *SETTINGS)) == [(keep, keep, keep, session, *(keep,) * 5)]
     *_, last = updates
     assert last[6:8] == ({**keep, "interactive": True}, {**keep, "visible": False})
     assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"] and not service.queue.waiting
-    *_, (chat, _, _, _, send, stop, _) = handlers.regenerate(session, *SETTINGS)  # free again once it ended
+    *_, (chat, _, _, _, send, stop, *_) = handlers.regenerate(session, *SETTINGS)  # free again once it ended
     assert send == {**keep, "interactive": True} and stop == {**keep, "visible": False}
     assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"]
 
