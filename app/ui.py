@@ -246,7 +246,9 @@ class ModelPanel:
 
 def model_panel() -> ModelPanel:
     with gr.Row():
-        choice = gr.Dropdown([], label="Model: pick one, or type hf:OWNER/REPO[:FILE.gguf] or a local .gguf or folder path",
+        # the label one line at 1400 px; the ways to name a model in the line under it
+        choice = gr.Dropdown([], label="Model, hf:OWNER/REPO or a local path",
+                             info="A local .gguf file or model folder works too; hf:OWNER/REPO:FILE.gguf picks one file",
                              allow_custom_value=True, interactive=True, scale=4, elem_id="model")
         load = gr.Button("Load", scale=1, elem_id="load-model")
     with gr.Row():
