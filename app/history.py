@@ -19,6 +19,9 @@ from filelock import FileLock
 from ppd_core.atomic_files import atomic_write
 
 
+TITLE_CHARS = 40  # a conversation's title: its first message, cut at a word near here
+
+
 def new_conversation_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
 
@@ -38,9 +41,14 @@ class Conversation:
 
     @property
     def title(self) -> str:
-        first = next((m["content"] for m in self.messages if m["role"] == "user"), "New conversation")
-        first = " ".join(first.split())
-        return first[:60] + ("..." if len(first) > 60 else "")
+        """The first user message, shortened at a word to about ``TITLE_CHARS`` (a list shows it on one line)."""
+        first = " ".join(next((m["content"] for m in self.messages if m["role"] == "user"), "").split())
+        if not first:
+            return "New conversation"
+        if len(first) <= TITLE_CHARS:
+            return first
+        cut = first[:TITLE_CHARS + 1].rsplit(" ", 1)[0] if " " in first[:TITLE_CHARS + 1] else first[:TITLE_CHARS]
+        return cut.rstrip(" ,.;:") + "…"
 
     def to_markdown(self) -> str:
         lines = [f"# {self.title}", ""]

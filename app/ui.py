@@ -19,7 +19,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,7 @@ class Session:
     stop_requested: bool = False
     answering: bool = False
     chosen: set[str] = field(default_factory=set)  # sampling widgets set on this page: a model's defaults keep off them
+    selected: tuple | None = None  # the message clicked in the chat: (index, role, content), checked before use
 
 
 def new_session() -> Session:
@@ -131,8 +133,59 @@ def chosen_label(name: str) -> str:
     return f"{SAMPLING_LABELS[name]} · your choice"
 
 
-def conversation_choices(store: ConversationStore) -> list[tuple[str, str]]:
-    return [(f"{datetime.fromtimestamp(c.updated):%b %d %H:%M} · {c.title}", c.id) for c in store.list()]
+def spoken_time(stamp: float, now: float | None = None, seconds: bool = False) -> str:
+    """When, as a person reads it: "today 18:49", "yesterday 09:12", "Nov 20" (this year), "Nov 20, 2023"; with
+    ``seconds``, to the second (the day then with its time)."""
+    when, today = datetime.fromtimestamp(stamp), datetime.fromtimestamp(time.time() if now is None else now).date()
+    clock = f"{when:%H:%M:%S}" if seconds else f"{when:%H:%M}"
+    days = (today - when.date()).days
+    if days in (0, 1):
+        return f"{'today' if days == 0 else 'yesterday'} {clock}"
+    day = f"{when:%b} {when.day}" + ("" if when.year == today.year else f", {when.year}")
+    return f"{day} {clock}" if seconds else day
+
+
+def conversation_choices(store: ConversationStore, now: float | None = None) -> list[tuple[str, str]]:
+    """(label, id), newest first: the title and when it was last written; labels that would read alike give the
+    time to the second, and a number where even that repeats."""
+    conversations = store.list()
+    labels = [f"{c.title} · {spoken_time(c.updated, now)}" for c in conversations]
+    alike = Counter(labels)
+    labels = [f"{c.title} · {spoken_time(c.updated, now, seconds=True)}" if alike[label] > 1 else label
+              for c, label in zip(conversations, labels)]
+    alike, numbered = Counter(labels), Counter()
+    choices = []
+    for conversation, label in zip(conversations, labels):
+        if alike[label] > 1:
+            numbered[label] += 1
+            label = f"{label} ({numbered[label]})"
+        choices.append((label, conversation.id))
+    return choices
+
+
+def exchange(messages: list[dict], index: int) -> tuple[int, int]:
+    """(start, end) of the exchange holding message ``index``: its user message and the answers up to the next one."""
+    start = index
+    while start > 0 and messages[start]["role"] != "user":
+        start -= 1
+    end = start + 1
+    while end < len(messages) and messages[end]["role"] != "user":
+        end += 1
+    return start, end
+
+
+def quoted(text: str, chars: int = 40) -> str:
+    text = " ".join(text.split())
+    return f"“{text[:chars]}…”" if len(text) > chars else f"“{text}”"
+
+
+def selection_line(messages: list[dict], index: int) -> str:
+    """What the page says of a clicked message: which one, and that Delete takes its whole exchange."""
+    question = messages[exchange(messages, index)[0]]
+    if messages[index]["role"] == "user":
+        return f"**Selected:** your message {quoted(question['content'])}; Delete removes it with its answer."
+    about = f"the answer to {quoted(question['content'])}" if question["role"] == "user" else "this answer"
+    return f"**Selected:** {about}; Delete removes it with its question."
 
 
 def calibration_summary(profile, tree_name: str = "") -> str:
@@ -171,10 +224,18 @@ class ChatPanel:
     readout: gr.Markdown
     note: gr.Markdown
     marked: gr.HTML  # the last answer with its accepted guesses marked (when asked): the chat itself stays plain text
+    context: gr.Markdown  # the context meter: tokens the conversation takes of the model's context
+    selection: gr.Row  # shown once a message is clicked: what it is, Delete, Answer again from here
+    selected: gr.Markdown
+    delete: gr.Button
+    again: gr.Button
 
 
 def chat_panel() -> ChatPanel:
-    chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chat", sanitize_html=True)
+    # the pencil on a user message edits it (answered again from there); the last answer has Retry and Undo; a click on
+    # any message offers to delete it or answer again from it
+    chatbot = gr.Chatbot(label="Chat · click a message to delete it or answer again from it", height=460,
+                         elem_id="chat", sanitize_html=True, editable="user")
     with gr.Row():
         message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, elem_id="message")
         send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
@@ -182,10 +243,16 @@ def chat_panel() -> ChatPanel:
     with gr.Row():
         regenerate = gr.Button("Regenerate", size="sm")
         clear = gr.Button("Clear", size="sm", elem_id="clear")
+    with gr.Row(visible=False, elem_id="selection") as selection:
+        selected = gr.Markdown("", elem_id="selected")
+        delete = gr.Button("Delete", size="sm", variant="stop", scale=0, elem_id="delete-message")
+        again = gr.Button("Answer again from here", size="sm", scale=0, elem_id="answer-again")
+    context = gr.Markdown("", elem_id="context")
     readout = gr.Markdown("", elem_id="readout")
     note = gr.Markdown("", elem_id="note")
     marked = gr.HTML("", elem_id="marked")
-    return ChatPanel(chatbot, message, send, stop, regenerate, clear, readout, note, marked)
+    return ChatPanel(chatbot, message, send, stop, regenerate, clear, readout, note, marked, context, selection, selected,
+                     delete, again)
 
 
 @dataclass
@@ -198,7 +265,9 @@ class ModelPanel:
 
 def model_panel() -> ModelPanel:
     with gr.Row():
-        choice = gr.Dropdown([], label="Model: pick one, or type a Hub model (hf:OWNER/REPO or hf:OWNER/REPO:FILE.gguf)",
+        # the label one line at 1400 px; the ways to name a model in the line under it
+        choice = gr.Dropdown([], label="Model, hf:OWNER/REPO or a local path",
+                             info="A local .gguf file or model folder works too; hf:OWNER/REPO:FILE.gguf picks one file",
                              allow_custom_value=True, interactive=True, scale=4, elem_id="model")
         load = gr.Button("Load", scale=1, elem_id="load-model")
     with gr.Row():
@@ -349,19 +418,49 @@ class Handlers:
         self.service = service
         self.store = store
         self._export_dir: Path | None = None  # made on the first export
-        self._restored = False  # the first page after launch reopens the latest conversation
+        self._restored = False  # the first page after launch with none of its own reopens the latest conversation
         self._shown_model = None  # the engine whose sampling and name the pages were last given
         self._answers = threading.Lock()  # marks a page answering, one at a time
 
-    def load(self, session: Session):
-        if not self._restored:
-            self._restored = True
-            saved = self.store.list()
-            if saved:
-                session.conversation = saved[0]
+    def load(self, session: Session, page_conversation: str | None = None):
+        """A page opens: the conversation it had before a reload (``page_conversation``, kept by the browser), else on the
+        first page after launch the latest one, else a new one. Outputs: session, chat, system prompt, saved list,
+        context meter, the page's conversation id, then ``model_panels``."""
+        opened = self._saved(page_conversation)
+        if opened is None and not self._restored:
+            opened = next(iter(self.store.list()), None)
+        self._restored = True
+        if opened is not None:
+            session.conversation = opened
         conversation = session.conversation
         return (session, chat_messages(conversation), conversation.system_prompt,
-                gr.update(choices=conversation_choices(self.store), value=None), *self.model_panels(fresh_page=True))
+                gr.update(choices=conversation_choices(self.store), value=None), self.context(conversation),
+                conversation.id, *self.model_panels(fresh_page=True))
+
+    def _saved(self, conversation_id: str | None) -> Conversation | None:
+        """The saved conversation ``conversation_id``; None where there is none (never saved, deleted, unreadable)."""
+        if not conversation_id or not isinstance(conversation_id, str):
+            return None
+        try:
+            return self.store.load(conversation_id)
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def context(self, conversation: Conversation, system: str | None = None) -> str:
+        """The context meter: the tokens the conversation takes of the model's context, counted with the model's own
+        template, system prompt (``system``, default the conversation's) included; "" while no model is ready."""
+        if not self.service.ready:
+            return ""
+        engine = self.service.engine
+        system = conversation.system_prompt if system is None else system
+        turns = [{"role": m["role"], "content": m["content"]} for m in conversation.messages]
+        try:
+            used = len(engine.chat_ids(([{"role": "system", "content": system}] if system.strip() else []) + turns))
+        except PpdError:  # nothing asked yet: nothing is in the context
+            used = 0
+        limit = engine.max_context
+        over = ": the earliest turns are left out" if used > limit else ""
+        return f"Context: {used:,} of {limit:,} tokens ({used / limit:.0%}){over}"
 
     def model_panels(self, fresh_page: bool = False) -> tuple:
         """(startup line, Send, device panel, calibration summary, latency plot, timer, the sampling widgets
@@ -538,16 +637,16 @@ class Handlers:
         return session, gr.update(label=chosen_label(name))
 
     def send(self, message: str, session: Session, *settings):
-        """Answer ``message``; outputs: chat, message box, readout, note, session, saved list, Send, Stop. While the
-        answer streams, Send is off and Stop shown, and another send from the page does nothing: its text stays in the
-        box, which is emptied once, when the message is taken."""
+        """Answer ``message``; outputs: chat, message box, readout, note, session, saved list, Send, Stop, marked answer,
+        context meter, the page's conversation id. While the answer streams, Send is off and Stop shown, and another
+        send from the page does nothing: its text stays in the box, which is emptied once, when the message is taken."""
         keep = gr.update
         if not message or not message.strip():
             gr.Warning("Please type a message first.")
-            yield keep(), keep(), keep(), "Please type a message first.", session, keep(), keep(), keep(), keep()
+            yield keep(), keep(), keep(), "Please type a message first.", session, keep(), keep(), keep(), keep(), keep(), keep()
             return
         if not self._begin_answer(session):
-            yield keep(), keep(), keep(), keep(), session, keep(), keep(), keep(), keep()
+            yield keep(), keep(), keep(), keep(), session, keep(), keep(), keep(), keep(), keep(), keep()
             return
         try:
             conversation = session.conversation
@@ -556,62 +655,163 @@ class Handlers:
                 updates = self._start(session, asked, ChatSettings(*settings))
             except PpdError as error:
                 gr.Warning(str(error))
-                yield keep(), keep(), keep(), str(error), session, keep(), keep(), keep(), keep()
+                yield keep(), keep(), keep(), str(error), session, keep(), keep(), keep(), keep(), keep(), keep()
                 return
             conversation.messages.append(asked[-1])
             shown_updates = self._respond(session, updates)
-            shown, readout, note, marked = next(shown_updates)  # taken and saved
-            yield shown, "", readout, note, session, keep(), *answering(), marked
+            shown, readout, note, marked = next(shown_updates)  # taken and saved: a reload from here shows it
+            yield shown, "", readout, note, session, keep(), *answering(), marked, keep(), conversation.id
             for shown, readout, note, marked in shown_updates:
-                yield shown, keep(), readout, note, session, keep(), keep(), keep(), marked
+                yield shown, keep(), readout, note, session, keep(), keep(), keep(), marked, keep(), keep()
         finally:
             session.answering = False
-        yield keep(), keep(), keep(), keep(), session, keep(choices=conversation_choices(self.store)), *answered(), keep()
+        yield (keep(), keep(), keep(), keep(), session, keep(choices=conversation_choices(self.store)), *answered(), keep(),
+               self.context(conversation), conversation.id)  # a save may have given it a new id
 
     def regenerate(self, session: Session, *settings):
-        """The last user message answered again; outputs: chat, readout, note, session, Send, Stop (as ``send``)."""
+        """The last user message answered again (the Regenerate button, the last answer's Retry icon); outputs: chat,
+        readout, note, session, Send, Stop, marked answer, context meter, the page's conversation id (as ``send``)."""
+
+        def last_question(messages: list[dict]) -> list[dict]:
+            return messages[:-1] if messages and messages[-1]["role"] == "assistant" else messages
+
+        yield from self._answer_again(session, settings, last_question, "Nothing to regenerate yet.")
+
+    def edit(self, edited: gr.EditData, session: Session, *settings):
+        """A sent message edited on the page (the pencil): the conversation after it goes, and it is answered again as
+        edited; outputs as ``regenerate``. Refused (busy, too long, empty), the page shows the conversation as it was."""
+        index, text = edited.index, edited.value if isinstance(edited.value, str) else ""
+
+        def cut(messages: list[dict]) -> list[dict]:
+            if not (isinstance(index, int) and 0 <= index < len(messages)) or messages[index]["role"] != "user":
+                return []
+            return messages[:index] + [{"role": "user", "content": text}] if text.strip() else []
+
+        yield from self._answer_again(session, settings, cut, "A message cannot be empty.", restore=True)
+
+    def again(self, session: Session, *settings):
+        """Answer again from the clicked message (the question it is, or the one it answers); outputs as
+        ``regenerate``."""
+        index = self._selected(session)
+
+        def cut(messages: list[dict]) -> list[dict]:
+            start = exchange(messages, index)[0] if index is not None else 0
+            return messages[:start + 1] if index is not None and messages[start]["role"] == "user" else []
+
+        yield from self._answer_again(session, settings, cut, "Click a message in the chat first.")
+
+    def _answer_again(self, session: Session, settings: tuple, cut: Callable[[list[dict]], list[dict]], empty: str,
+                      restore: bool = False):
+        """Answer ``cut(the conversation's messages)`` (ending with the user message to answer; [] says ``empty``):
+        it replaces the conversation once the answer is taken, so a refusal keeps it (``restore``: the chat is shown
+        again, for an edit the page made itself). Outputs as ``regenerate``."""
         keep = gr.update
+        shown = (lambda: chat_messages(session.conversation)) if restore else keep
         if not self._begin_answer(session):
-            yield keep(), keep(), keep(), session, keep(), keep(), keep()
+            yield shown(), keep(), keep(), session, keep(), keep(), keep(), keep(), keep()
             return
         try:
-            messages = list(session.conversation.messages)
-            if messages and messages[-1]["role"] == "assistant":
-                messages.pop()
+            messages = cut(list(session.conversation.messages))
             if not messages:
-                gr.Warning("Nothing to regenerate yet.")
-                yield keep(), keep(), "Nothing to regenerate yet.", session, keep(), keep(), keep()
+                gr.Warning(empty)
+                yield shown(), keep(), empty, session, keep(), keep(), keep(), keep(), keep()
                 return
-            try:  # a refused prompt keeps the last answer
+            try:  # a refused prompt keeps the conversation as it was
                 updates = self._start(session, messages, ChatSettings(*settings))
             except PpdError as error:
                 gr.Warning(str(error))
-                yield keep(), keep(), str(error), session, keep(), keep(), keep()
+                yield shown(), keep(), str(error), session, keep(), keep(), keep(), keep(), keep()
                 return
             session.conversation.messages[:] = messages
             shown_updates = self._respond(session, updates)
-            shown, readout, note, marked = next(shown_updates)  # taken and saved
-            yield shown, readout, note, session, *answering(), marked
-            for shown, readout, note, marked in shown_updates:
-                yield shown, readout, note, session, keep(), keep(), marked
+            chat, readout, note, marked = next(shown_updates)  # taken and saved
+            yield chat, readout, note, session, *answering(), marked, keep(), session.conversation.id
+            for chat, readout, note, marked in shown_updates:
+                yield chat, readout, note, session, keep(), keep(), marked, keep(), keep()
         finally:
             session.answering = False
-        yield keep(), keep(), keep(), session, *answered(), keep()
+        yield (keep(), keep(), keep(), session, *answered(), keep(), self.context(session.conversation),
+               session.conversation.id)
+
+    def select(self, clicked: gr.SelectData, session: Session):
+        """A message clicked: the page offers to delete it or answer again from it; outputs: session, the selection
+        row, its line."""
+        messages, index = session.conversation.messages, clicked.index
+        index = index[0] if isinstance(index, (list, tuple)) and index else index
+        if not (isinstance(index, int) and 0 <= index < len(messages)):
+            session.selected = None
+            return session, gr.update(visible=False), ""
+        session.selected = (index, messages[index]["role"], messages[index]["content"])
+        return session, gr.update(visible=True), selection_line(messages, index)
+
+    def _selected(self, session: Session) -> int | None:
+        """The clicked message's index, if the conversation still holds it there (else None: it changed since)."""
+        if session.selected is None:
+            return None
+        index, role, content = session.selected
+        messages = session.conversation.messages
+        ok = index < len(messages) and (messages[index]["role"], messages[index]["content"]) == (role, content)
+        return index if ok else None
+
+    def delete(self, session: Session):
+        """Delete the clicked message with the rest of its exchange (a question with its answer, an answer with its
+        question), so the turns still alternate and the model sees what the page shows; outputs: chat, note, session,
+        saved list, selection row, context meter, the page's conversation id."""
+        keep = gr.update
+        index = self._selected(session)
+        if session.answering or index is None:
+            line = "Wait for the answer to end." if session.answering else "Click a message in the chat first."
+            return keep(), line, session, keep(), gr.update(visible=False), keep(), keep()
+        self._remove(session, index)
+        conversation = session.conversation
+        return (chat_messages(conversation), "", session, keep(choices=conversation_choices(self.store)),
+                gr.update(visible=False), self.context(conversation), conversation.id)
+
+    def undo(self, session: Session):
+        """The last answer's Undo icon: its exchange removed and the question put back in the box, to change and send
+        again; outputs: chat, message box, note, session, saved list, context meter, the page's conversation id."""
+        keep = gr.update
+        messages = session.conversation.messages
+        questions = [i for i, message in enumerate(messages) if message["role"] == "user"]
+        if session.answering or not questions:
+            return chat_messages(session.conversation), keep(), keep(), session, keep(), keep(), keep()
+        text = messages[questions[-1]]["content"]
+        self._remove(session, questions[-1])
+        conversation = session.conversation
+        return (chat_messages(conversation), text, "", session, keep(choices=conversation_choices(self.store)),
+                self.context(conversation), conversation.id)
+
+    def _remove(self, session: Session, index: int) -> None:
+        """Remove the exchange holding message ``index`` and save; a conversation left empty is deleted from disk."""
+        conversation = session.conversation
+        start, end = exchange(conversation.messages, index)
+        del conversation.messages[start:end]
+        session.selected = None
+        if conversation.messages:
+            self._save(conversation)
+        else:
+            self.store.delete(conversation.id)
 
     def stop(self, session: Session):
         session.stop_requested = True
         return session
 
     def clear(self, session: Session):
-        """A new conversation, with a new id; the old one stays saved."""
+        """A new conversation, with a new id; the old one stays saved. Outputs: session, chat, readout, note, saved
+        list, context meter, the page's conversation id."""
         session.conversation = Conversation(system_prompt=session.conversation.system_prompt)
-        return session, [], "", "", gr.update(value=None)
+        session.selected = None
+        return session, [], "", "", gr.update(value=None), self.context(session.conversation), session.conversation.id
 
     def open(self, conversation_id: str, session: Session):
+        """A saved conversation opened; outputs: session, chat, system prompt, context meter, the page's conversation
+        id."""
         if not conversation_id:
-            return session, gr.update(), gr.update()
+            return session, gr.update(), gr.update(), gr.update(), gr.update()
         session.conversation = self.store.load(conversation_id)
-        return session, chat_messages(session.conversation), session.conversation.system_prompt
+        session.selected = None
+        conversation = session.conversation
+        return session, chat_messages(conversation), conversation.system_prompt, self.context(conversation), conversation.id
 
     def export(self, kind: str, session: Session):
         if not session.conversation.messages:
@@ -706,20 +906,37 @@ def answered() -> tuple:
 # ---- wiring ----
 
 
-def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel, device: gr.Markdown) -> None:
-    outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved, chat.send, chat.stop, chat.marked]
+def wire_chat(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel,
+              device: gr.Markdown, page: gr.BrowserState) -> None:
+    """``page``: the browser's copy of the page's conversation id, set whenever it changes (a reload reopens it)."""
+    outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, history.saved, chat.send, chat.stop, chat.marked,
+               chat.context, page]
     # Enter and Send are one event: while its answer streams the page does not send it again (trigger_mode "once");
     # ``Handlers.send`` also ignores a send from a page whose answer streams (one started by Regenerate)
     gr.on([chat.message.submit, chat.send.click], handlers.send, [chat.message, session, *settings.inputs], outputs,
           **MODEL, api_name="send", trigger_mode="once").then(handlers.device, None, device, api_name=False)
-    chat.regenerate.click(handlers.regenerate, [session, *settings.inputs],
-                          [chat.chatbot, chat.readout, chat.note, session, chat.send, chat.stop, chat.marked], **MODEL,
-                          api_name=False)
+    again = [chat.chatbot, chat.readout, chat.note, session, chat.send, chat.stop, chat.marked, chat.context, page]
+    # the Regenerate button and the last answer's Retry icon are one action
+    gr.on([chat.regenerate.click, chat.chatbot.retry], handlers.regenerate, [session, *settings.inputs], again, **MODEL,
+          api_name=False, trigger_mode="once")
+    chat.chatbot.edit(handlers.edit, [session, *settings.inputs], again, **MODEL, api_name=False)
+    chat.again.click(handlers.again, [session, *settings.inputs], again, **MODEL, api_name=False)
+    chat.chatbot.undo(handlers.undo, [session],
+                      [chat.chatbot, chat.message, chat.note, session, history.saved, chat.context, page], api_name=False)
+    chat.chatbot.select(handlers.select, [session], [session, chat.selection, chat.selected], queue=False, api_name=False)
+    chat.delete.click(handlers.delete, [session],
+                      [chat.chatbot, chat.note, session, history.saved, chat.selection, chat.context, page], api_name=False)
+    # whatever changes the conversation puts the offer for a clicked message away (its index would point elsewhere)
+    gr.on([chat.send.click, chat.message.submit, chat.regenerate.click, chat.chatbot.retry, chat.chatbot.edit,
+           chat.chatbot.undo, chat.again.click, chat.clear.click, chat.chatbot.clear, history.saved.change],
+          lambda: gr.update(visible=False), None, chat.selection, queue=False, api_name=False)
+    settings.system.blur(lambda page_session, system: handlers.context(page_session.conversation, system),
+                         [session, settings.system], chat.context, queue=False, api_name=False)
     chat.stop.click(handlers.stop, [session], [session], queue=False, api_name=False)
     # the chat's own trash icon is the Clear button: a new conversation (else it only emptied the display, and the
     # next message brought the cleared turns back, to the page and to the model)
     gr.on([chat.clear.click, chat.chatbot.clear], handlers.clear, [session],
-          [session, chat.chatbot, chat.readout, chat.note, history.saved], api_name=False)
+          [session, chat.chatbot, chat.readout, chat.note, history.saved, chat.context, page], api_name=False)
 
 
 def wire_sampling(handlers: Handlers, session: gr.State, settings: SettingsPanel) -> None:
@@ -735,8 +952,10 @@ def wire_sampling(handlers: Handlers, session: gr.State, settings: SettingsPanel
                           show_progress="hidden")
 
 
-def wire_history(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel) -> None:
-    history.saved.change(handlers.open, [history.saved, session], [session, chat.chatbot, settings.system], api_name=False)
+def wire_history(handlers: Handlers, session: gr.State, chat: ChatPanel, settings: SettingsPanel, history: HistoryPanel,
+                 page: gr.BrowserState) -> None:
+    history.saved.change(handlers.open, [history.saved, session],
+                         [session, chat.chatbot, settings.system, chat.context, page], api_name=False)
     history.export_json.click(lambda s: handlers.export("json", s), [session], [history.exported], api_name=False)
     history.export_md.click(lambda s: handlers.export("md", s), [session], [history.exported], api_name=False)
 
@@ -745,6 +964,8 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
     handlers = Handlers(service, store or ConversationStore())
     with gr.Blocks(title="ppd chat") as app:
         session = gr.State(new_session)  # called for every new page: its own conversation and id
+        # the page's conversation id in the browser (its own per browser profile), so that a reload reopens it
+        page = gr.BrowserState(None, storage_key="ppd-conversation")
         gr.Markdown(f"## ppd · local chat with Parallel Prompt Decoding\nSpeeds are {SPEED_DEFINITION}.")
         startup = gr.Markdown("", elem_id="startup")  # the model's loading progress, until it is ready
         timer = gr.Timer(1.0, active=False)
@@ -762,7 +983,11 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
 
         model_panels = [startup, chat.send, device, calibration.summary, calibration.curve, timer, *settings.sampling,
                         model.choice, model.training, model.train, model_note]
-        app.load(handlers.load, [session], [session, chat.chatbot, settings.system, history.saved, *model_panels])
+        app.load(handlers.load, [session, page],
+                 [session, chat.chatbot, settings.system, history.saved, chat.context, page, *model_panels])
+        # the context meter once the model is ready (or another one is): the startup line changes then
+        startup.change(lambda page_session, system: handlers.context(page_session.conversation, system),
+                       [session, settings.system], chat.context, queue=False, api_name=False)
         # each page's Send stays off while its own answer streams (``Handlers.page_panels``)
         # the page's own lines say what is going on: no Gradio timers flashing inside them
         timer.tick(lambda page: handlers.page_panels(page, handlers.model_panels()), [session], model_panels,
@@ -772,9 +997,9 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
         # the button's label says what the click does: train, resume, or stop the training
         model.train.click(lambda label, page: handlers.page_panels(page, handlers.training_button(label)),
                           [model.train, session], model_panels, queue=False, api_name=False, show_progress="hidden")
-        wire_chat(handlers, session, chat, settings, history, device)
+        wire_chat(handlers, session, chat, settings, history, device, page)
         wire_sampling(handlers, session, settings)
-        wire_history(handlers, session, chat, settings, history)
+        wire_history(handlers, session, chat, settings, history, page)
         compare.button.click(handlers.compare,
                              [session, settings.system, settings.max_new, *settings.penalties, settings.schema],
                              [compare.plain, compare.ppd, compare.verdict],

@@ -317,12 +317,12 @@ def test_while_a_pages_answer_streams_send_is_off_and_another_send_or_regenerate
     updates = handlers.send("Tell me a story.", session, *SETTINGS)
     taken = next(updates)
     assert taken[1] == "" and taken[6:8] == ({**keep, "interactive": False}, {**keep, "visible": True})
-    assert list(handlers.send("Another one.", session, *SETTINGS)) == [(keep, keep, keep, keep, session, keep, keep, keep, keep)]
-    assert list(handlers.regenerate(session, *SETTINGS)) == [(keep, keep, keep, session, keep, keep, keep)]
+    assert list(handlers.send("Another one.", session, *SETTINGS)) == [(keep, keep, keep, keep, session, *(keep,) * 6)]
+    assert list(handlers.regenerate(session, *SETTINGS)) == [(keep, keep, keep, session, *(keep,) * 5)]
     *_, last = updates
     assert last[6:8] == ({**keep, "interactive": True}, {**keep, "visible": False})
     assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"] and not service.queue.waiting
-    *_, (chat, _, _, _, send, stop, _) = handlers.regenerate(session, *SETTINGS)  # free again once it ended
+    *_, (chat, _, _, _, send, stop, *_) = handlers.regenerate(session, *SETTINGS)  # free again once it ended
     assert send == {**keep, "interactive": True} and stop == {**keep, "visible": False}
     assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"]
 
@@ -504,3 +504,25 @@ def test_the_readout_says_what_the_lookup_chains_are_doing(service):
         assert "lookup:" not in plain[-1].readout  # PPD off: nothing drafted, nothing said
     finally:
         service.engine.set_lookup(None)
+
+
+def test_conversations_are_listed_by_a_short_title_and_their_time_in_words(tmp_path):
+    """Issue 43, item 2: "<title> · today 18:49"; alike labels give the second, then a number."""
+    from datetime import datetime
+
+    from app.ui import conversation_choices, spoken_time
+
+    now = datetime(2025, 11, 27, 19, 6, 30).timestamp()
+    assert spoken_time(now - 60, now) == "today 19:05" and spoken_time(now - 86_400, now) == "yesterday 19:06"
+    assert spoken_time(now - 7 * 86_400, now) == "Nov 20" and spoken_time(now - 400 * 86_400, now) == "Oct 23, 2024"
+    assert spoken_time(now - 7 * 86_400, now, seconds=True) == "Nov 20 19:06:30"
+    store = ConversationStore(tmp_path / "c")
+    long = "Please tell me everything you know about the history of lighthouses."
+    for first, updated in (("Hi", now - 5), ("Hi", now - 5), ("Hi", now - 50), (long, now)):
+        conversation = Conversation(messages=[user(first)])
+        store.save(conversation)
+        data = json.loads(store.path(conversation.id).read_text())
+        store.path(conversation.id).write_text(json.dumps({**data, "updated": updated}))
+    labels = [label for label, _ in conversation_choices(store, now)]
+    assert labels[0] == "Please tell me everything you know about… · today 19:06"
+    assert sorted(labels[1:]) == ["Hi · today 19:05", "Hi · today 19:06:25 (1)", "Hi · today 19:06:25 (2)"]
