@@ -236,8 +236,9 @@ def chat_panel() -> ChatPanel:
     # any message offers to delete it or answer again from it
     chatbot = gr.Chatbot(label="Chat · click a message to delete it or answer again from it", height=460,
                          elem_id="chat", sanitize_html=True, editable="user")
-    with gr.Row():
-        message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, elem_id="message")
+    with gr.Row():  # on a phone the buttons go under the box (its min_width), not beside a box 178 px wide
+        message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, min_width=300,
+                             elem_id="message")
         send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
         stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop", visible=False)  # shown while an answer streams
     with gr.Row():

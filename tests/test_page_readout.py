@@ -145,6 +145,7 @@ def test_a_model_without_a_chat_template_is_said_above_the_chat_and_a_set_temper
     from playwright.sync_api import expect
 
     temperature = tab.locator("#temperature")
+    expect(tab.locator("#device")).to_contain_text("Device", timeout=60_000)  # the model's defaults are in
     tab.locator("#greedy").click()
     expect(temperature).to_contain_text("your choice")
     expect(temperature.locator("input[type='number']")).to_have_value("0")
@@ -158,7 +159,7 @@ def test_a_model_without_a_chat_template_is_said_above_the_chat_and_a_set_temper
     deadline = time.monotonic() + 120
     while "has no chat template" not in note.inner_text():  # meanwhile no Gradio timer inside the page's own lines
         assert time.monotonic() < deadline, note.inner_text()
-        seen += [tab.locator(f"#{line}").inner_text() for line in ("startup", "device", "training", "calibration")]
+        seen += tab.locator("#startup, #device, #training, #model-note").all_inner_texts()
         time.sleep(0.05)
     assert not [text for text in seen if TIMER_TEXT.search(text)]
     expect(note).to_contain_text("may continue the text instead of answering")
@@ -168,3 +169,16 @@ def test_a_model_without_a_chat_template_is_said_above_the_chat_and_a_set_temper
     tab.locator("#send").click()
     expect(tab.locator("#readout")).not_to_contain_text("(streaming)", timeout=120_000)
     expect(note).to_contain_text("has no chat template")  # still there beside the answer
+
+
+def test_at_420_px_the_message_box_takes_the_width_and_the_buttons_go_under_it(page):
+    tab, _ = page
+    from playwright.sync_api import expect
+
+    phone = tab.context.new_page()
+    phone.set_viewport_size({"width": 420, "height": 900})
+    phone.goto(tab.url)
+    expect(phone.locator("#send")).to_be_visible(timeout=60_000)
+    box, send = phone.locator("#message").bounding_box(), phone.locator("#send").bounding_box()
+    assert box["width"] >= 300 and send["y"] >= box["y"] + box["height"] - 1, (box, send)
+    phone.close()
