@@ -388,8 +388,8 @@ class Handlers:
             return status.line, training_button(RESUME_TRAINING), False
         if has_tokens:
             return "", gr.update(visible=False), False
-        return ("No PPD tokens for this model yet: its guesses come from the conversation alone (n-gram lookup).",
-                training_button(TRAIN), False)
+        return ("No PPD tokens yet: guesses come from the conversation alone.", training_button(TRAIN),
+                False)  # two lines at most beside the button
 
     def training_button(self, label: str | None):
         """The training button clicked: ``label`` is what it said (Stop while a training ran), so a click never
