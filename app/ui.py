@@ -29,6 +29,7 @@ import psutil
 
 from app.chat_service import (GRAMMAR_MARK, LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, SPEED_DEFINITION, AnswerUpdate,
                                ChatService, ChatSettings)
+from app.calibration_progress import followed
 from app.history import Conversation, ConversationStore
 from app.model_catalog import available
 from app.plots import COLUMNS, latency_points
@@ -295,8 +296,10 @@ def calibration_panel() -> CalibrationPanel:
     with gr.Accordion("Calibration", open=False):
         button = gr.Button("Calibrate for this device", elem_id="calibrate")
         summary = gr.Markdown("", elem_id="calibration")
+        # whole tree sizes on an axis from 0 (the chosen size's line off the edge, also at 1 token); no legend title
+        # ("series" said nothing): the labels say what each line is
         curve = gr.LinePlot(x=COLUMNS[0], y=COLUMNS[1], color=COLUMNS[2], label="Step latency against tree size",
-                            elem_id="latency-curve")
+                            x_axis_format="d", x_lim=[0, None], color_title=" ", elem_id="latency-curve")
     return CalibrationPanel(button, summary, curve)
 
 
@@ -607,13 +610,20 @@ class Handlers:
                 f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
                 result.verdict())
 
-    def calibrate(self, progress=gr.Progress()):
+    def calibrate(self):
+        """Calibrate for this device; outputs: latency plot, summary, device panel. The summary's place says what runs,
+        with numbers, from the click on (``followed``), then shows the new summary."""
+        lines = followed(self.service.calibrate)
         try:
-            profile = self.service.calibrate(lambda phase, done, total: progress((done, total), desc=f"Calibrating: {phase}"))
+            while True:
+                yield gr.update(), next(lines), gr.update()
+        except StopIteration as end:
+            profile = end.value
         except PpdError as error:  # ppd busy
             gr.Warning(str(error))
-            return gr.update(), str(error), gr.update()
-        return latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
+            yield gr.update(), str(error), gr.update()
+            return
+        yield latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
 
 
 def training_button(label: str, variant: str = "secondary") -> dict:
@@ -693,6 +703,6 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
                              [compare.plain, compare.ppd, compare.verdict],
                              **MODEL, api_name="compare")
         calibration.button.click(handlers.calibrate, None, [calibration.curve, calibration.summary, device],
-                                 **MODEL, api_name="calibrate")
+                                 **MODEL, api_name="calibrate", show_progress="hidden")  # the summary's place says it
     app.queue(default_concurrency_limit=1)
     return app
