@@ -27,9 +27,9 @@ from pathlib import Path
 import gradio as gr
 import psutil
 
+from app.calibration_progress import followed
 from app.chat_service import (GRAMMAR_MARK, LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, SPEED_DEFINITION, AnswerUpdate,
                                ChatService, ChatSettings)
-from app.calibration_progress import followed
 from app.history import Conversation, ConversationStore
 from app.model_catalog import available
 from app.plots import COLUMNS, latency_points
