@@ -757,13 +757,22 @@ def run_train(args: argparse.Namespace) -> int:
         with sigterm_interrupts():  # the chat app's Stop: the run stops where it is, resumable, and lets the folder go
             if args.work_dir is not None:
                 claim(args.work_dir)  # before the model loads (else once loaded: the default folder is named after it)
-            return train_model(args, eval_questions, claim)
+            # the first stage is on the page at once (a folder held by another trainer is refused above, its status kept)
+            status = StatusFile(args.status, training_stages(eval_questions is not None, args.acceptance_prompts > 0))
+            status.write("load", 0, 0)
+            return train_model(args, eval_questions, claim, status)
     finally:
         for lock in held:
             lock.release()
 
 
-def train_model(args: argparse.Namespace, eval_questions: Path | None, claim) -> int:
+def training_stages(evaluates: bool, measures_acceptance: bool) -> tuple[str, ...]:
+    """The phases a `ppd train` run goes through, in order (``StatusFile`` numbers them for the page)."""
+    return ("load", "data", "network", "answers", *(("held-out answers",) if evaluates else ()), "train",
+            *(("evaluate",) if evaluates else ()), *(("acceptance",) if measures_acceptance else ()))
+
+
+def train_model(args: argparse.Namespace, eval_questions: Path | None, claim, status: StatusFile) -> int:
     """`ppd train` once its input is checked: load, answer, train, evaluate, save, measure the acceptance."""
     from tqdm import tqdm
 
@@ -786,10 +795,10 @@ def train_model(args: argparse.Namespace, eval_questions: Path | None, claim) ->
                    init=args.init, claim=claim)
     bars: dict[str, tqdm] = {}
 
-    status = StatusFile(args.status)
-
     def progress(phase: str, done: int, total: int, numbers: dict) -> None:
-        status.write(phase, done, total)
+        status.write(phase, done, total, loss=numbers.get("loss"))
+        if not total:  # a stage with no count (reading the data, building the training model): the status says it
+            return
         bar = bars.get(phase) or bars.setdefault(phase, tqdm(total=total, desc=phase, unit="step" if phase == "train" else "item"))
         bar.n = done
         if "loss" in numbers:
@@ -801,39 +810,47 @@ def train_model(args: argparse.Namespace, eval_questions: Path | None, claim) ->
     trained = run_training(loaded, config, run, progress)
     print(json.dumps(trained.training, indent=2))
     print(f"prompt tokens written to {out}")
-    status.write("acceptance", 0, 1)
     if args.acceptance_prompts:
+        status.write("acceptance", 0, 0)
         del loaded  # the training model; decoding loads its own
         args.prompt_tokens, args.tree = str(out), "medium"
         engine = load_engine(args, auto_calibrate=False)
-        record = engine.record_acceptance(ProgressBars(), prompts=args.acceptance_prompts)
+        record = engine.record_acceptance(ProgressBars(lambda _, done, total: status.write("acceptance", done, total)),
+                                          prompts=args.acceptance_prompts)
         print(f"acceptance record ({engine.loaded.backend.name}, {engine.loaded.quant}) written to {record}")
     status.write("done", 1, 1, force=True)
     return 0
 
 
 class StatusFile:
-    """`ppd train --status FILE`: the phase, its progress and the seconds it has run, rewritten at most once a second
-    (atomically: a reader never sees half of it); no file, nothing written."""
+    """`ppd train --status FILE`: the stage (its number among ``stages``), its progress, the seconds it has run and the
+    latest loss, rewritten at most once a second (atomically: a reader never sees half of it); no file, nothing written.
+    A stage's clock and ``first`` count start at its first report (a resumed stage's rate is this run's alone)."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, stages: tuple[str, ...] = ()):
         import time
 
-        self.path, self.clock, self.written, self.phase, self.phase_started = path, time.monotonic, 0.0, None, 0.0
+        self.path, self.stages, self.clock, self.written = path, stages, time.monotonic, 0.0
+        self.phase, self.total, self.first, self.phase_started = None, 0, 0, 0.0
 
-    def write(self, phase: str, done: int, total: int, force: bool = False) -> None:
+    def write(self, phase: str, done: int, total: int, force: bool = False, loss: float | None = None) -> None:
         if self.path is None:
             return
         now = self.clock()
-        if phase != self.phase:
-            self.phase, self.phase_started, force = phase, now, True
+        if (phase, total) != (self.phase, self.total):  # a new stage (or a new count within it: acceptance's parts)
+            self.phase, self.total, self.first, self.phase_started, force = phase, total, done, now, True
         if not force and now - self.written < 1.0 and done < total:
             return
         from ppd_core.atomic_files import atomic_write
 
         self.written = now
-        atomic_write(self.path, json.dumps({"phase": phase, "done": done, "total": total,
-                                            "phase_seconds": round(now - self.phase_started, 1)}) + "\n")
+        record = {"phase": phase, "done": done, "total": total, "first": self.first,
+                  "phase_seconds": round(now - self.phase_started, 1)}
+        if phase in self.stages:
+            record.update(stage=self.stages.index(phase) + 1, stages=len(self.stages))
+        if loss is not None:
+            record["loss"] = round(float(loss), 4)
+        atomic_write(self.path, json.dumps(record) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,12 +11,14 @@ COLUMNS = ["tree tokens", "step latency (ms)", "series"]
 
 
 def latency_points(profile: DeviceProfile) -> pd.DataFrame:
-    """Step latency against tree tokens per context length, plus the chosen tree size as a series of its own."""
+    """Step latency against tree tokens per context length, plus the tree size calibration chose as a series of its
+    own: a vertical line at that size across the curves (a one-point line would not be drawn), its label short enough
+    for the legend to show whole (Vega cuts labels at 160 px)."""
     rows = [(size, curve[size], f"{context} cached tokens")
             for context, curve in sorted(profile.latency_ms.items()) for size in sorted(curve)]
-    chosen = {row["budget"]: row["ms_per_step"] for row in profile.budgets}.get(profile.budget)
-    if chosen is not None:
-        chains = " + lookup chains" if any(profile.lookup_lengths) else ""
-        speedup = profile.expected_speedup_with_lookup if chains else profile.expected_speedup
-        rows.append((profile.budget, chosen, f"chosen: {profile.budget} tokens{chains}, {speedup:.2f}x expected"))
+    if rows and any(row["budget"] == profile.budget for row in profile.budgets):
+        speedup = profile.expected_speedup_with_lookup if any(profile.lookup_lengths) else profile.expected_speedup
+        label = f"chosen: {profile.budget} {'token' if profile.budget == 1 else 'tokens'}, {speedup:.2f}x"
+        latencies = [latency for _, latency, _ in rows]
+        rows += [(profile.budget, min(latencies), label), (profile.budget, max(latencies), label)]
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -21,8 +21,11 @@ from ppd_core.errors import PpdError
 log = logging.getLogger(__name__)
 
 INTERRUPTED = 130  # `ppd train`'s exit code when interrupted (Ctrl+C, SIGTERM): stopped where it was, resumable
-PHASES = {"answers": "answering the training conversations", "held-out answers": "answering the held-out questions",
-          "train": "training", "evaluate": "evaluating", "acceptance": "measuring the guesses' acceptance"}
+# short: the line has two lines of the page's side column (about 80 characters) for its stage, count, loss and time left
+PHASES = {"load": "loading the model", "data": "reading conversations", "network": "building the training model",
+          "answers": "answering", "held-out answers": "held-out answers", "train": "step", "evaluate": "evaluating",
+          "acceptance": "measuring acceptance"}
+ERROR_CHARACTERS = 60  # of the log's last line shown on the page (the whole of it is in train.log)
 
 
 @dataclass
@@ -142,7 +145,9 @@ class TrainingJob:
         if self.running:
             return TrainingStatus("running", progress_line(reported))
         if self.process is not None and self.process.returncode not in (0, None, INTERRUPTED) and not self.stopped:
-            return TrainingStatus("failed", f"Training stopped with an error: {self._last_log_line()}")
+            error = self._last_log_line()
+            error = error if len(error) <= ERROR_CHARACTERS else error[:ERROR_CHARACTERS - 1] + "…"
+            return TrainingStatus("failed", f"Training stopped with an error: {error}")
         if reported.get("phase") == "done":
             return TrainingStatus("done", "Training finished.")
         if self.folder.is_dir() and any(self.folder.iterdir()):
@@ -150,9 +155,13 @@ class TrainingJob:
         return TrainingStatus("none", "")
 
     def _reported(self) -> dict:
+        """The trainer's status file, with its ``age``: how long ago it was written (a stage with no count is
+        written once, as it begins)."""
         try:
-            return json.loads(self.status_file.read_text())
-        except (OSError, ValueError):
+            reported = json.loads(self.status_file.read_text())
+            reported["age"] = max(0.0, time.time() - self.status_file.stat().st_mtime)
+            return reported
+        except (OSError, ValueError, TypeError):
             return {}
 
     def _last_log_line(self) -> str:
@@ -164,18 +173,29 @@ class TrainingJob:
 
 
 def progress_line(reported: dict) -> str:
-    """'Training PPD tokens: training 12/40 (about 3 min left)' from a status file's record."""
+    """'Training PPD tokens (6/7): step 12/40, loss 2.314, ~3 min left…' from a status file's record
+    (``StatusFile``): the stage's number, its count, the latest loss and the time left in the stage at its rate so
+    far; a stage with no count says how long it has run. Short: at most two lines in the page's side column."""
     if not reported:
-        return "Training PPD tokens: starting…"
+        return "Training PPD tokens: starting the trainer…"
     phase, done, total = reported.get("phase", ""), int(reported.get("done", 0)), int(reported.get("total", 0))
-    what = PHASES.get(phase, phase)
-    count = f" {done}/{total}" if total else ""
+    stage = f" ({reported['stage']}/{reported['stages']})" if reported.get("stages") else ""
     seconds = float(reported.get("phase_seconds", 0.0))
-    left = f" (about {remaining(seconds, done, total)} left in this phase)" if 0 < done < total else ""
-    return f"Training PPD tokens: {what}{count}{left}…"
+    parts = [PHASES.get(phase, phase)]
+    if not total:
+        parts[0] += f", {duration(seconds + float(reported.get('age', 0.0)))}"
+    else:
+        parts[0] += f" {done}/{total}"
+        if "loss" in reported:
+            parts.append(f"loss {float(reported['loss']):.3f}")
+        counted = done - int(reported.get("first", 0))  # done in this stage since its clock started
+        if counted > 0 and done < total:
+            parts.append(f"~{duration(seconds / counted * (total - done))} left")
+    return f"Training PPD tokens{stage}: {', '.join(parts)}…"
 
 
-def remaining(seconds: float, done: int, total: int) -> str:
-    """The time left at the rate so far, in words."""
-    left = seconds / done * (total - done)
-    return f"{left / 60:.0f} min" if left >= 90 else f"{left:.0f} s"
+def duration(seconds: float) -> str:
+    """A time in words: seconds up to 90, minutes up to 90, then hours."""
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -28,6 +28,7 @@ from pathlib import Path
 import gradio as gr
 import psutil
 
+from app.calibration_progress import followed
 from app.chat_service import (DEFAULT_SPEC, GRAMMAR_MARK, LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, AnswerUpdate,
                                ChatService, ChatSettings)
 from app.history import Conversation, ConversationStore
@@ -384,8 +385,10 @@ def calibration_panel() -> CalibrationPanel:
     with gr.Accordion("Calibration", open=False):
         button = gr.Button("Calibrate for this device", elem_id="calibrate")
         summary = gr.Markdown("", elem_id="calibration")
+        # whole tree sizes on an axis from 0 (the chosen size's line off the edge, also at 1 token); no legend title
+        # ("series" said nothing): the labels say what each line is
         curve = gr.LinePlot(x=COLUMNS[0], y=COLUMNS[1], color=COLUMNS[2], label="Step latency against tree size",
-                            elem_id="latency-curve")
+                            x_axis_format="d", x_lim=[0, None], color_title=" ", elem_id="latency-curve")
     return CalibrationPanel(button, summary, curve)
 
 
@@ -510,8 +513,8 @@ class Handlers:
             return status.line, training_button(RESUME_TRAINING), False
         if has_tokens:
             return "", gr.update(visible=False), False
-        return ("No PPD tokens for this model yet: its guesses come from the conversation alone (n-gram lookup).",
-                training_button(TRAIN), False)
+        return ("No PPD tokens yet: guesses come from the conversation alone.", training_button(TRAIN),
+                False)  # two lines at most beside the button
 
     def training_button(self, label: str | None):
         """The training button clicked: ``label`` is what it said (Stop while a training ran), so a click never
@@ -855,13 +858,20 @@ class Handlers:
                f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
                result.verdict())
 
-    def calibrate(self, progress=gr.Progress()):
+    def calibrate(self):
+        """Calibrate for this device; outputs: latency plot, summary, device panel. The summary's place says what runs,
+        with numbers, from the click on (``followed``), then shows the new summary."""
+        lines = followed(self.service.calibrate)
         try:
-            profile = self.service.calibrate(lambda phase, done, total: progress((done, total), desc=f"Calibrating: {phase}"))
+            while True:
+                yield gr.update(), next(lines), gr.update()
+        except StopIteration as end:
+            profile = end.value
         except PpdError as error:  # ppd busy
             gr.Warning(str(error))
-            return gr.update(), str(error), gr.update()
-        return latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
+            yield gr.update(), str(error), gr.update()
+            return
+        yield latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
 
 
 @dataclass
@@ -1006,6 +1016,6 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
                              [compare.plain, compare.ppd, compare.verdict],
                              **MODEL, api_name="compare", show_progress="hidden")  # the verdict line says how far
         calibration.button.click(handlers.calibrate, None, [calibration.curve, calibration.summary, device],
-                                 **MODEL, api_name="calibrate")
+                                 **MODEL, api_name="calibrate", show_progress="hidden")  # the summary's place says it
     app.queue(default_concurrency_limit=1)
     return app

@@ -11,6 +11,7 @@ import pytest
 from conftest import tiny_llama
 from app.chat_service import ChatService
 from app.history import ConversationStore
+from app.cli import StatusFile, training_stages
 from app.training_job import progress_line
 from app.ui import TIMER, Handlers, new_session
 from ppd_core.engine import Engine, EngineConfig
@@ -33,12 +34,37 @@ def wait_for(condition, seconds: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_progress_lines_say_the_phase_and_the_time_left():
-    assert progress_line({}) == "Training PPD tokens: starting…"
-    assert progress_line({"phase": "train", "done": 10, "total": 40, "phase_seconds": 60}) == \
-        "Training PPD tokens: training 10/40 (about 3 min left in this phase)…"
+def test_progress_lines_say_the_stage_its_count_the_loss_and_the_time_left():
+    assert progress_line({}) == "Training PPD tokens: starting the trainer…"
+    assert progress_line({"phase": "load", "done": 0, "total": 0, "first": 0, "phase_seconds": 0.0, "stage": 1,
+                          "stages": 6, "age": 12.3}) == "Training PPD tokens (1/6): loading the model, 12 s…"
+    assert progress_line({"phase": "train", "done": 10, "total": 40, "first": 0, "phase_seconds": 60, "loss": 2.31449,
+                          "stage": 5, "stages": 6}) == \
+        "Training PPD tokens (5/6): step 10/40, loss 2.314, ~3 min left…"
+    # resumed at 30 answers: the rate is this run's (10 answers in 20 s), not 40 in 20 s
+    assert progress_line({"phase": "answers", "done": 40, "total": 50, "first": 30, "phase_seconds": 20, "stage": 4,
+                          "stages": 6}) == "Training PPD tokens (4/6): answering 40/50, ~20 s left…"
+    # a record from an older trainer (no stage, no first count) still reads
     assert progress_line({"phase": "answers", "done": 3, "total": 4, "phase_seconds": 30}) == \
-        "Training PPD tokens: answering the training conversations 3/4 (about 10 s left in this phase)…"
+        "Training PPD tokens: answering 3/4, ~10 s left…"
+    assert progress_line({"phase": "train", "done": 1, "total": 1000, "phase_seconds": 6.0}).endswith("~1.7 h left…")
+
+
+def test_the_status_file_numbers_the_stages_and_starts_a_stage_clock_at_its_first_report(tmp_path):
+    clock = iter([0.0, 5.0, 5.5, 9.0, 20.0])
+    status = StatusFile(tmp_path / "status.json", training_stages(False, True))
+    status.clock = lambda: next(clock)
+    read = lambda: json.loads((tmp_path / "status.json").read_text())  # noqa: E731
+    status.write("load", 0, 0)
+    assert read() == {"phase": "load", "done": 0, "total": 0, "first": 0, "phase_seconds": 0.0, "stage": 1, "stages": 6}
+    status.write("train", 3, 40, loss=2.5)  # resumed at step 3
+    status.write("train", 4, 40, loss=2.4)  # within a second: not written
+    assert read()["done"] == 3
+    status.write("train", 5, 40, loss=2.25)
+    assert read() == {"phase": "train", "done": 5, "total": 40, "first": 3, "phase_seconds": 4.0, "stage": 5,
+                      "stages": 6, "loss": 2.25}
+    status.write("acceptance", 1, 4)
+    assert read()["stage"] == 6 and read()["first"] == 1
 
 
 def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_only_dir, tmp_path):

@@ -94,7 +94,7 @@ def test_a_restarted_app_adopts_the_running_trainer_and_a_second_start_is_one_li
         job = TrainingJob("default", "adopted", options)  # the restarted app's
         status = job.status()
         assert job.running and status.state == "running", status
-        assert status.line.startswith("Training PPD tokens: answering the training conversations "), status.line
+        assert status.line.startswith("Training PPD tokens (4/5): answering "), status.line
 
         with pytest.raises(PpdError, match=f"already runs .*process {trainer.pid}") as refused:
             job.start()  # a second start from the page: one line, and the running one goes on

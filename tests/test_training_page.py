@@ -4,6 +4,9 @@ quits as on Ctrl+C, stopping its trainer resumably."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +19,9 @@ from app.chat_service import ChatService
 from app.history import ConversationStore
 from app.trainer_lock import live_trainer
 from app.training_job import TrainingJob
-from app.ui import Handlers, build_app
+from app.ui import TRAIN, Handlers, build_app
+from conftest import tiny_llama
+from page_lines import shown_lines
 from ppd_core.engine import Engine, EngineConfig
 from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
 from test_training_lock import OLD_APP, ROOT, data_home, kill_left_over, options, wait_for  # noqa: F401 - fixtures
@@ -86,6 +91,58 @@ def test_stop_on_the_page_stops_an_adopted_and_an_own_training_and_offers_resume
         service.shutdown()
 
 
+def load_untrained(spec: str, progress=None) -> Engine:
+    """A model with no prompt tokens, as `ppd chat` loads it: the page offers to train them."""
+    return Engine.load(EngineConfig(model=spec, device="cpu", tree="auto", auto_calibrate=False), progress)
+
+
+def test_a_training_started_on_the_page_shows_its_stage_steps_loss_and_time_left_at_once(data_home, lookup_only_dir,  # noqa: F811
+                                                                                         tmp_path):
+    """Issue 43, item 3: the line said "starting…" until the first answers were in (over 90 s on a large model), and
+    then no loss; now the stage is numbered from the trainer's first second, and training shows step, loss and time
+    left, in at most two lines at 1400 px."""
+    from playwright.sync_api import expect, sync_playwright
+
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Tell me about {topic}."}]}) + "\n"
+                            for topic in ("cats", "rain", "bread", "trains")))
+    # a tiny model, trained for many steps: the training stage lasts until the test stops it
+    options = ["--samples", "4", "--epochs", "2000", "--accumulate", "1", "--cuts", "2", "--max-new-tokens", "8",
+               "--data", str(data), "--eval-limit", "0", "--acceptance-prompts", "0", "--device", "cpu", "--threads", "1"]
+    folder = tmp_path / "untrained-page"  # a model of its own: no other test finds tokens trained here
+    shutil.copytree(lookup_only_dir, folder)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    tiny_llama(seed=13, vocab_size=vocab, max_positions=512).save_pretrained(folder)
+    spec = str(folder)
+    service = ChatService(load_untrained(spec), spec=spec, loader=load_untrained, train_options=options)
+    job = service.training()
+    app, port = build_app(service, ConversationStore(data_home / "conversations")), free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(f"http://127.0.0.1:{port}/")
+            train, line = page.locator("#train"), page.locator("#training")
+            expect(train).to_have_text(TRAIN, timeout=60_000)
+            assert shown_lines(line) <= 2, line.inner_text()  # the offer to train
+            train.click()
+            # the trainer's first stage, numbered, within seconds of the click (the model has not loaded yet)
+            expect(line).to_have_text(re.compile(r"Training PPD tokens \(\d/\d\): "), timeout=10_000)
+            assert shown_lines(line) <= 2, line.inner_text()
+            stepping = re.compile(r"\(\d/\d\): step \d+/\d+, loss \d+\.\d{3}, ~\d+ (s|min) left")
+            expect(line).to_have_text(stepping, timeout=180_000)
+            assert shown_lines(line) <= 2, line.inner_text()
+            train.click()  # Stop
+            expect(train).to_have_text(RESUME, timeout=60_000)
+            browser.close()
+        assert job.status().state == "stopped"
+    finally:
+        app.close()
+        kill_left_over(job.folder)
+        service.shutdown()
+
+
 FINISHING_TRAINER = """
 import json, sys, time
 from pathlib import Path
@@ -117,7 +174,7 @@ def test_an_adopted_training_that_finishes_is_applied_once(data_home):  # noqa: 
     try:
         wait_for(lambda: live_trainer(job.folder) is not None, 60, "the trainer did not take the lock")
         line, button = training_buttons(handlers.model_panels())
-        assert line.startswith("Training PPD tokens: training 1/2") and button["value"] == STOP, (line, button)
+        assert line.startswith("Training PPD tokens: step 1/2") and button["value"] == STOP, (line, button)
 
         (job.folder / "finish").touch()
         assert trainer.wait(60) == 0 and job.status().state == "done"

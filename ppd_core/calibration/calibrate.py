@@ -73,6 +73,7 @@ def measure_record(loaded: LoadedModel, prompt_tokens: PromptTokens, key: dict, 
     conversations = calibration_prompts()[:prompts]
     eos = sorted(loaded.eos_token_ids)
     turns = sum(map(len, conversations))
+    report("lookup", 0, turns)  # the count from the start: the first answer can take a while
     answer = decoder_answers(loaded.backend, max_new_tokens, eos, lambda done: report("lookup", done, turns))
     answers = conversation_answers(loaded.tokenizer, conversations, answer)
     lookup = lookup_stats(answers)

@@ -78,6 +78,8 @@ def build_answer_cache(
             todo.append((index, prompt))
     todo.sort(key=lambda item: len(item[1]))  # similar lengths batch with little padding
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else list(eos_ids)[0]
+    if progress:  # the count from the start (a resumed cache's answers included), before the first batch's wait
+        progress(len(records), count)
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]
         answers = greedy_batch(model, [p for _, p in batch], max_new_tokens, pad_id, eos_ids)

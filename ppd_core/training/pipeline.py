@@ -86,16 +86,19 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
     eos = sorted(loaded.eos_token_ids)
     tokenizer = loaded.tokenizer
 
+    progress("data", 0, 0, {})  # stages with no count: the page shows how long they have run
     histories = prompt_histories(user_conversations(run.data), config.seed)
     random.Random(config.seed).shuffle(histories)
+    progress("network", 0, 0, {})
+    model = loaded.model  # a GGUF's float32 copy for torch is built here (about 20 s for the default model, once)
     records = build_answer_cache(
-        loaded.model, tokenizer, histories, work / "answers.jsonl", config.samples, config.max_prompt_tokens,
+        model, tokenizer, histories, work / "answers.jsonl", config.samples, config.max_prompt_tokens,
         config.max_new_tokens, config.generation_batch, eos, lambda d, t: progress("answers", d, t, {}),
     )[: config.samples]
     held_out = []
     if run.eval_questions is not None:
         held_out = build_answer_cache(
-            loaded.model, tokenizer, eval_histories(run.eval_questions, run.eval_limit), work / "eval_answers.jsonl",
+            model, tokenizer, eval_histories(run.eval_questions, run.eval_limit), work / "eval_answers.jsonl",
             run.eval_limit, config.max_prompt_tokens, config.max_new_tokens, config.generation_batch, eos,
             lambda d, t: progress("held-out answers", d, t, {}),
         )

@@ -1,0 +1,64 @@
+"""Issue 43, item 3: calibration on the real page (Chromium, the default model on llama.cpp). While it runs, the
+summary's place says what it does, with numbers; then the new summary, with no progress text left over it; and the
+latency plot keeps its legend inside it and marks the tree size calibration chose."""
+
+import re
+
+import pytest
+
+from app.chat_service import ChatService
+from app.history import ConversationStore
+from app.ui import build_app
+from page_lines import inside, shown_lines
+from ppd_core.engine import Engine, EngineConfig
+from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
+
+pytestmark = pytest.mark.slow
+
+NUMBERED = re.compile(r"^\s*Calibrating: [a-z' ]+ \d+/\d+…\s*$")  # the whole text of the summary's place
+
+
+@pytest.fixture(scope="module")
+def calibrating_app(tmp_path_factory):
+    """The app on the default model on llama.cpp with a quick calibration (as tests/test_ui.py's)."""
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium", threads=2))
+    service = ChatService(engine, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1))
+    app, port = build_app(service, ConversationStore(tmp_path_factory.mktemp("conversations"))), free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/", service
+    app.close()
+    service.shutdown()
+
+
+def test_calibration_shows_numbered_progress_in_place_of_the_summary_then_a_readable_plot(calibrating_app, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, service = calibrating_app
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.goto(url)
+        summary, curve = page.locator("#calibration"), page.locator("#latency-curve")
+        page.get_by_text("Calibration", exact=True).click()
+        expect(summary).to_contain_text("Not calibrated yet", timeout=60_000)
+        page.locator("#calibrate").click()
+        # what it does, counted, where the summary was: the old summary gone, no other text over it
+        expect(summary).to_have_text(NUMBERED, timeout=30_000)
+        assert shown_lines(summary) <= 2, summary.inner_text()
+        expect(summary).to_contain_text("Expected speedup", timeout=240_000)
+        text = summary.inner_text().strip()
+        assert text.startswith("Expected speedup") and "Calibrating" not in text and "processing" not in text, text
+        page.screenshot(path=str(tmp_path / "calibrated.png"), full_page=True)
+
+        profile = service.engine.profile
+        legend = curve.locator("svg g.role-legend").first
+        expect(legend).to_be_visible(timeout=30_000)
+        assert inside(legend, curve)  # the legend wholly inside the plot's element
+        labels = [text.strip() for text in curve.locator("svg g.role-legend-label text").all_text_contents()]
+        # the tree size calibration chose: a line of its own, named whole in the legend (Vega ends a cut label in "…")
+        assert any(re.fullmatch(rf"chosen: {profile.budget} tokens?, \d+\.\d\dx", label) for label in labels), labels
+        assert all("…" not in label for label in labels), labels
+        lines = curve.locator("svg g.mark-line path")  # one per series, each drawn (a one-point line has no length)
+        assert lines.count() == len(labels) and all(
+            line.evaluate("path => path.getTotalLength()") > 5 for line in lines.all()), lines.count()
+        browser.close()
