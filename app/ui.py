@@ -42,6 +42,11 @@ from ppd_core.errors import PpdError
 log = logging.getLogger(__name__)
 
 MODEL = dict(concurrency_limit=None)  # events that run the model: they queue in ChatService, not in Gradio
+# The page's own status lines say what is going on; Gradio 6 draws its progress overlay and elapsed-time counter
+# ("0.1s") on every output of a running event whatever ``show_progress`` says (gradio-app/gradio#12406): not on these.
+OWN_LINES = ("startup", "device", "training", "model-note", "calibration", "verdict", "readout", "note", "context")
+PAGE_STYLE = "<style>" + ", ".join(f'#{line} [data-testid="status-tracker"]' for line in OWN_LINES) + \
+    " { display: none !important; }</style>"
 UPDATE_SECONDS = 0.25  # how often a streamed answer is sent to the page
 SAVE_SECONDS = 3.0  # how often the answer so far is saved while it streams
 INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
@@ -977,6 +982,7 @@ def build_app(service: ChatService, store: ConversationStore | None = None) -> g
         session = gr.State(new_session)  # called for every new page: its own conversation and id
         # the page's conversation id in the browser (its own per browser profile), so that a reload reopens it
         page = gr.BrowserState(None, storage_key="ppd-conversation")
+        gr.HTML(PAGE_STYLE, container=False, padding=False)  # in the page itself: `launch` and `mount_gradio_app` alike
         gr.Markdown(f"## ppd · local chat with Parallel Prompt Decoding\nSpeeds are {SPEED_DEFINITION}.")
         startup = gr.Markdown("", elem_id="startup")  # the model's loading progress, until it is ready
         timer = gr.Timer(1.0, active=False)

@@ -1,8 +1,13 @@
-"""Issue 43 on the real page (Chromium, the default model on llama.cpp, calibrated on this machine): the readout tells
-this answer's speedup over plain decoding in one line, estimated live, within 10% of what Compare then measures on a
-first turn and on a follow-up that copies; Compare shows its progress and its verdict in words; a busy device is said;
-a model with no chat template and the tiny default are said above the chat; a sampling value the user set stays set
-across a model switch, its label saying so."""
+"""Issue 43 on the real page in Chromium: the readout tells this answer's speedup over plain decoding in one line,
+estimated live, within 10% of what Compare then measures on a first turn and on a follow-up that copies, and says when
+the device is busy (`ppd chat` as a new user starts it: its own process, the default model, calibrated in the
+background at first launch); Compare shows its progress and its verdict in words; a model with no chat template and
+the tiny default are said above the chat; a sampling value the user set stays set across a model switch, its label
+saying so; no Gradio timer flashes inside the page's own lines; at 420 px the message box keeps its width.
+
+The speed tests drive a `ppd chat` process: a page served from the test's own process shares its interpreter with
+Playwright's client, which slowed the model's steps unevenly (plain steps 2-10x, tree steps less) and so measured the
+harness, not ppd."""
 
 import re
 import socket
@@ -20,12 +25,11 @@ from ppd_core.engine import Engine, EngineConfig
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-BUDGET = 6  # tokens per step of the trees answers use: on a CPU they cost more than they guess, on a GPU less
-QUICK = dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1)
 FIRST = "Give me three tips for staying healthy."
 COPY = "Repeat your previous answer word for word."
 ESTIMATE = re.compile(r"([0-9.]+)x faster than plain decoding|([0-9.]+)x the speed of plain decoding|"
@@ -40,32 +44,37 @@ def free_port() -> int:
 
 
 def load(spec: str, progress=None) -> Engine:
-    """The page's loader: the default model with trees of ``BUDGET`` tokens from its calibrated profile; others as
-    `ppd chat` loads them."""
+    """The page's loader: the default model on llama.cpp; others as `ppd chat` loads them."""
     if spec != "default":
         return Engine.load(EngineConfig(model=spec, tree="auto", auto_calibrate=False), progress)
-    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False), progress)
-    engine.use_profile(engine.saved_profile() or engine.calibrate(None, **QUICK), budget=BUDGET)
-    return engine
+    return Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False), progress)
 
 
 @pytest.fixture(scope="module")
-def page(tiny_models):  # noqa: F811 - the fixture
+def browser():
+    """One Chromium for the module (Playwright's sync client: one per thread)."""
     from playwright.sync_api import sync_playwright
 
     assert CHROMIUM.exists(), "Debian's chromium is needed: apt-get install chromium (make test does it)"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, tiny_models):  # noqa: F811 - the fixture
+    """The app served from this process (what the speed tests avoid) on the default model, and a page on it."""
     service = ChatService(load("default"), spec="default", loader=load)
     store = ConversationStore(Path(tiny_models.folder) / "conversations")
     app = build_app(service, store)
     port = free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-            tab = browser.new_page(viewport={"width": 1400, "height": 1100})
-            tab.goto(f"http://127.0.0.1:{port}/")
-            yield tab, service
-            browser.close()
+        tab = browser.new_page(viewport={"width": 1400, "height": 1100})
+        tab.goto(f"http://127.0.0.1:{port}/")
+        yield tab, service
+        tab.close()
     finally:
         app.close()
         service.shutdown()
@@ -95,45 +104,76 @@ def answer(tab, question: str) -> str:
     return readout.inner_text()
 
 
-def compared(tab, service) -> float:
-    """Click Compare: its progress shows on the verdict line, then the verdict in words; the measured speedup."""
+def compared(tab) -> float:
+    """Click Compare: its progress shows on the verdict line, then the verdict in words; the measured speedup (the
+    page's two speeds, each to a tenth of a token per second)."""
     from playwright.sync_api import expect
 
     verdict = tab.locator("#verdict")
+    expect(tab.locator("#compare")).to_be_enabled()
     tab.locator("#compare").click()
     expect(verdict).to_contain_text("Comparing", timeout=30_000)
     expect(verdict).to_contain_text(re.compile(r"(plain decoding|PPD), [12] of 2: \d+ of at most \d+ tokens"))
     expect(verdict).to_contain_text("identical text", timeout=240_000)
-    assert re.search(r"PPD was (\S+ faster|slower|about as fast)", verdict.inner_text())
+    text = verdict.inner_text()
+    assert re.search(r"PPD was (\S+ faster|slower|about as fast)", text)
     assert lines(verdict.locator("p").first) <= 2
-    return service.last_comparison.speedup
+    ppd, plain = re.search(r"\(([0-9.]+) against ([0-9.]+) tokens/s, measured\)", text).groups()
+    return float(ppd) / float(plain)
 
 
-def test_the_readout_estimates_this_answers_speedup_within_10_percent_of_compare(page):
-    tab, service = page
+@pytest.fixture(scope="module")
+def chat_process(browser):
+    """`ppd chat` on the default model in a process of its own (the user folders: this run's, empty at first: it
+    calibrates in the background), and a Chromium page on it once that calibration has ended."""
     from playwright.sync_api import expect
 
-    expect(tab.locator("#model-note")).to_contain_text("tiny demo model", timeout=60_000)
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-c", "from app.cli import entry; entry()", "chat", "--port", str(port)],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        tab = browser.new_page(viewport={"width": 1400, "height": 1100})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                tab.goto(f"http://127.0.0.1:{port}/")
+                break
+            except Exception:  # noqa: BLE001 - not listening yet
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.5)
+        expect(tab.locator("#startup")).to_contain_text("Calibrating this device in the background", timeout=60_000)
+        expect(tab.locator("#startup")).not_to_contain_text("Calibrating", timeout=600_000)
+        yield tab
+        tab.close()
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def test_the_readout_estimates_this_answers_speedup_within_10_percent_of_compare(chat_process):
+    from playwright.sync_api import expect
+
+    tab = chat_process
+    tab.locator("#greedy").click()  # Compare answers greedily: so does the chat here, the same answers timed
     for question in (FIRST, COPY):  # a first turn, then a follow-up that copies the conversation
         readout = answer(tab, question)
         estimate = estimated(readout)
-        measured = compared(tab, service)
-        assert abs(estimate / measured - 1) <= 0.10, (question, estimate, measured, readout)
+        measured = (compared(tab) * compared(tab)) ** 0.5  # each order once (Compare alternates which runs first)
+        assert abs(estimate / measured - 1) <= 0.10, (question, estimate, measured, readout,
+                                                      tab.locator("#verdict").inner_text())
         first_line = tab.locator("#readout p").first  # the internals wait behind the Details toggle
         assert lines(first_line) <= 2 and "prompt processing" not in first_line.inner_text()
         details = tab.locator("#readout details")
         expect(details.get_by_text("prompt processing", exact=False)).to_be_hidden()
         details.locator("summary").click()
         expect(details).to_contain_text("prompt processing")
-    stats = service.last_comparison.ppd_stats
-    assert stats.from_lookup > 0  # the follow-up copied from the conversation
+    assert float(re.search(r"([0-9.]+) tokens per step", readout).group(1)) > 1  # the follow-up copied
 
 
-def test_a_busy_device_is_said_in_the_readout(page):
-    tab, service = page
+def test_a_busy_device_is_said_in_the_readout(chat_process):
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]  # the CPU taken
     try:
-        readout = answer(tab, "Write a short poem about the sea.")
+        readout = answer(chat_process, "Write a short poem about the sea.")
     finally:
         for hog in hogs:
             hog.kill()
@@ -144,8 +184,8 @@ def test_a_model_without_a_chat_template_is_said_above_the_chat_and_a_set_temper
     tab, service = page
     from playwright.sync_api import expect
 
-    temperature = tab.locator("#temperature")
-    expect(tab.locator("#device")).to_contain_text("Device", timeout=60_000)  # the model's defaults are in
+    temperature, note = tab.locator("#temperature"), tab.locator("#model-note")
+    expect(note).to_contain_text("tiny demo model", timeout=60_000)  # the default model, and its defaults are in
     tab.locator("#greedy").click()
     expect(temperature).to_contain_text("your choice")
     expect(temperature.locator("input[type='number']")).to_have_value("0")
@@ -154,7 +194,6 @@ def test_a_model_without_a_chat_template_is_said_above_the_chat_and_a_set_temper
     picker.fill(str(base))
     picker.press("Enter")
     tab.locator("#load-model").click()
-    note = tab.locator("#model-note")
     seen = []
     deadline = time.monotonic() + 120
     while "has no chat template" not in note.inner_text():  # meanwhile no Gradio timer inside the page's own lines
@@ -175,8 +214,7 @@ def test_at_420_px_the_message_box_takes_the_width_and_the_buttons_go_under_it(p
     tab, _ = page
     from playwright.sync_api import expect
 
-    phone = tab.context.new_page()
-    phone.set_viewport_size({"width": 420, "height": 900})
+    phone = tab.context.browser.new_page(viewport={"width": 420, "height": 900})  # a context of its own
     phone.goto(tab.url)
     expect(phone.locator("#send")).to_be_visible(timeout=60_000)
     box, send = phone.locator("#message").bounding_box(), phone.locator("#send").bounding_box()

@@ -40,6 +40,7 @@ from ppd_core.device_policy import cpu_properties, llama_extra_buffers, rows_bit
 from ppd_core.errors import PpdError
 from ppd_core.faults import fault
 from ppd_core.grammar import Grammar
+from ppd_core.backends import compute_thread
 from ppd_core.backends.gguf_rows import EmbeddingRows
 from ppd_core.logits import HostLogits
 from ppd_core.tree import Tree
@@ -485,7 +486,7 @@ class LlamaCppDecoder:
     def _run(self, batch, rows: int, outputs: int) -> HostLogits:
         """``llama_decode`` of the batch's first ``rows`` rows; the logits of its ``outputs`` rows [outputs, vocab]."""
         batch.raw.n_tokens = rows
-        status = self.llama.llama_decode(self.context, batch.raw)
+        status = compute_thread.run(self.llama.llama_decode, self.context, batch.raw)  # one OpenMP team for all callers
         if status != 0:
             raise LlamaCppError(f"llama_decode failed with status {status} ({rows} rows)")
         pointer = self.llama.llama_get_logits(self.context)
