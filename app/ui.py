@@ -198,11 +198,12 @@ def calibration_summary(profile, tree_name: str = "") -> str:
     if profile is None:  # --tree auto decodes plainly until calibrated; a named static tree is used as asked
         return ("Not calibrated yet: decoding plainly until it is." if tree_name == "vanilla" else
                 "Not calibrated yet: using a built-in tree.")
-    return (
+    chains = " (more with copied chains: Details)" if any(profile.lookup_lengths) else ""
+    return (  # one line at 1400 px, the rest behind a toggle
         f"**Expected speedup {profile.expected_speedup:.2f}x** with {profile.budget} tokens per step "
-        f"({profile.expected_tokens_per_step:.2f} tokens per step expected; trees of "
-        f"{', '.join(map(str, profile.tree_sizes))} tokens by guess depth){lookup_summary(profile)}. "
-        f"Measured {profile.created}, took {profile.calibration_seconds:.0f} s."
+        f"({profile.expected_tokens_per_step:.2f} expected){chains}.\n\n<details><summary>Details</summary>\n\n"
+        f"Trees of {', '.join(map(str, profile.tree_sizes))} tokens by guess depth{lookup_summary(profile)}. "
+        f"Measured {profile.created}, took {profile.calibration_seconds:.0f} s.\n\n</details>"
     )
 
 

@@ -48,6 +48,7 @@ def test_calibration_shows_numbered_progress_in_place_of_the_summary_then_a_read
         expect(summary).to_contain_text("Expected speedup", timeout=240_000)
         text = summary.inner_text().strip()
         assert text.startswith("Expected speedup") and "Calibrating" not in text and "processing" not in text, text
+        assert shown_lines(summary.locator("p").first) <= 2, text  # the rest behind the Details toggle
         page.screenshot(path=str(tmp_path / "calibrated.png"), full_page=True)
 
         profile = service.engine.profile

@@ -80,7 +80,7 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     spec = str(folder)
     service = ChatService(load(spec), spec=spec, loader=load, train_options=options)
     handlers = Handlers(service, ConversationStore(tmp_path / "c"))
-    *_, training, train = handlers.load(new_session())
+    *_, training, train, _ = handlers.load(new_session())
     assert "guesses come from the conversation alone" in training and train["visible"] and train["interactive"]
 
     handlers.train()  # stopped once while it runs (at once: a tiny training can end within a second), then resumed
@@ -93,17 +93,17 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     stopping = threading.Thread(target=job.stop)
     stopping.start()
     wait_for(lambda: job.stopping, 30, "the Stop did not begin")
-    *_, training, train = handlers.model_panels()
+    *_, training, train, _ = handlers.model_panels()
     assert training.startswith("Stopping the training") and train["value"] == "Stop training" and not train["interactive"]
     assert handlers.model_panels()[TIMER].active  # the page keeps asking until the trainer is gone
     ended.set()
     stopping.join(60)
     assert job.status().state == "stopped"
-    *_, training, train = handlers.model_panels()
+    *_, training, train, _ = handlers.model_panels()
     assert "resumes where it was" in training and train["value"] == "Resume training"
     panels = handlers.training_button("Resume training")  # a click's answer leaves the timer on, whatever it says
     assert panels[TIMER].active
-    *_, training, train = handlers.model_panels()
+    *_, training, train, _ = handlers.model_panels()
     assert training.startswith("Training PPD tokens") and train["value"] == "Stop training" and train["interactive"]
 
     wait_for(lambda: not job.running, 600, "the training did not end")
@@ -115,5 +115,5 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     assert engine.profile is not None and engine.family.name.startswith("calibrated-")
     ids = engine.chat_ids([{"role": "user", "content": "Hello there."}])
     assert engine.generate(ids, "ppd", 48).tokens == engine.generate(ids, "vanilla", 48).tokens
-    *_, training, train = handlers.model_panels()
+    *_, training, train, _ = handlers.model_panels()
     assert training == "" and train["visible"] is False  # nothing left to offer

@@ -37,8 +37,8 @@ def load(spec: str, progress=None) -> Engine:
 
 
 def training_buttons(panels: tuple) -> tuple[str, dict]:
-    """The training line and its button, the last two of ``Handlers.model_panels``' outputs."""
-    return panels[-2], panels[-1]
+    """The training line and its button, before the note above the chat at the end of ``Handlers.model_panels``' outputs."""
+    return panels[-3], panels[-2]
 
 
 def holds_lock(job: TrainingJob) -> bool:
