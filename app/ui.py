@@ -107,9 +107,8 @@ def model_note(model, spec: str) -> str:
     """The line above the chat: a model with no chat template (a base model) writes on from a chat rather than answer
     it; the embedded default is a tiny demo. "" for any other model."""
     if model.template_note:
-        return (f"**{model.name} has no chat template** (a base model?): chats are written in ChatML, which it was not "
-                "trained on, so it may continue the text instead of answering. Load an instruction-tuned (chat) model "
-                "for a chat.")
+        return (f"**{model.name} has no chat template** (a base model?): chats go to it as ChatML, and it may continue "
+                "the text instead of answering. Load a chat (instruction-tuned) model to chat.")
     if spec == DEFAULT_SPEC:
         return (f"**{model.name}** is a tiny demo model: fast on any CPU, but its answers are simple. Load another "
                 "in Model (a `.gguf` path or `hf:OWNER/REPO`).")

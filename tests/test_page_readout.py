@@ -186,6 +186,7 @@ def test_a_model_without_a_chat_template_is_said_above_the_chat_and_a_set_temper
 
     temperature, note = tab.locator("#temperature"), tab.locator("#model-note")
     expect(note).to_contain_text("tiny demo model", timeout=60_000)  # the default model, and its defaults are in
+    assert lines(note.locator("p").first) <= 2
     tab.locator("#greedy").click()
     expect(temperature).to_contain_text("your choice")
     expect(temperature.locator("input[type='number']")).to_have_value("0")
@@ -202,6 +203,7 @@ def test_a_model_without_a_chat_template_is_said_above_the_chat_and_a_set_temper
         time.sleep(0.05)
     assert not [text for text in seen if TIMER_TEXT.search(text)]
     expect(note).to_contain_text("may continue the text instead of answering")
+    assert lines(note.locator("p").first) <= 2
     expect(temperature.locator("input[type='number']")).to_have_value("0")  # the user's choice, not the model's
     expect(temperature).to_contain_text("your choice")
     tab.locator("#message textarea").fill("Hello")
