@@ -1,13 +1,13 @@
-"""A calibration run from the page, followed as it goes: one line with numbers ("Calibrating: timing trees 3/12…"),
-shown where the summary is until the new summary replaces it (not Gradio's progress overlay, which covered the old
-summary with a bare "processing" before the first report and then overlapped it)."""
+"""Work run from the page, followed as it goes: one line with numbers ("Calibrating: timing trees 3/12…", "Comparing:
+PPD, 2 of 2: 40 of at most 256 tokens…"), shown where the result goes until it replaces it (not Gradio's progress
+overlay, which covered the old summary with a bare "processing" before the first report and then overlapped it)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 # ppd_core.calibration's progress phases, in words
 STEPS = {"lookup": "answering the calibration prompts", "acceptance": "measuring the guesses' acceptance",
@@ -37,10 +37,36 @@ class CalibrationProgress:
         return f"Calibrating: {STEPS.get(self.phase, self.phase)}{count}…"
 
 
-def followed(work: Callable[[CalibrationProgress], T]) -> Generator[str, None, T]:
-    """Run ``work(progress)`` in a thread; yield its progress line at once and whenever it changes, then return its
-    result (or raise its error)."""
-    progress, outcome = CalibrationProgress(), {}
+@dataclass
+class CompareProgress:
+    """The latest report of a comparison (``ChatService.compare``'s ``progress``: mode, tokens, most tokens)."""
+
+    modes: list[str] = field(default_factory=list)  # the ways run so far, in order
+    tokens: int = 0
+    total: int = 0
+
+    def __call__(self, mode: str, tokens: int, total: int) -> None:
+        if mode not in self.modes:
+            self.modes.append(mode)
+        self.tokens, self.total = tokens, total
+
+    def line(self) -> str:
+        if not self.modes:
+            return "Comparing: waiting for the model…"
+        return (f"Comparing (greedy, both ways, no cache reuse): {self.modes[-1]}, {len(self.modes)} of 2: "
+                f"{self.tokens} of at most {self.total} tokens…")
+
+
+class Progress(Protocol):
+    def __call__(self, *report) -> None: ...
+
+    def line(self) -> str: ...
+
+
+def followed(work: Callable[[Progress], T], progress: Progress | None = None) -> Generator[str, None, T]:
+    """Run ``work(progress)`` in a thread (``progress``: a calibration's by default); yield its progress line at once
+    and whenever it changes, then return its result (or raise its error)."""
+    progress, outcome = progress or CalibrationProgress(), {}
 
     def run() -> None:
         try:
@@ -48,7 +74,7 @@ def followed(work: Callable[[CalibrationProgress], T]) -> Generator[str, None, T
         except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
             outcome["error"] = error
 
-    thread = threading.Thread(target=run, daemon=True, name="ppd-page-calibration")
+    thread = threading.Thread(target=run, daemon=True, name="ppd-page-work")
     thread.start()
     shown = progress.line()
     yield shown

@@ -28,7 +28,7 @@ from pathlib import Path
 import gradio as gr
 import psutil
 
-from app.calibration_progress import followed
+from app.calibration_progress import CompareProgress, followed
 from app.chat_service import (DEFAULT_SPEC, GRAMMAR_MARK, LOOKUP_MARK, PENALTY_FIELDS, PROMPT_MARK, AnswerUpdate,
                                ChatService, ChatSettings)
 from app.history import Conversation, ConversationStore
@@ -842,22 +842,17 @@ class Handlers:
             return
         settings = ChatSettings(system, max_new_tokens=int(max_new),
                                 **dict(zip((*PENALTY_FIELDS, "schema"), penalties_and_schema)))
-        progress = CompareProgress()
-        run = threading.Thread(target=progress.run, args=(self.service, messages, settings), daemon=True,
-                               name="ppd-compare")
-        run.start()
-        yield "", "", progress.line  # the last comparison's answers go: this one's come
-        shown = progress.line
-        while run.is_alive():
-            run.join(UPDATE_SECONDS)
-            if progress.line != shown:
-                shown = progress.line
-                yield gr.update(), gr.update(), shown
-        if progress.error is not None:  # too long, ppd busy, a box it cannot use: one line
-            gr.Warning(progress.error)
-            yield gr.update(), gr.update(), progress.error
+        lines = followed(lambda progress: self.service.compare(messages, settings, progress), CompareProgress())
+        try:
+            yield "", "", next(lines)  # the last comparison's answers go: this one's come
+            while True:
+                yield gr.update(), gr.update(), next(lines)
+        except StopIteration as end:
+            result = end.value
+        except PpdError as error:  # too long, ppd busy, a box it cannot use: one line
+            gr.Warning(str(error))
+            yield gr.update(), gr.update(), str(error)
             return
-        result = progress.result
         plain, ppd = result.vanilla_stats, result.ppd_stats
         yield (f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.vanilla_text}",
                f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
@@ -877,31 +872,6 @@ class Handlers:
             yield gr.update(), str(error), gr.update()
             return
         yield latency_points(profile), calibration_summary(profile), device_panel(self.service.snapshot())
-
-
-@dataclass
-class CompareProgress:
-    """A comparison running on its own thread (``run``), and what the page says of it meanwhile (``line``)."""
-
-    line: str = "Comparing: waiting for the model…"
-    result: object = None  # the ``Comparison`` once done
-    error: str | None = None  # one line where it was refused or failed
-    modes: list = field(default_factory=list)  # the ways run so far, in order
-
-    def run(self, service: ChatService, messages: list[dict], settings: ChatSettings) -> None:
-        try:
-            self.result = service.compare(messages, settings, self.told)
-        except PpdError as error:
-            self.error = str(error)
-        except Exception as error:  # noqa: BLE001 - a bug: its traceback logged, one line on the page
-            log.exception("comparing failed")
-            self.error = f"The comparison failed: {one_line(error)}"
-
-    def told(self, mode: str, tokens: int, total: int) -> None:
-        if mode not in self.modes:
-            self.modes.append(mode)
-        self.line = (f"Comparing (greedy, both ways, no cache reuse): {mode}, {len(self.modes)} of 2: "
-                     f"{tokens} of at most {total} tokens…")
 
 
 def training_button(label: str, variant: str = "secondary") -> dict:
