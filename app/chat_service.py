@@ -22,9 +22,8 @@ from app.readout import SPEED_DEFINITION, AnswerSpeed, compare_verdict, penaltie
 from app.startup import Progress, Startup, failure_line
 from app.structured import FieldError, checked_schema_grammar
 from app.training_job import TrainingJob
-from ppd_core.calibration.prices import LiveEstimate, StepPrices
-from ppd_core.engine import (Engine, GenerationEvent, GenerationResult, GenerationStats, ModelSnapshot, SamplingParams,
-                             text_stream)
+from ppd_core.engine import (Engine, GenerationEvent, GenerationResult, GenerationStats, LiveEstimate, ModelSnapshot,
+                             SamplingParams, StepPrices, text_stream)
 from ppd_core.errors import PpdError
 
 DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too

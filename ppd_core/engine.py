@@ -23,6 +23,7 @@ from ppd_core.calibration.calibrate import Progress, acceptance_key, calibrate, 
 from ppd_core.calibration.curves import LatencyCurve, read_curve
 from ppd_core.calibration.calibrate import within
 from ppd_core.calibration.latency import mean_curve, measure_latency, step_seconds
+from ppd_core.calibration.prices import DRIFT, LiveEstimate, StepPrices  # noqa: F401 - app/'s readout
 from ppd_core.calibration.prior import forced_chains, uncalibrated_chains
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import beside, copy_records, save_record
@@ -66,6 +67,7 @@ __all__ = [
     "TrainConfig", "TrainRun", "run_training", "user_prompt_tokens_path", "model_signature", "chains_text",
     "describe", "memory_of", "chat_model", "limit_malloc_arenas", "LatencyCurve", "read_curve", "live_llama_cpp_models",
     "NEAR_TIE_LOGITS", "AnswerComparison", "compare_answer", "probe_environment", "verdict",  # `ppd doctor`
+    "DRIFT", "LiveEstimate", "StepPrices",  # the page's live speedup estimate
 ]
 
 # training needs torch: its names load on first use, so a chat on a GGUF never imports it

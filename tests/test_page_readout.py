@@ -9,6 +9,7 @@ The speed tests drive a `ppd chat` process: a page served from the test's own pr
 Playwright's client, which slowed the model's steps unevenly (plain steps 2-10x, tree steps less) and so measured the
 harness, not ppd."""
 
+import os
 import re
 import socket
 import subprocess
@@ -123,14 +124,17 @@ def compared(tab) -> float:
 
 
 @pytest.fixture(scope="module")
-def chat_process(browser):
-    """`ppd chat` on the default model in a process of its own (the user folders: this run's, empty at first: it
-    calibrates in the background), and a Chromium page on it once that calibration has ended."""
+def chat_process(browser, tmp_path_factory):
+    """`ppd chat` on the default model in a process of its own, with data and settings folders of its own, empty at
+    first (as a new user's: it calibrates in the background; the profile it saves stays out of the other tests'
+    folders), and a Chromium page on it once that calibration has ended."""
     from playwright.sync_api import expect
 
-    port = free_port()
+    port, home = free_port(), tmp_path_factory.mktemp("new-user")
+    folders = {name: str(home / name.lower()) for name in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME")}
     process = subprocess.Popen([sys.executable, "-c", "from app.cli import entry; entry()", "chat", "--port", str(port)],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               cwd=ROOT, env={**os.environ, **folders}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     try:
         tab = browser.new_page(viewport={"width": 1400, "height": 1100})
         deadline = time.monotonic() + 60
