@@ -20,7 +20,10 @@ NUMBERED = re.compile(r"^\s*Calibrating: [a-z' ]+ \d+/\d+…\s*$")  # the whole 
 
 @pytest.fixture(scope="module")
 def calibrating_app(tmp_path_factory):
-    """The app on the default model on llama.cpp with a quick calibration (as tests/test_ui.py's)."""
+    """The app on the default model on llama.cpp with a quick calibration (as tests/test_ui.py's); the profile it saves
+    goes to a data folder of this module's (later tests expect none for the default model in the suite's)."""
+    folders = pytest.MonkeyPatch()
+    folders.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("calibration-data")))
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium", threads=2))
     service = ChatService(engine, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1))
     app, port = build_app(service, ConversationStore(tmp_path_factory.mktemp("conversations"))), free_port()
@@ -28,6 +31,7 @@ def calibrating_app(tmp_path_factory):
     yield f"http://127.0.0.1:{port}/", service
     app.close()
     service.shutdown()
+    folders.undo()
 
 
 def test_calibration_shows_numbered_progress_in_place_of_the_summary_then_a_readable_plot(calibrating_app, tmp_path):
