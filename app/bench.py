@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -11,41 +10,10 @@ from pathlib import Path
 
 import psutil
 
+from app.questions import Question
 from app.server_peer import ServerPeer
-from ppd_core.engine import GREEDY, Engine, SamplingParams, chat_model, describe
+from ppd_core import GREEDY, Engine, SamplingParams, chat_model, describe
 from ppd_core.errors import PpdError
-
-
-@dataclass
-class Question:
-    turns: list[str]
-    category: str = "-"
-
-
-def read_questions(path: Path, limit: int | None) -> list[Question]:
-    """The ``turns`` (and ``category``) of each MT-Bench style JSONL record; a missing or malformed file is a one-line PpdError."""
-    path = Path(path)
-    if not path.is_file():
-        raise PpdError(f"question file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise PpdError(f"cannot read the question file {path} ({error})") from None
-    questions = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            turns = record["turns"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            record, turns = {}, None
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-            raise PpdError(f"{path}:{number} is not a JSON object with a 'turns' list")
-        questions.append(Question(turns, str(record.get("category", "-"))))
-    if not questions:
-        raise PpdError(f"{path} holds no questions (expected one JSON object with a 'turns' list per line)")
-    return questions[:limit] if limit else questions
 
 
 class PeakMemory:
@@ -158,9 +126,12 @@ def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int,
 
 
 def timed_reference(engine: Engine, ids: list[int], max_new_tokens: int, totals: ModeTotals) -> None:
+    """transformers' own greedy decoding of a Hugging Face model, timed (torch loads here, on request only)."""
+    from ppd_core import reference_answer  # noqa: PLC0415
+
     with PeakMemory(engine.loaded.device) as memory:
         start = time.perf_counter()
-        tokens = engine.reference_generate(ids, max_new_tokens)
+        tokens = reference_answer(engine.loaded, ids, max_new_tokens)
         totals.seconds += time.perf_counter() - start
     totals.new_tokens += len(tokens)
     totals.peak_bytes = max(totals.peak_bytes, memory.peak)
@@ -363,7 +334,7 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
         "questions": num_questions,
         "turns": config.turns,
         "max_new_tokens": config.max_new_tokens,
-        "tree": engine.tree_summary(),
+        "tree": engine.snapshot().tree,
         "prompt_tokens": engine.prompt_tokens.training,
         "vanilla": vanilla,
         "ppd": ppd,
@@ -371,9 +342,9 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
         "identical": not run.mismatches if greedy else None,
         "mismatches": run.mismatches if greedy else [],
         "sampling": config.sampling.describe(),
-        "memory_overhead_bytes": engine.static_overhead_bytes,
+        "memory_overhead_bytes": engine.snapshot().overhead_bytes,
     }
-    expectation = engine.calibration_expectation()
+    expectation = engine.plan.expectation
     if expectation is not None:  # what calibration expects of the tree in use
         result["calibration"] = expectation
     if config.compare_generate:

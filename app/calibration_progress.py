@@ -39,7 +39,7 @@ class CalibrationProgress:
 
 @dataclass
 class CompareProgress:
-    """The latest report of a comparison (``ChatService.compare``'s ``progress``: mode, tokens, most tokens)."""
+    """The latest report of a comparison (``Chat.compare``'s ``progress``: mode, tokens, most tokens)."""
 
     modes: list[str] = field(default_factory=list)  # the ways run so far, in order
     tokens: int = 0

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from app.bench import ModeTotals, timed_answer
 from ppd_core.atomic_files import atomic_write
-from ppd_core.engine import (
-    GREEDY, NEAR_TIE_LOGITS, AnswerComparison, Engine, chains_text, compare_answer, probe_environment, verdict,
+from ppd_core import (
+    GREEDY, NEAR_TIE_LOGITS, AnswerComparison, Engine, chains_text, compare_answer, latency_curve, next_token_logits,
+    probe_environment, verdict,
 )
 from ppd_core.errors import PpdError
 
@@ -45,8 +46,8 @@ def engine_json(engine: Engine) -> dict:
     return {"model": loaded.name, "backend": loaded.backend.name, "forward": loaded.forward, "quant": loaded.quant,
             "dtype": str(loaded.dtype).removeprefix("torch."), "torch_device": str(loaded.device),
             "gpu_layers": loaded.kernels.get("gpu_layers"), "threads": engine.threads, "kernels": loaded.kernels,
-            "bitwise": bool(loaded.backend.bitwise), "exactness": engine.exactness(), "tree": engine.tree_summary(),
-            "calibrated": engine.profile is not None, "calibration": engine.calibration_expectation()}
+            "bitwise": bool(loaded.backend.bitwise), "exactness": engine.snapshot().exactness, "tree": engine.snapshot().tree,
+            "calibrated": engine.plan.profile is not None, "calibration": engine.plan.expectation}
 
 
 def check_answers(engine: Engine, questions: list[str], max_new_tokens: int,
@@ -66,7 +67,7 @@ def check_answers(engine: Engine, questions: list[str], max_new_tokens: int,
             engine.forget_conversation()  # each answer processes its prompt: the second would reuse the first's
             answers[mode] = timed_answer(engine, ids, mode, max_new_tokens, [totals[mode]], GREEDY)
         engine.forget_conversation()
-        comparisons.append(compare_answer(number, ids, answers["vanilla"], answers["ppd"], engine.next_token_logits))
+        comparisons.append(compare_answer(number, ids, answers["vanilla"], answers["ppd"], lambda ids: next_token_logits(engine, ids)))
         same = "identical" if comparisons[-1].identical else f"part at token {comparisons[-1].difference.index}"
         print(f"ppd doctor: [{number + 1}/{len(questions)}] answers {same}", file=log, flush=True)
     return comparisons, totals
@@ -86,8 +87,8 @@ def notes_of(engine: Engine, environment) -> list[str]:
         notes.append(f"CUDA is available ({environment.gpu['name']}) but the model runs on the CPU")
     if environment.llama_cpp.get("error"):
         notes.append(environment.llama_cpp["error"])
-    if engine.profile is None:
-        notes.append(f"PPD decoded with the static tree {engine.family.name}, not one calibrated for this device "
+    if engine.plan.profile is None:
+        notes.append(f"PPD decoded with the static tree {engine.plan.family.name}, not one calibrated for this device "
                      "(--tree auto calibrates)")
     return notes
 
@@ -109,7 +110,7 @@ def run_doctor(engine: Engine, questions: list[str], config: DoctorConfig, log=N
     bitwise = bool(engine.loaded.backend.bitwise)
     result = verdict(comparisons, bitwise)
     print("ppd doctor: timing steps against tree size", file=log, flush=True)
-    curve = engine.latency_curve(GPU_SIZES if on_gpu(engine) else CPU_SIZES, contexts=(CONTEXT,))
+    curve = latency_curve(engine, GPU_SIZES if on_gpu(engine) else CPU_SIZES, contexts=(CONTEXT,))
     plain, ppd = totals["vanilla"].to_json(True), totals["ppd"].to_json(True)
     return {
         "ppd_version": ppd_version(),

@@ -7,18 +7,24 @@ is saved under a new id instead, so both versions are kept.
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import platformdirs
+import psutil
 from filelock import FileLock
 
 from ppd_core.atomic_files import atomic_write
 
 
+EXPORT_PREFIX = "ppd-export-"
 TITLE_CHARS = 40  # a conversation's title: its first message, cut at a word near here
 
 
@@ -121,3 +127,16 @@ class ConversationStore:
         else:
             raise ValueError(f"unknown export format {kind!r}")
         return atomic_write(folder / f"{conversation.id}.{kind}", text)
+
+
+def export_folder(root: Path | None = None) -> Path:
+    """A private folder for this process's exports, removed at exit; folders left by dead processes go now."""
+    root = root or Path(tempfile.gettempdir())
+    for old in root.glob(f"{EXPORT_PREFIX}*"):
+        pid = old.name.removeprefix(EXPORT_PREFIX).split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    folder = root / f"{EXPORT_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o700)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder

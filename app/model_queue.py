@@ -81,7 +81,7 @@ class ModelQueue:
             return ticket
 
     def stamp_of(self, ticket: int) -> object:
-        """What ``stamp()`` said when ``ticket`` joined (ChatService: the model loaded then); None once it left."""
+        """What ``stamp()`` said when ``ticket`` joined (ModelHost: the model loaded then); None once it left."""
         with self._changed:
             return self._stamps.get(ticket)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ppd_core.engine import DeviceProfile
+from ppd_core import DeviceProfile
 
 COLUMNS = ["tree tokens", "step latency (ms)", "series"]
 

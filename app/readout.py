@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppd_core.engine import DRIFT, GenerationStats, LiveEstimate, SamplingParams
+from ppd_core import DRIFT, GenerationStats, LiveEstimate, SamplingParams
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 SAME_SPEED = 0.03  # within this of 1x, "about as fast"

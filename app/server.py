@@ -4,8 +4,8 @@
     Serving(app, host, port).run(load)   # listening at once, the model loading behind, Ctrl+C/SIGTERM within 2 s
 
 The server listens before the model exists: the page shows the load, the API answers 503 with ``Retry-After``
-(``OpenAIApi.check_ready``) and ``/health`` says "loading"; a model without a profile for this device then
-calibrates between answers (``ChatService.calibrate_in_background``). Quitting (Ctrl+C, SIGTERM) stops every
+(``app.api.routes.check_ready``) and ``/health`` says "loading"; a model without a profile for this device then
+calibrates between answers (``ModelHost.calibrate_in_background``). Quitting (Ctrl+C, SIGTERM) stops every
 answer at its next step (streams end with their last chunk), trainings where they are (resumable), a calibration
 at its next step, then the server, whatever it was doing, within ``QUIT_SECONDS``.
 """
@@ -21,8 +21,8 @@ from fastapi import FastAPI
 from starlette.middleware import Middleware
 
 from app.api import api_routes
-from app.chat_service import ChatService
 from app.guard import LocalGuard, Policy
+from app.model_host import ModelHost
 from app.signals import sigterm_interrupts
 
 QUIT_SECONDS = 2.0  # Ctrl+C or SIGTERM to exit, at any moment (container runtimes wait 10 s before a kill)
@@ -30,7 +30,7 @@ SERVER_SECONDS = 1.2  # of which the server and its open connections get this mu
 STOP_SECONDS = 0.8  # and, at the same time, answers, trainings and a calibration get this much to stop
 
 
-def server_app(service: ChatService, policy: Policy, *, page=None, auth=None, api_key: str | None = None,
+def server_app(service: ModelHost, policy: Policy, *, page=None, auth=None, api_key: str | None = None,
                serve_api: bool = True) -> FastAPI:
     """The app: the guard around /health and /v1 (``serve_api``) and, for ``ppd chat``, the Gradio page ``page``
     mounted at / (its login ``auth`` guards only the page, the API has its key)."""
@@ -51,7 +51,7 @@ class Serving:
         self.server = make_server(app, host, port, graceful_seconds=SERVER_SECONDS - 0.2)
         self.thread = threading.Thread(target=self.server.run, name="ppd-server", daemon=True)
 
-    def run(self, service: ChatService, load: Callable[[Callable], object], ready: Callable[[], None]) -> None:
+    def run(self, service: ModelHost, load: Callable[[Callable], object], ready: Callable[[], None]) -> None:
         """Listen, load the model (``load(progress)``), call ``ready``, then serve until Ctrl+C or SIGTERM (the normal
         way to stop a server: it returns) or until the server stops by itself."""
         self.thread.start()

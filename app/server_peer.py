@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from ppd_core.errors import PpdError
-from ppd_core.sampling_params import SamplingParams
+from ppd_core.sampling.params import SamplingParams
 
 SPEC_TYPES = {"plain": [], "ngram-simple": ["--spec-type", "ngram-simple"], "ngram-mod": ["--spec-type", "ngram-mod"]}
 CONTEXT = 4096

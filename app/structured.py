@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ppd_core.engine import GrammarError, json_grammar, schema_grammar
+from ppd_core import GrammarError, json_grammar, schema_grammar
 from ppd_core.errors import PpdError
 
 MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppd_core.engine import ModelSnapshot, PromptTokensInfo, chains_text, describe, memory_of
+from ppd_core import ModelSnapshot, PromptTokensInfo, chains_text, describe, memory_of
 
 
 def gib(count: int) -> str:

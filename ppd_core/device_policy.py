@@ -2,15 +2,16 @@
 
 Every choice that depends on the hardware is made here and nowhere else: the compute dtype, where
 free memory is read, which fields key a calibration profile, whether tree rows are bitwise plain
-steps, which attention kernels a step uses, and how much context fits. ``properties_of`` is the
-only part that reads a live device; everything else takes a ``DeviceProperties`` record, so an
+steps, which attention kernels a step uses, and how much context fits. ``cpu_properties`` is the only
+part that reads a live device (``device_info.properties_of`` reads any); everything else takes a
+``DeviceProperties`` record, so an
 RTX 4090, an RTX 2060, a Jetson Orin Nano and a CPU are all tested here on a machine without a GPU.
 """
 
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 MIN_CONTEXT = 2048  # a model whose weights leave less room than this for the KV cache is refused
 MEMORY_HEADROOM = 0.9  # use at most this share of the free memory (allocator slack, activations)
@@ -32,7 +33,7 @@ class DeviceProperties:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """Which SDPA calls a step makes (``ppd_core/lean/attention.py`` carries them out)."""
+    """Which SDPA calls a step makes (``ppd_core/backends/torch/lean/attention.py`` carries them out)."""
 
     causal_prefill: bool  # a prefill from an empty cache uses ``is_causal`` (flash kernel) instead of a mask
     gqa: str  # "native": SDPA's ``enable_gqa``; "folded": query groups folded into rows (no repeated K/V);
@@ -154,28 +155,6 @@ def cpu_properties(threads: int = 1) -> DeviceProperties:
     import psutil
 
     return DeviceProperties("cpu", cpu_name(), int(psutil.virtual_memory().total), threads=threads)
-
-
-def properties_of(device, threads: int = 1) -> DeviceProperties:
-    """The properties of a live device: "cpu", or a ``torch.device``; the one impure function here (torch is
-    imported only for a torch device)."""
-    if getattr(device, "type", device) != "cuda":
-        if isinstance(device, str):
-            return cpu_properties(threads)
-        import torch
-
-        return replace(cpu_properties(threads), torch_version=parse_version(torch.__version__))
-    import torch
-
-    version = parse_version(torch.__version__)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
-    return DeviceProperties(
-        "cuda", props.name, int(props.total_memory), (props.major, props.minor),
-        integrated=bool(getattr(props, "is_integrated", False)),
-        uuid=None if uuid is None else nvml_uuid(str(uuid)), threads=threads, torch_version=version,
-    )
 
 
 def cpu_name() -> str:

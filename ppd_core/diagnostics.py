@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ppd_core.device_info import memory_of
-from ppd_core.device_policy import DeviceProperties, policy_summary, properties_of
+from ppd_core.device_info import memory_of, properties_of
+from ppd_core.device_policy import DeviceProperties, policy_summary
 
 # A difference between greedy PPD and plain answers is accepted on a non-bitwise path only where plain decoding's
 # own logits nearly tie there: the token PPD took scores within this many logits of plain decoding's choice.
@@ -137,7 +137,7 @@ def package_version(name: str) -> str | None:
 
 def llama_cpp_info() -> dict:
     """llama-cpp-python's version, llama.cpp's system info line and GPU offload; an "error" line if it is missing."""
-    from ppd_core.backends.llamacpp import LlamaCppError, import_llama_cpp, system_info
+    from ppd_core.backends.llamacpp.library import LlamaCppError, import_llama_cpp, system_info  # noqa: PLC0415
 
     try:
         llama = import_llama_cpp()
@@ -163,24 +163,28 @@ def properties_json(properties: DeviceProperties) -> dict:
     return out
 
 
+def torch_report(device) -> dict:
+    """torch's build (version, CUDA, cuDNN, cuda:0 beside a CPU device), from the torch wing; where torch is not
+    installed, fields saying so."""
+    if importlib.util.find_spec("torch") is None:
+        return {"torch": "not installed", "torch_cuda": None, "cudnn": None, "cuda_available": False, "gpu": None}
+    from ppd_core.backends.torch.device import torch_report as report  # noqa: PLC0415 - `ppd doctor` reports torch's build
+
+    found = report(device)
+    return {**found, "gpu": None if found["gpu"] is None else properties_json(found["gpu"])}
+
+
 def probe_environment(device, threads: int = 1) -> Environment:
     """Everything about this machine that decides how ppd runs here (``device``: where the model's tensors live:
     "cpu" or a ``torch.device``). torch is probed too: its CUDA build decides the torch path."""
-    import torch  # noqa: PLC0415 - `ppd doctor` reports torch's build, on any backend
-
     properties = properties_of(device, threads)
     try:
         reading = memory_of(device, properties)
         memory: dict | str = {"label": reading.label, "used_bytes": reading.used_bytes, "total_bytes": reading.total_bytes}
     except Exception as error:  # noqa: BLE001 - a report, not a crash: say what failed
         memory = f"no reading: {type(error).__name__}: {error}"
-    cuda = torch.cuda.is_available()
-    gpu = properties_json(properties_of(torch.device("cuda", 0))) if cuda and getattr(device, "type", device) != "cuda" else None
     return Environment(
-        python=sys.version.split()[0], os=platform.platform(), arch=platform.machine(),
-        torch=torch.__version__, torch_cuda=torch.version.cuda,
-        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        cuda_available=cuda, device=properties_json(properties), **policy_summary(properties), memory=memory,
-        transformers=package_version("transformers"), llama_cpp=llama_cpp_info(),
-        bitsandbytes=bitsandbytes_version(), gpu=gpu,
+        python=sys.version.split()[0], os=platform.platform(), arch=platform.machine(), **torch_report(device),
+        device=properties_json(properties), **policy_summary(properties), memory=memory,
+        transformers=package_version("transformers"), llama_cpp=llama_cpp_info(), bitsandbytes=bitsandbytes_version(),
     )

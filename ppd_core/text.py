@@ -4,7 +4,7 @@ One place for both, so the engine, calibration and training encode chats the sam
 streaming costs O(new tokens) per step instead of re-decoding the whole answer.
 
 Threads: API workers encode while the model's worker decodes, with one tokenizer and no lock here.
-llama.cpp's tokenizer only reads its vocabulary (``ppd_core.gguf_text``); a Hugging Face fast tokenizer
+llama.cpp's tokenizer only reads its vocabulary (``ppd_core.backends.llamacpp.text``); a Hugging Face fast tokenizer
 of tokenizers 0.23 (what transformers 5.23 requires) makes a settings change wait for an encode in
 flight, where older ones (0.20.3, checked) raised "Already borrowed". tests/test_threads.py holds both to it.
 """

@@ -122,20 +122,7 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, m
     prompt tokens guess; a lookup chain can reach deeper).
     """
     n, V = num_prompt_tokens, ensemble_size
-    deepest = n if max_depth is None else max_depth
-    if () not in spec.prompt_counts:
-        raise ValueError("tree has no root node ()")
-    if n < 0 or V < 1:
-        raise ValueError(f"need num_prompt_tokens >= 0 and ensemble_size >= 1, got {n}, {V}")
-    for path, count in spec.prompt_counts.items():
-        if any(r < 0 for r in path):
-            raise ValueError(f"negative rank in {path}")
-        if path and path[:-1] not in spec.prompt_counts:
-            raise ValueError(f"candidate {path} has no parent in the tree")
-        if len(path) > deepest:
-            raise ValueError(f"candidate {path} is deeper than the {deepest} depths guessed")
-        if not 0 <= count <= n:
-            raise ValueError(f"node {path} has {count} prompt tokens; allowed 0..{n}")
+    check_spec(spec, n, V, n if max_depth is None else max_depth)
 
     paths = [()] + spec.candidates
     index = {p: i for i, p in enumerate(paths)}
@@ -184,6 +171,23 @@ def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, m
         prompt_slots=slots,
         attention_mask=mask,
     )
+
+
+def check_spec(spec: TreeSpec, n: int, V: int, deepest: int) -> None:
+    """Raise ValueError unless ``spec`` is a tree of ranks with ``n`` prompt tokens of ``V`` members at most."""
+    if () not in spec.prompt_counts:
+        raise ValueError("tree has no root node ()")
+    if n < 0 or V < 1:
+        raise ValueError(f"need num_prompt_tokens >= 0 and ensemble_size >= 1, got {n}, {V}")
+    for path, count in spec.prompt_counts.items():
+        if any(r < 0 for r in path):
+            raise ValueError(f"negative rank in {path}")
+        if path and path[:-1] not in spec.prompt_counts:
+            raise ValueError(f"candidate {path} has no parent in the tree")
+        if len(path) > deepest:
+            raise ValueError(f"candidate {path} is deeper than the {deepest} depths guessed")
+        if not 0 <= count <= n:
+            raise ValueError(f"node {path} has {count} prompt tokens; allowed 0..{n}")
 
 
 def leaf_sequences(row_parents: tuple[int, ...]) -> list[list[int]]:
@@ -261,3 +265,42 @@ def root_only_tree() -> Tree:
 def vanilla_family() -> TreeFamily:
     """Plain autoregressive decoding: no guesses, no prompt tokens."""
     return TreeFamily(name="vanilla", trees=(root_only_tree(),))
+
+
+class ChainedTrees:
+    """Per-step trees: the family's tree plus a drafted chain (copied or forced text), merged where the chain repeats
+    its candidates.
+
+    A chain node at depth d has rank ``rank`` (one past the prompt tokens' ranks), so its token is
+    column ``rank`` of the step's guess table; nodes the chain shares with the tree are not repeated.
+    """
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self._built: dict[tuple, Tree] = {}
+
+    def step(self, tree: Tree, guesses: np.ndarray | None, chain: list[int]) -> tuple[Tree, np.ndarray | None]:
+        """The tree and guess table [depth, rank + 1] for one step with ``chain`` (tokens at depths 1, 2, ...)."""
+        rows = guesses.tolist() if guesses is not None else []
+        nodes = set(tree.paths)
+        attach: tuple[int, ...] = ()
+        for depth, token in enumerate(chain, 1):  # follow the chain through the tree's own candidates
+            if depth > len(rows):
+                break
+            shared = next((attach + (r,) for r, g in enumerate(rows[depth - 1]) if g == token and attach + (r,) in nodes), None)
+            if shared is None:
+                break
+            attach = shared
+        rest = len(chain) - len(attach)
+        if rest == 0:
+            return tree, guesses
+        key = (id(tree), attach, rest)
+        if key not in self._built:
+            spec = with_chain(tree.spec, attach, rest, self.rank)
+            deepest = max(tree.num_prompt_tokens, len(chain))
+            self._built[key] = build_tree(spec, tree.num_prompt_tokens, tree.ensemble_size, deepest)
+        table = np.zeros((max(len(rows), len(chain)), self.rank + 1), dtype=np.int64)  # [depth, rank + 1]
+        if guesses is not None:
+            table[: guesses.shape[0], : guesses.shape[1]] = guesses
+        table[: len(chain), self.rank] = chain
+        return self._built[key], table

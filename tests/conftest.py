@@ -42,7 +42,7 @@ def default_engine():
     ``backend="torch"``: transformers' de-quantized copy of the GGUF, so these tests compare against transformers' own
     forward and ``generate()`` (the default GGUF on llama.cpp is tests/test_llamacpp.py's).
     """
-    from ppd_core.engine import Engine, EngineConfig
+    from ppd_core import Engine, EngineConfig
 
     return Engine.load(EngineConfig(model="default", quant="none", device="cpu", tree="medium", backend="torch"))
 
@@ -51,7 +51,7 @@ def default_engine():
 def llama_default():
     """The embedded default model on llama.cpp (a static tree, 2 threads), loaded once per test session for the tests
     that only decode with it; a test that changes its tree or lookup puts them back."""
-    from ppd_core.engine import Engine, EngineConfig
+    from ppd_core import Engine, EngineConfig
 
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium", threads=2))
     yield engine
@@ -71,13 +71,14 @@ def save_tiny_model(folder, default_engine, seed: int = 0):
 def tiny_model_dir(tmp_path_factory, default_engine):
     """A tiny random Llama saved as a Hugging Face directory, with the default model's tokenizer, and
     untrained prompt tokens where ``ppd train`` would have saved trained ones (the engine finds them there)."""
-    from ppd_core.engine import PromptTokens, user_prompt_tokens_path
-    from ppd_core.prompt_tokens import INIT_TEXT
+    from ppd_core.drafters.prompt_tokens import INIT_TEXT
+    from ppd_core import user_prompt_tokens_path, PromptTokens
+    from ppd_core.training.prompt_tensors import initial_prompt_tokens
 
     folder = tmp_path_factory.mktemp("tiny")
     model = save_tiny_model(folder, default_engine)
     ids = default_engine.tokenizer.encode(INIT_TEXT, add_special_tokens=False)
-    tokens = PromptTokens.initialize(model.get_input_embeddings().weight, ids, folder.name)
+    tokens = initial_prompt_tokens(model.get_input_embeddings().weight, ids, folder.name)
     path = user_prompt_tokens_path(folder.name, tokens.signature)
     path.parent.mkdir(parents=True, exist_ok=True)
     tokens.save(path)

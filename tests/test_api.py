@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API (app/api.py), served for real and called with the official ``openai`` client."""
+"""The OpenAI-compatible API (app/api/), served for real and called with the official ``openai`` client."""
 
 import json
 import socket
@@ -10,10 +10,10 @@ import openai
 import pytest
 
 from app.api import create_api
-from app.server import make_server
-from app.chat_service import ChatService
 from app.cli import build_parser, main
-from ppd_core.engine import Engine, EngineConfig, SamplingParams
+from app.model_host import ModelHost
+from app.server import make_server
+from ppd_core import Engine, EngineConfig, SamplingParams
 
 KEY = "test-key-3141"
 QUESTION = [{"role": "user", "content": "Name the capital city of France."}]
@@ -47,7 +47,7 @@ def served():
     one thread: with two, a CPU shared with other work slows every step several-fold (threads wait for each other).
     """
     engine = Engine.load(EngineConfig(model="default", device="cpu", tree="small", threads=1))
-    service = ChatService(engine)
+    service = ModelHost(engine)
     app = create_api(service)
     server, thread, port = start(app, "127.0.0.1")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -60,7 +60,7 @@ def served():
 EXPECTED: dict = {}
 
 
-def expected_result(service: ChatService, messages, max_tokens: int, sampling: SamplingParams | None = None):
+def expected_result(service: ModelHost, messages, max_tokens: int, sampling: SamplingParams | None = None):
     """What the engine answers in this process (computed once per question) with ``sampling``, by default what a
     request setting only ``temperature`` 0 gets (the model's defaults for the rest: its repeat penalty)."""
     sampling = sampling or service.snapshot().sampling_defaults.params(temperature=0.0)
@@ -72,7 +72,7 @@ def expected_result(service: ChatService, messages, max_tokens: int, sampling: S
     return EXPECTED[key]
 
 
-def expected_text(service: ChatService, messages, max_tokens: int, sampling: SamplingParams | None = None) -> str:
+def expected_text(service: ModelHost, messages, max_tokens: int, sampling: SamplingParams | None = None) -> str:
     return expected_result(service, messages, max_tokens, sampling).text
 
 
@@ -81,7 +81,7 @@ def streamed_text(stream) -> tuple[str, list]:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
 
 
-def wait_idle(service: ChatService, app, seconds: float = 10.0) -> None:
+def wait_idle(service: ModelHost, app, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while app.state.ppd.running or service.queue.busy:
         assert time.monotonic() < deadline, "the decoding did not end"
@@ -283,9 +283,9 @@ def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monk
         servings.append(self)
 
     monkeypatch.setattr(Serving, "__init__", recorded)
-    monkeypatch.setattr("app.cli.load_engine", lambda args, **_: service.engine)  # the model already loaded
+    monkeypatch.setattr("app.commands.chat.load_engine", lambda args, **_: service.engine)  # the model already loaded
     quits = []  # the model is the module's: freed by the fixture
-    monkeypatch.setattr(ChatService, "shutdown", lambda self, timeout=30.0: quits.append(self.engine))
+    monkeypatch.setattr(ModelHost, "shutdown", lambda self, timeout=30.0: quits.append(self.engine))
     port = free_port()
     codes = []
     chat = threading.Thread(target=lambda: codes.append(main(
@@ -325,7 +325,7 @@ def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monk
 
 
 def test_serve_on_a_non_loopback_host_needs_a_key_or_no_auth(capsys, monkeypatch):
-    from app.cli import api_key_of
+    from app.commands.serving import api_key_of
 
     monkeypatch.delenv("PPD_API_KEY", raising=False)
     assert main(["serve", "--host", "0.0.0.0", "--port", str(free_port())]) == 2
@@ -347,14 +347,14 @@ def test_openai_client_on_the_torch_backend(default_engine):
     """The same API on the torch backend (the default GGUF de-quantized by transformers; the module's server runs
     llama.cpp): /v1/models says so, and a streamed greedy answer equals the engine's own."""
     engine = default_engine
-    server, thread, port = start(create_api(ChatService(engine)), "127.0.0.1")
+    server, thread, port = start(create_api(ModelHost(engine)), "127.0.0.1")
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
         meta = client.models.list().data[0].model_extra["ppd"]
         assert (meta["backend"], meta["quant"]) == ("torch", "none")
         stream = client.chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=32, stream=True)
         text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
-        defaults = ChatService(engine).snapshot().sampling_defaults.params(temperature=0.0)  # the default penalty
+        defaults = ModelHost(engine).snapshot().sampling_defaults.params(temperature=0.0)  # the default penalty
         expected = engine.generate(engine.chat_ids(QUESTION), "ppd", 32, sampling=defaults).text  # PPD's own answer
         assert text == expected and "Paris" in expected
     finally:
@@ -478,7 +478,8 @@ def test_unset_sampling_fields_get_the_models_defaults_and_bad_ones_a_400(served
     card = client.models.list().data[0].model_extra["ppd"]["sampling_defaults"]
     assert card["temperature"] == {"value": 0.8, "from": "llama-server's default"}  # the default model recommends none
     assert card["repeat_penalty"] == {"value": 1.1, "from": "ppd's default (measured)"}
-    from app.api import ChatCompletionRequest, sampling_of
+    from app.api.jobs import sampling_of
+    from app.api.schemas import ChatCompletionRequest
 
     chosen = service.snapshot().sampling_defaults
     unset = sampling_of(ChatCompletionRequest(messages=QUESTION), chosen)

@@ -8,11 +8,12 @@ import time
 import openai
 import pytest
 
-from app import api
+from app.api import decoding
 from app.api import create_api
+from app.api.routes import check_ready
+from app.model_host import ModelHost
 from app.server import make_server
-from app.chat_service import ChatService
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
@@ -20,12 +21,12 @@ pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "Name the capital city of France."}]
 
 
-def serve(service: ChatService):
-    """``ppd serve``'s app for ``service`` on a free port, on a thread; returns (server, thread, client)."""
+def serve(service: ModelHost, app=None):
+    """``ppd serve``'s app for ``service`` (or ``app``) on a free port, on a thread; returns (server, thread, client)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = make_server(create_api(service), "127.0.0.1", port)
+    server = make_server(app or create_api(service), "127.0.0.1", port)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -46,7 +47,7 @@ def switchable(tiny_models):  # noqa: F811 - the fixture imported above
         assert gate.wait(120), "the test never let the load go on"
         return Engine.load(EngineConfig(model=spec, device="cpu", tree="auto", auto_calibrate=False, threads=1), progress)
 
-    service = ChatService(load("default"), spec="default", loader=load)
+    service = ModelHost(load("default"), spec="default", loader=load)
     server, thread, client = serve(service)
     yield client, service, str(tiny_models.get("llama")), gate
     gate.set()
@@ -63,7 +64,7 @@ def test_a_switch_between_the_answer_and_its_response_keeps_its_model(switchable
     client, service, tiny, gate = switchable
     answered_by = service.snapshot()
     switches: list[threading.Thread] = []
-    decode = api.decode
+    decode = decoding.decode
 
     def decode_then_switch(*args, **kwargs):  # on the API's worker, after the decoding gave the model back
         outcome = decode(*args, **kwargs)
@@ -82,13 +83,13 @@ def test_a_switch_between_the_answer_and_its_response_keeps_its_model(switchable
             assert service.snapshot().name != answered_by.name
         return outcome
 
-    monkeypatch.setattr(api, "decode", decode_then_switch)
+    monkeypatch.setattr(decoding, "decode", decode_then_switch)
     answer = client.chat.completions.create(model="default", messages=QUESTION, max_tokens=8, temperature=0)
     assert answer.model == answered_by.name
     assert answer.choices[0].message.content
     assert answer.model_extra["ppd"]["tree"] == answered_by.tree["name"]
 
-    monkeypatch.setattr(api, "decode", decode)
+    monkeypatch.setattr(decoding, "decode", decode)
     gate.set()
     switches[0].join(120)
     assert service.ready and service.spec == tiny
@@ -102,7 +103,7 @@ def test_a_streamed_answer_keeps_its_model_and_figures_across_a_switch(switchabl
     client, service, tiny, gate = switchable
     answered_by = service.snapshot()
     switches: list[threading.Thread] = []
-    decode = api.decode
+    decode = decoding.decode
 
     def decode_then_switch(*args, **kwargs):
         outcome = decode(*args, **kwargs)
@@ -116,7 +117,7 @@ def test_a_streamed_answer_keeps_its_model_and_figures_across_a_switch(switchabl
             time.sleep(0.005)
         return outcome
 
-    monkeypatch.setattr(api, "decode", decode_then_switch)
+    monkeypatch.setattr(decoding, "decode", decode_then_switch)
     chunks = list(client.chat.completions.create(model="default", messages=QUESTION, max_tokens=8, temperature=0,
                                                  stream=True))
     assert {chunk.model for chunk in chunks} == {answered_by.name}
@@ -127,15 +128,14 @@ def test_a_streamed_answer_keeps_its_model_and_figures_across_a_switch(switchabl
     assert service.ready and service.spec == tiny
 
 
-def test_a_model_loading_after_the_readiness_check_is_a_503_not_a_500(tiny_models, monkeypatch):  # noqa: F811
+def test_a_model_loading_after_the_readiness_check_is_a_503_not_a_500(tiny_models):  # noqa: F811
     """The readiness check passed, then a switch took the model: naming the model (a request, /v1/models) is the 503
     ``model_not_ready`` with Retry-After, as before the check (it was a 500: ``NotReady`` is no ``ApiError``)."""
     import httpx
 
-    async def passed(self):  # the check ran just before the switch began
+    async def passed():  # the check ran just before the switch began
         return None
 
-    monkeypatch.setattr(api.OpenAIApi, "check_ready", passed)
     gate = threading.Event()
 
     def load(spec: str, progress=None) -> Engine:
@@ -143,8 +143,11 @@ def test_a_model_loading_after_the_readiness_check_is_a_503_not_a_500(tiny_model
         return Engine.load(EngineConfig(model=spec, device="cpu", tree="auto", auto_calibrate=False, threads=1), progress)
 
     gate.set()
-    service = ChatService(load("default"), spec="default", loader=load)
-    server, thread, client = serve(service)
+    service = ModelHost(load("default"), spec="default", loader=load)
+    app = create_api(service)
+    v1 = next(route.app.app for route in app.routes if getattr(route, "path", None) == "/v1")  # under its body limit
+    v1.dependency_overrides[check_ready] = passed
+    server, thread, client = serve(service, app)
     gate.clear()
     switch = threading.Thread(target=service.switch, args=(str(tiny_models.get("llama")),))
     try:

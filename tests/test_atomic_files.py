@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ppd_core import atomic_files, hf_loading
+from ppd_core import atomic_files
+from ppd_core.backends.torch import gguf_copy
 from ppd_core.atomic_files import atomic_directory, atomic_output, atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,7 +186,7 @@ def test_atomic_directory_keeps_a_target_that_appeared_meanwhile(tmp_path):
 def fake_conversion(tmp_path, monkeypatch):
     """The cache in tmp_path, and a conversion that takes 0.5 s and records its calls."""
     cache = tmp_path / "cache"
-    monkeypatch.setattr(hf_loading.platformdirs, "user_cache_dir", lambda *args, **kwargs: str(cache))
+    monkeypatch.setattr(gguf_copy.platformdirs, "user_cache_dir", lambda *args, **kwargs: str(cache))
     calls, started = [], threading.Event()
 
     def convert(gguf_file, staging):
@@ -194,7 +195,7 @@ def fake_conversion(tmp_path, monkeypatch):
         time.sleep(0.5)
         (staging / "config.json").write_text(json.dumps({"from": str(gguf_file)}))
 
-    monkeypatch.setattr(hf_loading, "_convert_gguf", convert)
+    monkeypatch.setattr(gguf_copy, "_convert_gguf", convert)
     return cache / "gguf", calls, started
 
 
@@ -210,10 +211,10 @@ def test_concurrent_conversions_of_one_gguf_convert_once(tmp_path, fake_conversi
     results, finished = {}, {}
 
     def run(name):
-        results[name] = hf_loading.converted_gguf_dir(folder / "model.gguf")
+        results[name] = gguf_copy.converted_gguf_dir(folder / "model.gguf")
         finished[name] = time.monotonic()
 
-    caplog.set_level(logging.WARNING, logger=hf_loading.__name__)
+    caplog.set_level(logging.WARNING, logger=gguf_copy.__name__)
     first = threading.Thread(target=run, args=("first",))
     first.start()
     assert started.wait(10)
@@ -229,7 +230,7 @@ def test_concurrent_conversions_of_one_gguf_convert_once(tmp_path, fake_conversi
     assert any("waiting" in record.getMessage() for record in caplog.records)
     assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == [results["first"].name]
 
-    assert hf_loading.converted_gguf_dir(folder / "model.gguf") == results["first"]  # a cache hit
+    assert gguf_copy.converted_gguf_dir(folder / "model.gguf") == results["first"]  # a cache hit
     assert len(calls) == 1
 
 
@@ -237,8 +238,8 @@ def test_a_new_conversion_removes_stale_ones_of_the_same_file(tmp_path, fake_con
     cache, calls, _ = fake_conversion
     folder = make_gguf(tmp_path / "models")
     other = make_gguf(tmp_path / "elsewhere", b"another model, same file name")
-    old = hf_loading.converted_gguf_dir(folder / "model.gguf")
-    kept = hf_loading.converted_gguf_dir(other / "model.gguf")
+    old = gguf_copy.converted_gguf_dir(folder / "model.gguf")
+    kept = gguf_copy.converted_gguf_dir(other / "model.gguf")
     leftover = cache / f".{old.name}.1234-abcdef.staging"  # a killed conversion's staging folder
     leftover.mkdir()
     unrelated = cache / "model-q4-0123456789abcdef"
@@ -246,7 +247,7 @@ def test_a_new_conversion_removes_stale_ones_of_the_same_file(tmp_path, fake_con
 
     stat_before = (folder / "model.gguf").stat()
     os.utime(folder / "model.gguf", ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns + 10**9))  # edited
-    new = hf_loading.converted_gguf_dir(folder / "model.gguf")
+    new = gguf_copy.converted_gguf_dir(folder / "model.gguf")
 
     assert new != old and len(calls) == 3
     assert not old.exists() and not leftover.exists()

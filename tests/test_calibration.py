@@ -10,17 +10,20 @@ import pytest
 import torch
 
 from ppd_core.calibration.acceptance import (
-    CUTS_PER_STEP, AcceptanceStats, answer_ranks, calibration_prompts, conversation_answers, decoder_answers, guess_ranks,
+    CUTS_PER_STEP, answer_ranks, calibration_prompts, conversation_answers, decoder_answers, guess_ranks,
 )
 from conftest import tiny_llama
 from ppd_core.calibration import latency
-from ppd_core.calibration.latency import mean_curve, measure_latency, probe_tree
-from ppd_core.lean.model import LeanDecoder
+from ppd_core.calibration.latency import measure_latency, probe_tree
+from ppd_core.calibration.tree_search import mean_curve
+from ppd_core.backends.torch.lean.model import LeanDecoder
 from ppd_core.calibration.profiles import ProfileError, load_profile, profile_path, read_profile, save_profile
 from ppd_core.calibration.calibrate import acceptance_key, tokens_per_step_ceiling
-from ppd_core.calibration.records import read_records
-from ppd_core.engine import Engine, EngineConfig
-from ppd_core.backends.torch_backend import TorchDecoder
+from ppd_core.calibration.records import read_records, AcceptanceStats
+from ppd_core.training.prompt_tensors import prompt_table
+from ppd_core import Engine, EngineConfig
+from ppd_core.backends.torch.decoder import TorchDecoder
+from ppd_core.calibration.verbs import calibrate_engine, export_acceptance
 
 
 def test_acceptance_counts_are_conditional_on_earlier_depths():
@@ -47,7 +50,7 @@ def test_guess_ranks_finds_the_models_token_among_the_guesses():
 def test_ranks_through_the_decoder_equal_trainings_evaluation_on_the_transformers_model(tiny_model_dir):
     """The acceptance calibration records (the decoding backend's tree rows, several cuts per step) ranks the guesses
     as ``ppd train``'s evaluation does (``distillation``'s student rows over the teacher's own pass), cut for cut."""
-    from ppd_core.distillation import student_logits, teacher_pass, valid_cuts
+    from ppd_core.training.distillation import student_logits, teacher_pass, valid_cuts
 
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", auto_calibrate=False))
     tokens, backend = engine.prompt_tokens, engine.loaded.backend
@@ -62,7 +65,7 @@ def test_ranks_through_the_decoder_equal_trainings_evaluation_on_the_transformer
     cache, teacher = teacher_pass(model, prompt + answer)
     cuts = valid_cuts(len(prompt), len(prompt) + len(answer), n)
     with torch.no_grad():
-        student = student_logits(model, cache, tokens.flat(torch.float32, "cpu"), cuts, n, V)  # [C, n, vocab]
+        student = student_logits(model, cache, prompt_table(tokens, torch.float32, "cpu"), cuts, n, V)  # [C, n, vocab]
     truth = teacher.argmax(-1)[cuts[:, None] + torch.arange(1, n + 1)[None, :]]  # [C, n]
     expected = guess_ranks(student.topk(1600, dim=-1).indices.numpy(), truth.numpy())
     assert ranks.shape == (len(cuts), n) == (37, 3)
@@ -71,7 +74,7 @@ def test_ranks_through_the_decoder_equal_trainings_evaluation_on_the_transformer
 
 
 def test_calibration_prompts_are_not_from_mt_bench():
-    from app.cli import DEFAULT_QUESTIONS
+    from app.questions import DEFAULT_QUESTIONS
 
     conversations = calibration_prompts()
     prompts = [turn for turns in conversations for turn in turns]
@@ -147,13 +150,13 @@ def tiny_engine(tiny_model_dir):
     """The tiny model, calibrated (a fresh profile in the tests' data directory)."""
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
     phases = []
-    engine.calibrate(lambda phase, done, total: phases.append((phase, done, total)), prompts=3, max_new_tokens=24, contexts=(64,), repeats=2)
+    calibrate_engine(engine, lambda phase, done, total: phases.append((phase, done, total)), prompts=3, max_new_tokens=24, contexts=(64,), repeats=2)
     engine.phases = phases
     return engine
 
 
 def test_calibration_measures_and_chooses(tiny_engine):
-    profile = tiny_engine.profile
+    profile = tiny_engine.plan.profile
     n = tiny_engine.prompt_tokens.num_prompt_tokens
     assert {phase for phase, _, _ in tiny_engine.phases} == {"latency", "lookup", "acceptance", "tree search"}
     assert all(done <= total for _, done, total in tiny_engine.phases)
@@ -172,8 +175,8 @@ def test_calibration_measures_and_chooses(tiny_engine):
     best = max(profile.budgets, key=lambda row: row["tokens_per_second"])
     assert best["budget"] == profile.budget
     assert profile.expected_speedup == pytest.approx(best["tokens_per_second"] * curve_at_one(profile) / 1000, rel=1e-3)
-    assert tiny_engine.family.name == f"calibrated-{profile.budget}"
-    assert [t.num_tokens for t in tiny_engine.family.trees] == profile.tree_sizes
+    assert tiny_engine.plan.family.name == f"calibrated-{profile.budget}"
+    assert [t.num_tokens for t in tiny_engine.plan.family.trees] == profile.tree_sizes
 
 
 def curve_at_one(profile) -> float:
@@ -183,12 +186,12 @@ def curve_at_one(profile) -> float:
 def test_calibrated_tree_is_exact(tiny_engine):
     ids = tiny_engine.chat_ids([{"role": "user", "content": "Tell me a story"}])
     for budget in (None, 4, 12):
-        tiny_engine.use_profile(tiny_engine.profile, budget)
+        tiny_engine.replan(tiny_engine.plan.profile, tree=str(budget))
         assert tiny_engine.generate(ids, "ppd", 24).tokens == tiny_engine.generate(ids, "vanilla", 24).tokens
 
 
 def test_profile_round_trip_and_key_mismatch(tiny_engine, tmp_path):
-    profile = tiny_engine.profile
+    profile = tiny_engine.plan.profile
     path = save_profile(profile, tmp_path)
     assert path == profile_path(profile.key, tmp_path)
     again = read_profile(path)
@@ -202,7 +205,7 @@ def test_profile_round_trip_and_key_mismatch(tiny_engine, tmp_path):
 
 
 def test_corrupt_and_stale_profiles_are_errors(tiny_engine, tmp_path):
-    profile = tiny_engine.profile
+    profile = tiny_engine.plan.profile
     path = save_profile(profile, tmp_path)
     path.write_text("{not json")
     with pytest.raises(ProfileError, match="not a readable profile"):
@@ -222,20 +225,20 @@ def test_corrupt_and_stale_profiles_are_errors(tiny_engine, tmp_path):
 def test_engine_uses_the_saved_profile_and_recalibrates_a_corrupt_one(tiny_engine, tiny_model_dir, caplog):
     config = EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", auto_calibrate=False)
     engine = Engine.load(config)
-    assert engine.profile == tiny_engine.profile  # found on disk: no calibration
-    assert engine.family.name == tiny_engine.profile.family().name == f"calibrated-{engine.profile.budget}"
+    assert engine.plan.profile == tiny_engine.plan.profile  # found on disk: no calibration
+    assert engine.plan.family.name == tiny_engine.plan.profile.family().name == f"calibrated-{engine.plan.profile.budget}"
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="6", auto_calibrate=False))
-    assert engine.family.name == "budget-6" and max(t.num_tokens for t in engine.family.trees) <= 6
+    assert engine.plan.family.name == "budget-6" and max(t.num_tokens for t in engine.plan.family.trees) <= 6
 
-    path = profile_path(tiny_engine.profile.key)
+    path = profile_path(tiny_engine.plan.profile.key)
     path.write_text("garbage")
     with caplog.at_level(logging.WARNING):
         engine = Engine.load(config)  # auto_calibrate off: warns and decodes plainly until calibrated
-    assert "ignoring the saved calibration" in caplog.text and engine.profile is None
-    assert engine.family.name == "vanilla" and engine.lookup_lengths == ()
+    assert "ignoring the saved calibration" in caplog.text and engine.plan.profile is None
+    assert engine.plan.family.name == "vanilla" and engine.plan.lookup_lengths == ()
     with pytest.raises(ValueError, match="needs a calibration profile"):
         Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="6", auto_calibrate=False))
-    save_profile(tiny_engine.profile)
+    save_profile(tiny_engine.plan.profile)
 
 
 def test_unknown_tree_name_is_refused():
@@ -259,7 +262,7 @@ def test_acceptance_is_measured_once_and_travels_beside_the_prompt_tokens(tiny_e
     import ppd_core.calibration.calibrate as calibration
     from ppd_core.calibration.records import beside, user_records_dir
 
-    first = tiny_engine.profile
+    first = tiny_engine.plan.profile
     assert first.acceptance_from == str(user_records_dir() / f"{tiny_engine.prompt_tokens.fingerprint}.json")
     measure = calibration.measure_record
 
@@ -269,7 +272,7 @@ def test_acceptance_is_measured_once_and_travels_beside_the_prompt_tokens(tiny_e
     monkeypatch.setattr(calibration, "measure_record", refuse)
     phases = []
     with caplog.at_level(logging.WARNING):
-        again = tiny_engine.calibrate(lambda phase, done, total: phases.append(phase), prompts=3, max_new_tokens=24,
+        again = calibrate_engine(tiny_engine, lambda phase, done, total: phases.append(phase), prompts=3, max_new_tokens=24,
                                       contexts=(64,), repeats=2)
     assert "measuring the latency curve only" in caplog.text and {"lookup", "acceptance"}.isdisjoint(phases)
     assert again.acceptance == first.acceptance and again.lookup_trials == first.lookup_trials
@@ -278,10 +281,10 @@ def test_acceptance_is_measured_once_and_travels_beside_the_prompt_tokens(tiny_e
     # the record, shipped beside the prompt-token file, serves a machine with an empty data directory
     shipped = tmp_path / "tokens.prompt-tokens.safetensors"
     shutil.copy(tiny_engine.prompt_tokens.source, shipped)
-    assert tiny_engine.export_acceptance(beside(shipped)) == tmp_path / "tokens.prompt-tokens.acceptance.json"
+    assert export_acceptance(tiny_engine, beside(shipped)) == tmp_path / "tokens.prompt-tokens.acceptance.json"
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "elsewhere"))
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", prompt_tokens=str(shipped)))
-    profile = engine.calibrate(prompts=3, max_new_tokens=24, contexts=(64,), repeats=2)
+    profile = calibrate_engine(engine, prompts=3, max_new_tokens=24, contexts=(64,), repeats=2)
     assert profile.acceptance_from == str(beside(shipped)) and profile.acceptance == first.acceptance
 
     # other numerics (bf16 instead of fp32): measured anew, and said so
@@ -290,6 +293,6 @@ def test_acceptance_is_measured_once_and_travels_beside_the_prompt_tokens(tiny_e
                                     prompt_tokens=str(shipped)))
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        profile = bf16.calibrate(prompts=3, max_new_tokens=24, contexts=(64,), repeats=1)
+        profile = calibrate_engine(bf16, prompts=3, max_new_tokens=24, contexts=(64,), repeats=1)
     assert "no record for" in caplog.text and "torch/none" in caplog.text
     assert profile.acceptance_from == str(user_records_dir() / f"{bf16.prompt_tokens.fingerprint}.json")

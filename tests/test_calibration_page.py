@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from app.chat_service import ChatService
 from app.history import ConversationStore
+from app.model_host import ModelHost
 from app.ui import build_app
 from page_lines import inside, shown_lines
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ def calibrating_app(tmp_path_factory):
     folders = pytest.MonkeyPatch()
     folders.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("calibration-data")))
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium", threads=2))
-    service = ChatService(engine, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1))
+    service = ModelHost(engine, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1))
     app, port = build_app(service, ConversationStore(tmp_path_factory.mktemp("conversations"))), free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     yield f"http://127.0.0.1:{port}/", service
@@ -55,7 +55,7 @@ def test_calibration_shows_numbered_progress_in_place_of_the_summary_then_a_read
         assert shown_lines(summary.locator("p").first) <= 2, text  # the rest behind the Details toggle
         page.screenshot(path=str(tmp_path / "calibrated.png"), full_page=True)
 
-        profile = service.engine.profile
+        profile = service.engine.plan.profile
         legend = curve.locator("svg g.role-legend").first
         expect(legend).to_be_visible(timeout=30_000)
         assert inside(legend, curve)  # the legend wholly inside the plot's element

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import TRAIN_OPTIONS_ENV, main
+from app.cli import main
+from app.commands.chat import TRAIN_OPTIONS_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,56 +5,71 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_service import LOOKUP_MARK, PROMPT_MARK, ChatService, ChatSettings, Highlighter
+from app.chat import Chat
+from app.chat_settings import ChatSettings
+from app.highlight import LOOKUP_MARK, PROMPT_MARK, Highlighter
 from app.history import Conversation, ConversationStore
+from app.model_host import ModelHost
 from app.system_info import device_panel, guess_sources
-from ppd_core.engine import Engine, EngineConfig, SamplingParams
+from ppd_core import Engine, EngineConfig, SamplingParams
 
 
 @pytest.fixture(scope="module")
 def service(tiny_model_dir):
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", max_context=160))
-    return ChatService(engine)
+    return ModelHost(engine)
+
+
+@pytest.fixture(scope="module")
+def chat(service):
+    return Chat(service)
+
+
+def page_handlers(host, store):
+    """The page's handlers over ``host``, with the page's components (``handlers.page``) their updates are keyed by."""
+    from app.ui import build
+
+    return build(host, store)[1]
 
 
 def user(text):
     return {"role": "user", "content": text}
 
 
-def test_stream_matches_plain_greedy_generation(service):
+def test_stream_matches_plain_greedy_generation(service, chat):
     messages = [user("Hello there")]
-    updates = list(service.answer(messages, ChatSettings(max_new_tokens=24)))
+    updates = list(chat.answer(messages, ChatSettings(max_new_tokens=24)))
     ids = service.engine.chat_ids(messages)
     assert updates[-1].text == service.engine.generate(ids, "vanilla", 24).text
     assert updates[-1].stop_reason == "length" and "tokens/s" in updates[-1].readout
     assert all(u.stop_reason is None for u in updates[:-1])
 
 
-def test_empty_message_is_refused(service):
+def test_empty_message_is_refused(chat):
     with pytest.raises(ValueError, match="the message is empty"):
-        list(service.answer([user("   ")], ChatSettings()))
+        list(chat.answer([user("   ")], ChatSettings()))
 
 
-def test_long_conversations_are_trimmed_with_a_note(service):
+def test_long_conversations_are_trimmed_with_a_note(service, chat):
     settings = ChatSettings(max_new_tokens=32)
     turn = "tell me more about the history of this place " * 2
     messages = []
     for index in range(6):
         messages += [user(f"{index}: {turn}"), {"role": "assistant", "content": turn}]
     messages.append(user("and now?"))
-    ids, note = service.prepare(messages, settings)
+    ids, note = chat.prepare(messages, settings)
     assert len(ids) + 32 <= service.engine.max_context
     assert note.startswith("Trimmed the ") and "160-token context" in note
     assert service.engine.tokenizer.decode(ids).count("and now?") == 1
     with pytest.raises(ValueError, match="too long: .* tokens, but the model's context holds 160"):
-        service.prepare([user("word " * 400)], settings)
+        chat.prepare([user("word " * 400)], settings)
 
 
-def test_stop_ends_the_answer_within_one_step(service):
+def test_stop_ends_the_answer_within_one_step(chat):
     requested = {"stop": False}
     steps = 0
     updates = []
-    for update in service.answer([user("Count to fifty")], ChatSettings(max_new_tokens=100), stop=lambda: requested["stop"]):
+    for update in chat.answer([user("Count to fifty")], ChatSettings(max_new_tokens=100), stop=lambda: requested["stop"]):
         updates.append(update)
         steps += 1
         if steps == 3:
@@ -79,9 +94,9 @@ def test_highlighter_marks_accepted_guesses(service):
     assert copied.html.count(LOOKUP_MARK) == sum(1 for p, s in copied.pieces if s == "lookup" and p.strip())
 
 
-def test_compare_runs_both_ways_and_tells_its_progress(service):
+def test_compare_runs_both_ways_and_tells_its_progress(chat):
     told = []
-    result = service.compare([user("Say something nice")], ChatSettings(max_new_tokens=20),
+    result = chat.compare([user("Say something nice")], ChatSettings(max_new_tokens=20),
                              lambda mode, tokens, total: told.append((mode, tokens, total)))
     assert result.identical and result.ppd_text == result.vanilla_text
     assert result.speedup > 0 and "; identical text." in result.verdict() and "(measured)" not in result.verdict()
@@ -137,7 +152,8 @@ def test_every_page_gets_its_own_conversation(service, tmp_path):
     """Sessions made the way Gradio makes them (one SessionState per page) never share a conversation id."""
     from gradio.state_holder import SessionState
 
-    from app.ui import Session, build_app
+    from app.page_layout import Session
+    from app.ui import build_app
 
     app = build_app(service, ConversationStore(tmp_path / "c"))
     state_id = next(key for key, block in app.blocks.items() if block.stateful)
@@ -172,7 +188,7 @@ def test_export_folders_are_private_and_cleaned(tmp_path):
     import subprocess
     import sys
 
-    from app.ui import EXPORT_PREFIX, export_folder
+    from app.history import EXPORT_PREFIX, export_folder
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     left_over = tmp_path / f"{EXPORT_PREFIX}{dead.stdout.strip()}-abcd1234"  # from a process that is gone
@@ -180,7 +196,7 @@ def test_export_folders_are_private_and_cleaned(tmp_path):
     (left_over / "old.md").write_text("old export")
     mine = export_folder(tmp_path)
     assert not left_over.exists() and mine.is_dir() and (mine.stat().st_mode & 0o777) == 0o700
-    child = f"from pathlib import Path; from app.ui import export_folder; print(export_folder(Path({str(tmp_path)!r})))"
+    child = f"from pathlib import Path; from app.history import export_folder; print(export_folder(Path({str(tmp_path)!r})))"
     made = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout.strip()
     assert made and not Path(made).exists()  # removed when that process exited
     assert mine.is_dir()  # a live process's folder is left alone
@@ -189,20 +205,20 @@ def test_export_folders_are_private_and_cleaned(tmp_path):
 def test_device_panel_names_the_guess_sources(service):
     engine = service.engine
     try:
-        engine.set_lookup(3)
+        engine.replan(lookup=3)
         assert "n-gram lookup in the conversation (chains of 3/3/3/3/3/3 tokens after a match of 1/2/3/4-7/8-15/16+ tokens)" in guess_sources(engine.snapshot())
         assert guess_sources(engine.snapshot()).startswith("prompt tokens (")  # the medium tree guesses too
-        engine.set_lookup(0)
+        engine.replan(lookup=0)
         assert "lookup" not in guess_sources(engine.snapshot())
         assert "**Guesses from:** prompt tokens (" in device_panel(engine.snapshot())
     finally:
-        engine.set_lookup(None)  # no profile with a static tree: no lookup
+        engine.replan(lookup=None)  # no profile with a static tree: no lookup
 
 
 def test_the_calibration_panel_says_what_decodes_before_a_profile(service):
-    from app.ui import calibration_summary
+    from app.page_text import calibration_summary
 
-    assert service.engine.profile is None and service.engine.family.name == "medium"  # a static tree, as asked
+    assert service.engine.plan.profile is None and service.engine.plan.family.name == "medium"  # a static tree, as asked
     assert calibration_summary(None, service.engine.snapshot().tree["name"]) == "Not calibrated yet: using a built-in tree."
     # --tree auto without a profile decodes plainly until calibrated (ppd chat calibrates beside the first answers)
     assert calibration_summary(None, "vanilla") == "Not calibrated yet: decoding plainly until it is."
@@ -228,20 +244,22 @@ SETTINGS = ("", 0.0, 1.0, 40, True, "lossless", False)  # the page's inputs: sys
 
 
 def test_a_failure_mid_answer_keeps_the_message_and_the_partial_answer_saved(service, tmp_path, monkeypatch):
-    import app.ui
-    from app.ui import INTERRUPTED, Handlers, new_session
+    import app.page_answers
+    from app.page_layout import new_session
+    from app.page_text import INTERRUPTED
 
-    monkeypatch.setattr(app.ui, "SAVE_SECONDS", 0.0)
+    monkeypatch.setattr(app.page_answers, "SAVE_SECONDS", 0.0)
     store = ConversationStore(tmp_path / "c")
-    handlers, session = Handlers(service, store), new_session()
+    handlers, session = page_handlers(service, store), new_session()
+    page = handlers.page
     real = service.engine.loaded.backend
     monkeypatch.setattr(service.engine.loaded, "backend", FailingDecoder(real, fail_at=6))
-    updates = handlers.send("Tell me a story.", session, *SETTINGS)
+    updates = handlers.answers.send("Tell me a story.", session, *SETTINGS)
     first = next(updates)
     assert store.load(session.conversation.id).messages[0] == user("Tell me a story.")  # on disk before the answer
     *_, answered, listed = [first, *updates]  # the last update refreshes the saved-conversation list
-    chat, _, _, note, *_ = answered
-    textbox = first[1]  # emptied once, when the message is taken
+    chat, note = answered[page.chat.chatbot], answered[page.chat.note]
+    textbox = first[page.chat.message]  # emptied once, when the message is taken
     saved = store.load(session.conversation.id).messages
     assert saved[0] == user("Tell me a story.") and saved[1]["role"] == "assistant" and saved[1]["interrupted"]
     assert saved[1]["content"] and saved == session.conversation.messages  # the partial answer, kept and saved
@@ -249,31 +267,32 @@ def test_a_failure_mid_answer_keeps_the_message_and_the_partial_answer_saved(ser
     assert chat[-1]["content"] == saved[1]["content"] + INTERRUPTED and textbox == ""
 
     monkeypatch.setattr(service.engine.loaded, "backend", real)  # Regenerate replaces it with a whole answer
-    *_, (chat, _, note, *_), _ = handlers.regenerate(session, *SETTINGS)
+    *_, answered, _ = handlers.answers.regenerate(session, *SETTINGS)
+    chat = answered[page.chat.chatbot]
     saved = store.load(session.conversation.id).messages
     assert len(saved) == 2 and "interrupted" not in saved[1] and chat[-1]["content"] == saved[1]["content"]
     assert [c.id for c in store.list()] == [session.conversation.id]
 
 
 def test_a_refused_message_stays_in_the_textbox_and_out_of_the_conversation(service, tmp_path):
-    from app.ui import Handlers, new_session
+    from app.page_layout import new_session
 
     store = ConversationStore(tmp_path / "c")
-    handlers, session = Handlers(service, store), new_session()
-    *_, (chat, *_) = handlers.send("Hello there.", session, *SETTINGS)
+    handlers, session = page_handlers(service, store), new_session()
+    page = handlers.page
+    list(handlers.answers.send("Hello there.", session, *SETTINGS))
     before = list(session.conversation.messages)
-    updates = list(handlers.send("word " * 400, session, *SETTINGS))  # beyond the tiny model's 160-token context
+    updates = list(handlers.answers.send("word " * 400, session, *SETTINGS))  # beyond the tiny model's 160-token context
     assert len(updates) == 1
-    chat, textbox, _, note, *_ = updates[0]
-    assert textbox == {"__type__": "update"} and "too long" in note  # the textbox keeps the text
+    assert page.chat.message not in updates[0] and "too long" in updates[0][page.chat.note]  # the textbox keeps the text
     assert session.conversation.messages == before == store.load(session.conversation.id).messages
     session.conversation.messages[:] = [user("word " * 400)]  # Regenerate of a message the model refuses
-    [(chat, _, note, *_)] = handlers.regenerate(session, *SETTINGS)
-    assert "too long" in note and session.conversation.messages == [user("word " * 400)]  # kept, not popped
+    [refused] = handlers.answers.regenerate(session, *SETTINGS)
+    assert "too long" in refused[page.chat.note] and session.conversation.messages == [user("word " * 400)]  # kept, not popped
 
 
 def test_exactness_is_stated_per_path(service, llama_default):
-    from app.chat_service import Comparison
+    from app.chat import Comparison
     from ppd_core.stats import GenerationStats
 
     stats = GenerationStats(new_tokens=8, prefill_seconds=0.1, decode_seconds=0.1)
@@ -289,84 +308,88 @@ def test_exactness_is_stated_per_path(service, llama_default):
 
 
 def test_a_page_waits_its_turn_and_stop_while_waiting_gives_up_the_place(service, tmp_path):
-    from app.ui import Handlers, new_session
+    from app.page_layout import new_session
 
     store = ConversationStore(tmp_path / "c")
-    handlers, session = Handlers(service, store), new_session()
+    handlers, session = page_handlers(service, store), new_session()
+    page = handlers.page
     with service.turn():  # another answer holds the model
-        updates = handlers.send("Hello there.", session, *SETTINGS)
-        taken, (chat, _, _, note, *_) = next(updates), next(updates)
-        assert note == "Waiting for the model: 1 answer ahead." and taken[1] == ""
+        updates = handlers.answers.send("Hello there.", session, *SETTINGS)
+        taken, waiting = next(updates), next(updates)
+        assert waiting[page.chat.note] == "Waiting for the model: 1 answer ahead." and taken[page.chat.message] == ""
         assert store.load(session.conversation.id).messages == [user("Hello there.")]  # saved while it waits
         assert service.queue.waiting == 1
-        handlers.stop(session)
-        *_, (chat, _, _, note, *_), _ = updates
-    assert note == "Stopped before the answer began." and service.queue.waiting == 0 and not service.queue.busy
+        handlers.answers.stop(session)
+        *_, stopped, _ = updates
+    assert stopped[page.chat.note] == "Stopped before the answer began." and service.queue.waiting == 0 and not service.queue.busy
     assert session.conversation.messages == store.load(session.conversation.id).messages == [user("Hello there.")]
-    *_, (chat, _, note, *_), _ = handlers.regenerate(session, *SETTINGS)  # the stop flag does not outlive its answer
+    list(handlers.answers.regenerate(session, *SETTINGS))  # the stop flag does not outlive its answer
     assert session.conversation.messages[-1]["role"] == "assistant" and "interrupted" not in session.conversation.messages[-1]
 
 
 def test_while_a_pages_answer_streams_send_is_off_and_another_send_or_regenerate_does_nothing(service, tmp_path):
     """The page's buttons follow its answer (Send off and Stop shown from the moment the message is taken, back at the
     end), and a send or Regenerate from the same page meanwhile changes nothing (before, it queued a second answer)."""
-    from app.ui import Handlers, new_session
+    from app.page_layout import new_session
 
     keep = {"__type__": "update"}
-    handlers, session = Handlers(service, ConversationStore(tmp_path / "c")), new_session()
-    updates = handlers.send("Tell me a story.", session, *SETTINGS)
+    handlers, session = page_handlers(service, ConversationStore(tmp_path / "c")), new_session()
+    page, answers = handlers.page, handlers.answers
+    updates = answers.send("Tell me a story.", session, *SETTINGS)
     taken = next(updates)
-    assert taken[1] == "" and taken[6:8] == ({**keep, "interactive": False}, {**keep, "visible": True})
-    assert list(handlers.send("Another one.", session, *SETTINGS)) == [(keep, keep, keep, keep, session, *(keep,) * 6)]
-    assert list(handlers.regenerate(session, *SETTINGS)) == [(keep, keep, keep, session, *(keep,) * 5)]
+    assert taken[page.chat.message] == "" and taken[page.chat.send] == {**keep, "interactive": False}
+    assert taken[page.chat.stop] == {**keep, "visible": True}
+    assert list(answers.send("Another one.", session, *SETTINGS)) == [{page.session: session}]
+    assert list(answers.regenerate(session, *SETTINGS)) == [{page.session: session}]
     *_, last = updates
-    assert last[6:8] == ({**keep, "interactive": True}, {**keep, "visible": False})
+    assert last[page.chat.send] == {**keep, "interactive": True} and last[page.chat.stop] == {**keep, "visible": False}
     assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"] and not service.queue.waiting
-    *_, (chat, _, _, _, send, stop, *_) = handlers.regenerate(session, *SETTINGS)  # free again once it ended
-    assert send == {**keep, "interactive": True} and stop == {**keep, "visible": False}
+    *_, last = answers.regenerate(session, *SETTINGS)  # free again once it ended
+    assert last[page.chat.send] == {**keep, "interactive": True} and last[page.chat.stop] == {**keep, "visible": False}
     assert [m["role"] for m in session.conversation.messages] == ["user", "assistant"]
 
 
 def test_a_full_line_is_a_busy_notice_that_keeps_the_text(tiny_model_dir, tmp_path):
-    from app.ui import Handlers, new_session
+    from app.page_layout import new_session
 
-    service = ChatService(Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", max_context=160)),
-                          max_waiting=0)
+    service = ModelHost(Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", max_context=160)),
+                        max_waiting=0)
     store = ConversationStore(tmp_path / "c")
-    handlers, session = Handlers(service, store), new_session()
+    handlers, session = page_handlers(service, store), new_session()
+    page, answers = handlers.page, handlers.answers
     with service.turn():
-        updates = list(handlers.send("Hello there.", session, *SETTINGS))
+        updates = list(answers.send("Hello there.", session, *SETTINGS))
         assert len(updates) == 1
-        chat, textbox, _, note, *_ = updates[0]
-        assert textbox == {"__type__": "update"} and note.startswith("ppd is busy") and session.conversation.messages == []
-        [(_, _, verdict)] = handlers.compare(session, "", 16)
-        assert verdict == "Send a message first, then compare."
+        assert page.chat.message not in updates[0] and updates[0][page.chat.note].startswith("ppd is busy")
+        assert session.conversation.messages == []
+        [refused] = answers.compare(session, "", 16)
+        assert refused[page.compare.verdict] == "Send a message first, then compare."
         session.conversation.messages.append(user("Hello there."))
-        *_, (_, _, verdict) = handlers.compare(session, "", 16)
-        assert verdict.startswith("ppd is busy")
-    *_, (chat, _, note, *_), _ = handlers.regenerate(session, *SETTINGS)  # free again: answered
+        *_, refused = answers.compare(session, "", 16)
+        assert refused[page.compare.verdict].startswith("ppd is busy")
+    list(answers.regenerate(session, *SETTINGS))  # free again: answered
     assert session.conversation.messages[-1]["role"] == "assistant"
 
 
-def test_a_failure_frees_the_model_for_the_next_answer(service, monkeypatch):
+def test_a_failure_frees_the_model_for_the_next_answer(service, chat, monkeypatch):
     real = service.engine.loaded.backend
     monkeypatch.setattr(service.engine.loaded, "backend", FailingDecoder(real, fail_at=3))
     with pytest.raises(RuntimeError, match="injected"):
-        list(service.answer([user("Tell me a story.")], ChatSettings(max_new_tokens=40)))
+        list(chat.answer([user("Tell me a story.")], ChatSettings(max_new_tokens=40)))
     assert not service.queue.busy and service.queue.waiting == 0
     monkeypatch.setattr(service.engine.loaded, "backend", real)
     messages = [user("Hello there")]
-    updates = list(service.answer(messages, ChatSettings(max_new_tokens=24)))
+    updates = list(chat.answer(messages, ChatSettings(max_new_tokens=24)))
     assert updates[-1].text == service.engine.generate(service.engine.chat_ids(messages), "vanilla", 24).text
 
 
 def test_a_full_disk_during_an_answer_is_one_line_and_the_next_save_catches_up(service, tmp_path, monkeypatch):
     import app.history
-    from app.ui import Handlers, new_session
+    from app.page_layout import new_session
 
     store = ConversationStore(tmp_path / "c")
-    handlers, session = Handlers(service, store), new_session()
-    list(handlers.send("Hello there.", session, *SETTINGS))
+    handlers, session = page_handlers(service, store), new_session()
+    list(handlers.answers.send("Hello there.", session, *SETTINGS))
     first = list(session.conversation.messages)
     real_write = app.history.atomic_write
 
@@ -376,11 +399,12 @@ def test_a_full_disk_during_an_answer_is_one_line_and_the_next_save_catches_up(s
     monkeypatch.setattr(app.history, "atomic_write", full_disk)
     with pytest.warns(UserWarning, match=r"^Could not save the conversation \(OSError: \[Errno 28\] No space left on device\); "
                                          r"it is kept on this page and saved again later\.$"):
-        *_, (chat, textbox, _, note, *_), _ = handlers.send("Tell me more.", session, *SETTINGS)
+        *_, answered, _ = handlers.answers.send("Tell me more.", session, *SETTINGS)
+    chat = answered[handlers.page.chat.chatbot]
     assert len(session.conversation.messages) == 4 and chat[-1]["content"] == session.conversation.messages[-1]["content"]
     assert store.load(session.conversation.id).messages == first  # the previous file, untouched
     monkeypatch.setattr(app.history, "atomic_write", real_write)  # room again: the next save writes everything
-    list(handlers.send("Thanks.", session, *SETTINGS))
+    list(handlers.answers.send("Thanks.", session, *SETTINGS))
     assert [c.id for c in store.list()] == [session.conversation.id]  # the same file, no fork
     assert store.load(session.conversation.id).messages == session.conversation.messages and len(session.conversation.messages) == 6
 
@@ -392,15 +416,16 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
     penalty. Compare stays greedy, with the page's penalties."""
     import shutil
 
-    from app.ui import SAMPLING_LABELS, Handlers, new_session, sampling_defaults
-    from ppd_core.sampling_defaults import default_sampling
-    from ppd_core.sampling_params import recommended
+    from app.page_layout import new_session
+    from app.page_text import sampling_defaults
+    from ppd_core.sampling.params import default_sampling
+    from ppd_core.sampling.params import recommended
 
     assert recommended({"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20}) == {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
     assert recommended({"temperature": 0.6}) == {} and recommended({"do_sample": True, "temperature": -1}) == {}
     assert recommended({"repetition_penalty": 1.2}) == {"repeat_penalty": 1.2, "repeat_last_n": -1}  # transformers': all
-    assert service.engine.recommended_sampling() == {}
-    plain = dict(zip(SAMPLING_LABELS, sampling_defaults(default_sampling({}))))
+    assert service.engine.snapshot().recommended_sampling == {}
+    plain = sampling_defaults(default_sampling({}))
     assert plain["temperature"]["value"] == 0.8 and "llama-server's default" in plain["temperature"]["label"]
     assert plain["repeat_penalty"]["value"] == 1.1 and "ppd's default" in plain["repeat_penalty"]["label"]
 
@@ -409,25 +434,26 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
     config = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**config, "do_sample": True, "temperature": 0.6, "top_p": 0.9,
                                                                "repetition_penalty": 1.15}))
-    sampler = ChatService(Engine.load(EngineConfig(model=str(folder), device="cpu", tree="auto", auto_calibrate=False,
-                                                   max_context=160)))
-    assert sampler.engine.recommended_sampling() == {"temperature": 0.6, "top_p": 0.9, "repeat_penalty": 1.15,
+    sampler = ModelHost(Engine.load(EngineConfig(model=str(folder), device="cpu", tree="auto", auto_calibrate=False,
+                                                 max_context=160)))
+    assert sampler.engine.snapshot().recommended_sampling == {"temperature": 0.6, "top_p": 0.9, "repeat_penalty": 1.15,
                                                      "repeat_last_n": -1}
-    handlers = Handlers(sampler, ConversationStore(tmp_path / "c"))
-    widgets = len(SAMPLING_LABELS)
-    shown = dict(zip(SAMPLING_LABELS, handlers.load(new_session())[-4 - widgets:-4]))
+    handlers = page_handlers(sampler, ConversationStore(tmp_path / "c"))
+    page, widgets = handlers.page, handlers.page.settings.by_name
+    loaded = handlers.load(new_session())
+    shown = {name: loaded[widget] for name, widget in widgets.items()}
     assert shown["temperature"]["value"] == 0.6 and "the model" in shown["temperature"]["label"]
     assert shown["top_p"]["value"] == 0.9 and shown["top_k"]["value"] == 40 and "llama-server" in shown["top_k"]["label"]
     assert shown["repeat_penalty"]["value"] == 1.15 and shown["repeat_last_n"]["value"] == -1
-    picker = handlers.load(new_session())[-4]
+    picker = handlers.load(new_session())[page.model.choice]
     assert picker["value"] == "default" and picker["choices"][0] == "default"  # the loaded model's name, as --model takes it
-    *_, picker, _, _, _ = later = handlers.model_panels()  # the timer's next tick: the user's choices stay
-    assert all(update == {"__type__": "update"} for update in later[-4 - widgets:-4]) and "value" not in picker
+    later = handlers.model.model_panels()  # the timer's next tick: the user's choices stay
+    assert not any(widget in later for widget in widgets.values()) and "value" not in later[page.model.choice]
     settings = ChatSettings(temperature=0.6, top_p=0.9, top_k=20)
     assert settings.sampling().top_k == 20 and settings.sampling().temperature == 0.6
     messages = [user("Hello there")]
     penalised = ChatSettings(max_new_tokens=16, temperature=0.9, repeat_penalty=1.5)
-    result = sampler.compare(messages, penalised)  # Compare: greedy both ways, with the page's penalty
+    result = Chat(sampler).compare(messages, penalised)  # Compare: greedy both ways, with the page's penalty
     expected = sampler.engine.generate(sampler.engine.chat_ids(messages), "vanilla", 16,
                                        sampling=SamplingParams(repeat_penalty=1.5))
     assert result.identical and result.vanilla_text == expected.text
@@ -454,8 +480,9 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
         return Engine.load(EngineConfig(model=spec, device="cpu", tree="auto", auto_calibrate=False, max_context=160),
                            progress)
 
-    service = ChatService(None, dict(prompts=2, max_new_tokens=16, contexts=(64,), repeats=1), spec=str(tiny_model_dir),
-                          loader=load, calibrate_in_background=True)
+    service = ModelHost(None, dict(prompts=2, max_new_tokens=16, contexts=(64,), repeats=1), spec=str(tiny_model_dir),
+                        loader=load, calibrate_in_background=True)
+    chat = Chat(service)
     plain = load(str(tiny_model_dir))  # its answer without PPD
     messages = [user("Hello there")]
     expected = plain.generate(plain.chat_ids(messages), "vanilla", 24).text
@@ -463,11 +490,11 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
     with service.turn():  # an answer holds the model: the calibration waits for it
         service.attach(engine)
         assert service.ready and service.background.startswith("Calibrating this device in the background")
-        assert engine.family.name == "vanilla" and engine.profile is None
-    assert list(service.answer(messages, ChatSettings(max_new_tokens=24)))[-1].text == expected
+        assert engine.plan.family.name == "vanilla" and engine.plan.profile is None
+    assert list(chat.answer(messages, ChatSettings(max_new_tokens=24)))[-1].text == expected
     wait_for(lambda: service.background is None)
-    assert engine.profile is not None and engine.family.name.startswith("calibrated-")
-    assert list(service.answer(messages, ChatSettings(max_new_tokens=24)))[-1].text == expected  # exact with PPD too
+    assert engine.plan.profile is not None and engine.plan.family.name.startswith("calibrated-")
+    assert list(chat.answer(messages, ChatSettings(max_new_tokens=24)))[-1].text == expected  # exact with PPD too
     service.engine.forget_conversation()
 
     service.switch(str(lookup_only_dir))  # a model with no profile yet, switched away from mid-calibration
@@ -476,41 +503,41 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "elsewhere")  # no profile
     service.switch(str(tiny_model_dir))  # calibrates in its turn
     abandoned.join(30)
-    assert not abandoned.is_alive() and first.profile is None  # abandoned unfinished
+    assert not abandoned.is_alive() and first.plan.profile is None  # abandoned unfinished
     assert service.background.startswith("Calibrating this device in the background")  # the new model's line stays
     wait_for(lambda: service.background is None)
-    assert service.engine.profile is not None and not service._background_thread.is_alive()
+    assert service.engine.plan.profile is not None and not service._background_thread.is_alive()
     service.switch(str(tiny_model_dir))  # calibrated now: nothing runs in the background
-    assert service.background is None and service.engine.profile is not None
+    assert service.background is None and service.engine.plan.profile is not None
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "third")
     service.switch(str(tiny_model_dir))
     pending = service._background_thread
-    assert pending.is_alive() and service.engine.profile is None
+    assert pending.is_alive() and service.engine.plan.profile is None
     service.shutdown()  # ppd quits mid-calibration: it stops before the model is freed
-    assert not pending.is_alive() and service.engine.profile is None
+    assert not pending.is_alive() and service.engine.plan.profile is None
 
 
-def test_the_readout_says_what_the_lookup_chains_are_doing(service):
+def test_the_readout_says_what_the_lookup_chains_are_doing(service, chat):
     """With chains on, the readout says how many drafted tokens were right and what the last proposal got, and why."""
-    service.engine.set_lookup(3)
+    service.engine.replan(lookup=3)
     try:
         prompt = "one two three four five six seven eight nine ten " * 3
-        updates = list(service.answer([user(f"Repeat: {prompt}")], ChatSettings(max_new_tokens=40)))
+        updates = list(chat.answer([user(f"Repeat: {prompt}")], ChatSettings(max_new_tokens=40)))
         stats = updates[-1].stats
         assert stats.lookup_note  # the tiny model's answer repeats itself: the lookup proposes
         line = f"lookup: {stats.from_lookup} of {stats.drafted} drafted tokens right; last step {stats.lookup_note}"
         assert line in updates[-1].readout and "fixed lengths: 3 after a" in stats.lookup_note
-        plain = list(service.answer([user(f"Repeat: {prompt}")], ChatSettings(max_new_tokens=40, ppd=False)))
+        plain = list(chat.answer([user(f"Repeat: {prompt}")], ChatSettings(max_new_tokens=40, ppd=False)))
         assert "lookup:" not in plain[-1].readout  # PPD off: nothing drafted, nothing said
     finally:
-        service.engine.set_lookup(None)
+        service.engine.replan(lookup=None)
 
 
 def test_conversations_are_listed_by_a_short_title_and_their_time_in_words(tmp_path):
     """Issue 43, item 2: "<title> · today 18:49"; alike labels give the second, then a number."""
     from datetime import datetime
 
-    from app.ui import conversation_choices, spoken_time
+    from app.page_text import conversation_choices, spoken_time
 
     now = datetime(2025, 11, 27, 19, 6, 30).timestamp()
     assert spoken_time(now - 60, now) == "today 19:05" and spoken_time(now - 86_400, now) == "yesterday 19:06"

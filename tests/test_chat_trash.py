@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_service import ChatService
 from app.history import ConversationStore
+from app.model_host import ModelHost
 from app.ui import build_app
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def test_the_chats_trash_icon_starts_a_new_conversation_as_clear_does(tmp_path, 
         return stream(input_ids, *args, **kwargs)
 
     monkeypatch.setattr(engine, "stream", seen)
-    service = ChatService(engine)
+    service = ModelHost(engine)
     store = ConversationStore(tmp_path / "conversations")
     app = build_app(service, store)
     port = free_port()

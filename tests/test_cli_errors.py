@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import DEFAULT_QUESTIONS, main, model_threads
+from app.cli import main
+from app.commands.options import model_threads
+from app.questions import DEFAULT_QUESTIONS
 from ppd_core.errors import PpdError
 
 
@@ -23,7 +25,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded before the input was checked")
 
     monkeypatch.setattr("ppd_core.engine_load.load_model", refuse)  # what Engine.load calls
-    monkeypatch.setattr("ppd_core.engine.load_model", refuse)  # what `ppd train` calls
+    monkeypatch.setattr("ppd_core.load_model", refuse)  # what `ppd train` calls
     monkeypatch.setattr("ppd_core.loading.load_model", refuse)  # the function itself
     monkeypatch.delenv("PPD_AUTH", raising=False)
 
@@ -54,7 +56,8 @@ def fake_chat_app(monkeypatch):
         assert launched["served until Ctrl+C"]
         launched["model freed on quit"] = True
 
-    calibrated = types.SimpleNamespace(profile="calibrated", close=close)  # nothing to calibrate beside the answers
+    # nothing to calibrate beside the answers
+    calibrated = types.SimpleNamespace(plan=types.SimpleNamespace(awaiting_calibration=False), close=close)
 
     def server_app(service, policy, *, page=None, auth=None, api_key=None, serve_api=True):
         launched.update(page=page, auth=auth, guarded=policy.bound)
@@ -71,7 +74,7 @@ def fake_chat_app(monkeypatch):
             launched["served until Ctrl+C"] = True
             service.shutdown(1.0)
 
-    monkeypatch.setattr("app.cli.load_engine", lambda args, **_: calibrated)
+    monkeypatch.setattr("app.commands.chat.load_engine", lambda args, **_: calibrated)
     monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: "the page"))
     monkeypatch.setattr("app.server.server_app", server_app)
     monkeypatch.setattr("app.server.Serving", Serving)
@@ -196,7 +199,7 @@ def test_shipped_questions_are_inside_the_package():
     import app
 
     assert DEFAULT_QUESTIONS.is_file() and DEFAULT_QUESTIONS.parent.parent == __import__("pathlib").Path(app.__file__).parent
-    from app.bench import read_questions
+    from app.questions import read_questions
 
     assert len(read_questions(DEFAULT_QUESTIONS, None)) == 80 and len(read_questions(DEFAULT_QUESTIONS, 2)) == 2
 
@@ -293,7 +296,7 @@ def test_error_types_are_ppd_errors_and_value_errors():
     from ppd_core.calibration.profiles import ProfileError
     from ppd_core.decoding import PromptTooLongError
     from ppd_core.loading import ModelLoadError
-    from ppd_core.prompt_tokens import PromptTokenError
+    from ppd_core.drafters.prompt_tokens import PromptTokenError
 
     for error in (ModelLoadError, PromptTokenError, PromptTooLongError, ProfileError):
         assert issubclass(error, PpdError) and issubclass(error, ValueError)
@@ -305,7 +308,7 @@ def test_internal_errors_keep_their_traceback(monkeypatch, bug):
     def broken(args, auto_calibrate=True):
         raise bug
 
-    monkeypatch.setattr("app.cli.load_engine", broken)
+    monkeypatch.setattr("app.commands.generate.load_engine", broken)
     with pytest.raises(type(bug)):
         main(["generate", "hi"])
 
@@ -314,7 +317,7 @@ def test_interrupt_exits_130(capsys, monkeypatch):
     def interrupted(args, auto_calibrate=True):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("app.cli.load_engine", interrupted)
+    monkeypatch.setattr("app.commands.generate.load_engine", interrupted)
     assert run_cli(capsys, "generate", "hi") == (130, "", "ppd: interrupted\n")
 
 

@@ -4,12 +4,13 @@ fought (ppd_core/backends/compute_thread.py). A caller interrupted meanwhile get
 in flight has ended."""
 
 import _thread
+import signal
 import threading
 import time
 
 import llama_cpp
 
-from ppd_core.backends import compute_thread
+from ppd_core.backends.llamacpp import compute_thread
 
 
 def test_every_llama_decode_runs_on_one_thread_and_answers_as_before(llama_default, monkeypatch):
@@ -38,6 +39,16 @@ def test_every_llama_decode_runs_on_one_thread_and_answers_as_before(llama_defau
 
 
 def test_an_interrupted_caller_waits_for_the_computation_in_flight():
+    # Python's own Ctrl+C handler for this test: an earlier test's server may have left another one on SIGINT
+    # (Gradio's Node server stops the process there), and ``interrupt_main`` calls whichever is set
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupted_caller_waits()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_caller_waits() -> None:
     ended = []
 
     def computation():

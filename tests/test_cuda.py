@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ppd_core.backends.torch_backend import TorchDecoder
+from ppd_core.backends.torch.decoder import TorchDecoder
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.device_info import memory_of, nvml_probe
-from ppd_core.device_policy import attention_plan, compute_dtype, memory_source, native_bf16, properties_of
-from ppd_core.lean.model import LeanDecoder
+from ppd_core.device_info import memory_of
+from ppd_core.device_memory import nvml_probe
+from ppd_core.device_info import properties_of
+from ppd_core.device_policy import attention_plan, compute_dtype, memory_source, native_bf16
+from ppd_core.backends.torch.lean.model import LeanDecoder
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import family_from_spec, vanilla_family
 

@@ -15,7 +15,7 @@ import ctypes
 import torch  # links libstdc++ into its own scope
 visible = lambda: hasattr(ctypes.CDLL(None), "_ZSt4cout")  # std::cout, seen from the global scope
 before = visible()
-from ppd_core.backends.llamacpp import import_llama_cpp
+from ppd_core.backends.llamacpp.library import import_llama_cpp
 import_llama_cpp()
 print(before, visible())
 """

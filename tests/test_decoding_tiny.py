@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ppd_core.backends.torch_backend import TorchDecoder
+from ppd_core.backends.torch.decoder import TorchDecoder
 from ppd_core.decoding import PromptTooLongError, Request, Speculator, clip_tokens, generate
-from ppd_core.hf_loading import pick_decoder
+from ppd_core.backends.torch.loading import pick_decoder
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
 
@@ -129,7 +129,7 @@ def test_clip_tokens():
 
 
 def test_multi_turn_reuses_the_kv_cache_and_stays_exact(tiny_model_dir):
-    from ppd_core.engine import Engine, EngineConfig
+    from ppd_core import Engine, EngineConfig
 
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium"))
     history = [{"role": "user", "content": "Hello there"}]
@@ -158,7 +158,7 @@ def test_multi_turn_reuses_the_kv_cache_and_stays_exact(tiny_model_dir):
 def test_logprobs_and_penalties_under_trees_on_torch(forward):
     """On the torch backend, with a repeat penalty, PPD's tokens equal plain decoding's and its logprobs (the rows of
     its accepted paths, which torch computes in another order than plain steps) are within 1e-4 of plain's."""
-    from ppd_core.sampling_params import SamplingParams
+    from ppd_core.sampling.params import SamplingParams
 
     decoder = pick_decoder(tiny_llama(seed=3), forward)
     family = family_from_spec("chain", CHAIN, 3, 1)

@@ -4,6 +4,7 @@ import pytest
 
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, family_from_spec
+from ppd_core.training.greedy import reference_answer
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -31,7 +32,7 @@ def test_ppd_equals_plain_and_transformers_generate(default_engine, plain_answer
     ppd = default_engine.generate(ids, "ppd", ANSWER)
     assert len(ppd.tokens) == ANSWER
     assert ppd.tokens == plain_answers[prompt][:ANSWER]
-    assert ppd.tokens == default_engine.reference_generate(ids, ANSWER)
+    assert ppd.tokens == reference_answer(default_engine.loaded, ids, ANSWER)
     assert ppd.text == default_engine.tokenizer.decode(plain_answers[prompt][:ANSWER], skip_special_tokens=True)
 
 
@@ -56,12 +57,12 @@ def test_oracle_guesses_are_accepted_and_compacted(default_engine, plain_answers
     reference = plain_answers[prompt]
     ids = default_engine.chat_ids([{"role": "user", "content": prompt}])
     vocab = default_engine.loaded.model.config.vocab_size
-    saved = default_engine.family
+    saved = default_engine.plan.family
     try:
-        default_engine.set_tree(family_from_spec("chain", CHAIN, 3))
+        default_engine.replan(tree=family_from_spec("chain", CHAIN, 3))
         result = default_engine.generate(ids, "ppd", NEW_TOKENS, guess_hook=planted(reference, (1, 0, 1), vocab))
     finally:
-        default_engine.set_tree(saved)
+        default_engine.replan(tree=saved)
     assert result.tokens == reference
     assert result.stats.mean_accepted > 3.8  # tree depth 3 + the bonus token, less the edges
     assert result.stats.from_guesses > 0.7 * NEW_TOKENS
@@ -80,13 +81,13 @@ def test_oracle_nowhere_accepts_exactly_one(default_engine, plain_answers):
 def test_every_static_tree_is_exact(default_engine, plain_answers):
     prompt = PROMPTS[2]
     ids = default_engine.chat_ids([{"role": "user", "content": prompt}])
-    saved = default_engine.family
+    saved = default_engine.plan.family
     try:
         for name, spec in STATIC_TREES.items():
-            default_engine.set_tree(family_from_spec(name, spec, 3))
+            default_engine.replan(tree=family_from_spec(name, spec, 3))
             assert default_engine.generate(ids, "ppd", 48).tokens == plain_answers[prompt][:48], name
     finally:
-        default_engine.set_tree(saved)
+        default_engine.replan(tree=saved)
 
 
 def test_streamed_text_grows_to_the_answer(default_engine, plain_answers):

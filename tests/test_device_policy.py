@@ -8,19 +8,20 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_llama
-from ppd_core import device_info
-from ppd_core.backends.torch_backend import TorchDecoder
+from ppd_core import device_info, device_memory
+from ppd_core.backends.torch.decoder import TorchDecoder
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.device_policy import (
     MEMORY_HEADROOM, AttentionPlan, DeviceProperties, attention_plan, compute_dtype, context_that_fits,
     llama_extra_buffers, memory_source, native_bf16, parse_version, profile_fields, rows_bitwise,
     version_notes,
 )
-from ppd_core.lean.attention import attend
-from ppd_core.lean.model import LeanDecoder, _rms_norm
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core.backends.torch.lean.attention import attend
+from ppd_core.backends.torch.lean.model import LeanDecoder, _rms_norm
+from ppd_core import Engine, EngineConfig
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import family_from_spec, vanilla_family
+from ppd_core.calibration.calibrate import profile_key
 
 GiB = 2**30
 RTX_4090 = DeviceProperties("cuda", "NVIDIA GeForce RTX 4090", 24 * GiB, (8, 9), uuid="GPU-4090")
@@ -55,7 +56,7 @@ def test_cpu_profile_key_is_the_one_saved_profiles_have(tiny_model_dir):
     """A CPU profile's device key keeps the fields it had before the policy, so profiles users have stay valid."""
     engine = Engine.load(EngineConfig(model=str(tiny_model_dir), prompt_tokens="none", backend="torch", quant="none",
                                       device="cpu", auto_calibrate=False))
-    device = engine.profile_key()["device"]
+    device = profile_key(engine.loaded, engine.prompt_tokens)["device"]
     assert set(device) == {"kind", "name", "memory_bytes", "threads", "driver"}
     assert device == {**device_info.describe(engine.loaded.device).to_json(), "threads": torch.get_num_threads()}
 
@@ -107,9 +108,9 @@ def test_memory_reading_follows_the_policy(monkeypatch):
 
     def fake_nvml(uuid):
         asked.append(uuid)
-        return device_info.NvmlReading("NVIDIA GeForce RTX 4090", 24 * GiB, 3 * GiB, "580.1")
+        return device_memory.NvmlReading("NVIDIA GeForce RTX 4090", 24 * GiB, 3 * GiB, "580.1")
 
-    monkeypatch.setattr(device_info, "nvml_probe", fake_nvml)
+    monkeypatch.setattr(device_memory, "nvml_probe", fake_nvml)
     reading = device_info.memory_of(cpu, RTX_4090)
     assert asked == ["GPU-4090"]  # NVML is asked by UUID, never by torch's index
     assert (reading.label, reading.used_bytes, reading.free_bytes) == ("GPU", 3 * GiB, 21 * GiB)
@@ -179,14 +180,14 @@ def test_device_panel_shows_the_policy(default_engine):
 def test_a_follow_up_prefill_in_chunks_equals_transformers(monkeypatch):
     """A GPU plan's prefill after a cache runs in chunks of rows (8 here, 512 on a GPU): the logits of every row
     equal transformers' forward over the whole sequence."""
-    from ppd_core import kv_cache
-    from ppd_core.backends.torch_backend import forward_hidden, logits_of
+    from ppd_core.backends.torch import cache as kv_cache
+    from ppd_core.backends.torch.decoder import forward_hidden, logits_of
 
     model = tiny_llama(seed=5)
     lean = LeanDecoder(model)
     lean.attention = AttentionPlan(causal_prefill=True, gqa="native", masked_gqa="folded", masked_prefill_rows=8)
     ids = torch.randint(0, 128, (70,), generator=torch.Generator().manual_seed(9)).tolist()
-    import ppd_core.lean.model as lean_model
+    import ppd_core.backends.torch.lean.model as lean_model
 
     rows = []  # query rows of each attention call
     monkeypatch.setattr(lean_model, "attend", lambda q, *args, **kwargs: rows.append(q.shape[0]) or attend(q, *args, **kwargs))
@@ -197,6 +198,6 @@ def test_a_follow_up_prefill_in_chunks_equals_transformers(monkeypatch):
         first = forward_hidden(lean, cache, embedding(torch.tensor(ids[:25])), torch.arange(25), None)  # is_causal
         follow_up = forward_hidden(lean, cache, embedding(torch.tensor(ids[25:])), torch.arange(25, 70), None)  # 6 chunks
         logits = logits_of(lean, torch.cat([first, follow_up]))
-    assert follow_up.shape[0] == 45 and kv_cache.cache_length(cache) == 70
+    assert follow_up.shape[0] == 45 and cache.length == 70
     assert rows == [25] * 2 + [8] * 10 + [5] * 2  # 2 layers: the first prefill whole, the follow-up in 8-row chunks
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)

@@ -12,7 +12,7 @@ from app.cli import main
 from ppd_core.diagnostics import (
     NEAR_TIE_LOGITS, AnswerComparison, FirstDifference, compare_answer, first_index, probe_environment, verdict,
 )
-from ppd_core.engine import Engine
+from ppd_core import Engine
 
 # one thread: the CPU is shared with other work; a static tree: no calibration (--tree auto calibrates first)
 SMALL = ["--prompts", "2", "--max-new-tokens", "24", "--threads", "1", "--tree", "medium"]
@@ -180,7 +180,7 @@ def test_compare_answer_reads_plain_logits_after_the_shared_prefix():
 
 
 def test_environment_without_the_optional_packages(monkeypatch):
-    from ppd_core.backends import llamacpp
+    from ppd_core.backends.llamacpp import library as llamacpp
 
     def missing():
         raise llamacpp.LlamaCppError("llama-cpp-python is not usable here (No module named 'llama_cpp')")

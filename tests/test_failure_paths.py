@@ -22,15 +22,19 @@ import psutil
 import pytest
 
 from app.api import create_api
-from app.server import make_server
-from app.chat_service import ChatService, ChatSettings, SwitchBusy, SwitchFailed
+from app.chat import Chat
+from app.chat_settings import ChatSettings
 from app.history import ConversationStore
+from app.model_host import ModelHost, SwitchBusy, SwitchFailed
+from app.server import make_server
 from app.training_job import TrainingJob
-from app.ui import SAMPLING_LABELS, Handlers
-from ppd_core.backends.llamacpp import LIVE_MODELS, LlamaCppDecoder
-from ppd_core.engine import Engine, EngineConfig
+from app.ui import build
+from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
+from ppd_core.backends.llamacpp.library import LIVE_MODELS
+from ppd_core import Engine, EngineConfig
 from ppd_core.faults import FaultError, fault, inject
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
+from ppd_core.calibration.verbs import calibrate_engine
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +70,7 @@ def wait_for(condition, seconds: float = 120.0) -> None:
         time.sleep(0.02)
 
 
-def serve(service: ChatService):
+def serve(service: ModelHost):
     """``ppd serve``'s app for ``service`` on a thread: (server, thread, url)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -85,7 +89,7 @@ def rss() -> int:
 
 @dataclass
 class Served:
-    service: ChatService
+    service: ModelHost
     client: openai.OpenAI
     url: str
     previous: str  # the model loaded before each test's switch (a tiny llama GGUF)
@@ -105,7 +109,7 @@ class Served:
 def served(tiny_models):  # noqa: F811
     """A tiny llama GGUF behind the API, switched with the real GGUF loader (the default model, other tiny files)."""
     previous, other = str(tiny_models.get("llama")), str(tiny_models.get("qwen3"))
-    service = ChatService(load(previous), spec=previous, loader=load)
+    service = ModelHost(load(previous), spec=previous, loader=load)
     server, thread, url = serve(service)
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     others = LIVE_MODELS - {id(service.engine.loaded.backend)}
@@ -138,14 +142,14 @@ def test_a_load_failing_at_any_phase_brings_the_previous_model_back(served, poin
 
 def test_the_pages_switch_falls_back_to_the_default_model_when_the_previous_one_fails_too(served, tmp_path):
     service = served.service
-    handlers = Handlers(service, ConversationStore(tmp_path / "conversations"))
+    handlers = build(service, ConversationStore(tmp_path / "conversations"))[1].model
     with inject("load.tokenizer", MemoryError, times=2):  # the model asked for, then the previous one
         handlers.switch_model(served.other)  # on the page's own thread
         wait_for(lambda: not service.switching)
     assert service.ready and service.spec == "default"
     line = (f"Could not load {served.other}: MemoryError: injected fault at load.tokenizer. {served.previous} failed "
             "to load again (MemoryError: injected fault at load.tokenizer): back on the default model.")
-    assert service.switch_note == line and handlers.model_panels()[0] == line
+    assert service.switch_note == line and handlers.model_panels()[handlers.page.startup] == line
     assert served.live_models() == {id(service.engine.loaded.backend)}
     assert served.answer()  # the default model answers
     service.switch(served.previous)
@@ -168,8 +172,10 @@ def test_when_no_model_loads_the_page_and_the_api_say_so_in_one_line_and_stay_re
         served.answer()
     assert refused.value.status_code == 503 and refused.value.body["message"] == line
 
-    panels = Handlers(service, ConversationStore(tmp_path / "conversations")).model_panels()
-    startup, send, device, timer, picker = panels[0], panels[1], panels[2], panels[5], panels[6 + len(SAMPLING_LABELS)]
+    handlers = build(service, ConversationStore(tmp_path / "conversations"))[1].model
+    page, panels = handlers.page, handlers.model_panels()
+    startup, send, device, timer = panels[page.startup], panels[page.chat.send], panels[page.device], panels[page.timer]
+    picker = panels[page.model.choice]
     assert startup == f"**{line}**" and device == "No model is loaded."
     assert send["interactive"] is False and timer.active is False  # nothing is loading: the page stops asking
     assert picker["interactive"] is True  # and another model can be picked
@@ -186,17 +192,18 @@ def test_a_calibration_in_the_load_failing_brings_the_previous_model_back(tiny_m
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "profiles")
     previous, target = str(tiny_models.get("llama")), str(tiny_models.get("qwen3"))
     engine = load(previous)
-    engine.calibrate(**SMALL_CALIBRATION)  # the previous model has a profile: it loads again without calibrating
+    calibrate_engine(engine, **SMALL_CALIBRATION)  # the previous model has a profile: it loads again without calibrating
     loads = []
-    service = ChatService(engine, spec=previous, loader=counting(load_calibrating, loads))
+    service = ModelHost(engine, spec=previous, loader=counting(load_calibrating, loads))
     others = LIVE_MODELS - {id(engine.loaded.backend)}
-    expected = list(service.answer(QUESTION, ChatSettings(max_new_tokens=8)))[-1].text
+    chat = Chat(service)
+    expected = list(chat.answer(QUESTION, ChatSettings(max_new_tokens=8)))[-1].text
     with inject(point, kind, times=1), pytest.raises(SwitchFailed) as raised:
         service.switch(target)
     assert str(raised.value) == f"Could not load {target}: {kind.__name__}: injected fault at {point}. Back on {previous}."
     assert loads == [target, previous] and service.ready and not service.switching
-    assert service.engine.profile is not None and LIVE_MODELS - others == {id(service.engine.loaded.backend)}
-    assert list(service.answer(QUESTION, ChatSettings(max_new_tokens=8)))[-1].text == expected
+    assert service.engine.plan.profile is not None and LIVE_MODELS - others == {id(service.engine.loaded.backend)}
+    assert list(chat.answer(QUESTION, ChatSettings(max_new_tokens=8)))[-1].text == expected
     service.engine.close()
 
 
@@ -207,18 +214,18 @@ def test_a_background_calibration_failing_at_any_phase_is_one_line_and_answers_g
     """`ppd chat` calibrates a model without a profile beside its answers: a failure there leaves the model decoding
     plainly, and the page's line says why (not "Calibrating..." for ever)."""
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "profiles")
-    monkeypatch.setattr("app.chat_service.IDLE_BEFORE_CALIBRATION", 0.05)
+    monkeypatch.setattr("app.model_host.IDLE_BEFORE_CALIBRATION", 0.05)
     model = str(tiny_models.get("llama"))
-    service = ChatService(load(model), SMALL_CALIBRATION, spec=model, loader=load, calibrate_in_background=True)
+    service = ModelHost(load(model), SMALL_CALIBRATION, spec=model, loader=load, calibrate_in_background=True)
     with inject(point, kind):
         thread = service.calibrate_in_background()
         thread.join(120)
     assert not thread.is_alive()
     assert service.background == f"The calibration failed ({kind.__name__}: injected fault at {point}); answers decode plainly."
     engine = service.engine
-    assert engine.profile is None and not service.switching
+    assert engine.plan.profile is None and not service.switching
     expected = engine.generate(engine.chat_ids(QUESTION), "vanilla", 8).text
-    assert list(service.answer(QUESTION, ChatSettings(max_new_tokens=8)))[-1].text == expected
+    assert list(Chat(service).answer(QUESTION, ChatSettings(max_new_tokens=8)))[-1].text == expected
     service.shutdown()
 
 
@@ -296,7 +303,7 @@ def test_one_switch_at_a_time_another_model_is_refused_and_the_same_one_joins_it
     loads = []
     service.loader = counting(load, loads)
     try:
-        handlers = Handlers(service, ConversationStore(tmp_path / "conversations"))
+        handlers = build(service, ConversationStore(tmp_path / "conversations"))[1].model
         with service.turn():  # an answer in progress: the switch waits for it
             handlers.switch_model(served.other)  # Load clicked on one page
             assert service.switching
@@ -349,9 +356,9 @@ class SlowToReadJob(TrainingJob):
 
 
 def test_a_finished_training_is_applied_once_whichever_pages_ask(tiny_models, tmp_path, monkeypatch):  # noqa: F811
-    monkeypatch.setattr("app.chat_service.TrainingJob", SlowToReadJob)
+    monkeypatch.setattr("app.model_host.TrainingJob", SlowToReadJob)
     model, loads = str(tiny_models.get("llama")), []
-    service = ChatService(load(model), spec=model, loader=counting(load, loads))
+    service = ModelHost(load(model), spec=model, loader=counting(load, loads))
     job = service.training()
     job.folder.mkdir(parents=True, exist_ok=True)
     try:
@@ -359,7 +366,7 @@ def test_a_finished_training_is_applied_once_whichever_pages_ask(tiny_models, tm
         job.process = subprocess.Popen([sys.executable, "-c", ""])
         job.process.wait()
         assert job.status().state == "done"
-        handlers = Handlers(service, ConversationStore(tmp_path / "conversations"))
+        handlers = build(service, ConversationStore(tmp_path / "conversations"))[1].model
         ticks = 4  # pages open on the app, their timers ticking at once
         barrier, failures = threading.Barrier(ticks), []
 

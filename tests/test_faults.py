@@ -11,9 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.chat_service import ChatService
 from app.history import ConversationStore
-from app.ui import INTERRUPTED, Handlers, new_session
+from app.model_host import ModelHost
+from app.page_layout import new_session
+from app.page_text import INTERRUPTED
+from app.ui import build
 
 pytestmark = pytest.mark.slow
 
@@ -77,11 +79,13 @@ def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_
     # llama.cpp with a static tree, as launched: the session's)
     engine = llama_default
     try:
-        handlers = Handlers(ChatService(engine), store)
-        session, chat, *_ = handlers.load(new_session())
+        handlers = build(ModelHost(engine), store)[1]
+        page = handlers.page
+        opened = handlers.load(new_session())
+        session, chat = opened[page.session], opened[page.chat.chatbot]
         assert session.conversation.id == saved.id and chat[0]["content"] == STORY
         assert chat[1]["content"] == answer["content"] + INTERRUPTED
-        *_, (chat, _, note, *_), _ = handlers.regenerate(session, "", 0.0, 1.0, 32, True, "lossless", False)
+        list(handlers.answers.regenerate(session, "", 0.0, 1.0, 32, True, "lossless", False))
         expected = engine.generate(engine.chat_ids([user]), "vanilla", 32).text
         assert store.load(saved.id).messages == [user, {"role": "assistant", "content": expected}]
     finally:

@@ -1,4 +1,4 @@
-"""The grammar's forced text as a guess source (``ppd_core.forced``): what it proposes is the text the grammar leaves
+"""The grammar's forced text as a guess source (``ppd_core.drafters.forced``): what it proposes is the text the grammar leaves
 no choice about, in the answer's own whitespace habit, tokenized as the tokenizer does and allowed by the grammar
 token by token; drafted as a chain it keeps greedy constrained PPD equal to plain constrained decoding, and the
 accepted tokens are counted as the grammar's."""
@@ -9,8 +9,9 @@ import jsonschema
 import pytest
 
 from ppd_core.grammar import schema_grammar
-from ppd_core.lookup_policy import FixedChains
-from ppd_core.sampling_params import SamplingParams
+from ppd_core.drafters.chain_policy import FixedChains
+from ppd_core.sampling.params import SamplingParams
+from ppd_core.plan import DecodePlan
 from schema_prompts import PROMPTS
 from test_default_model import planted
 from test_structured import ANSWER, SCHEMAS
@@ -50,7 +51,7 @@ def test_it_proposes_what_the_grammar_forces_in_the_answers_habit(llama_default)
 @pytest.mark.parametrize("penalties", [False, True], ids=["greedy", "penalised"])
 def test_drafted_forced_text_keeps_constrained_ppd_equal_to_plain(llama_default, monkeypatch, penalties):
     sampling = SamplingParams(repeat_penalty=1.3, repeat_last_n=64, frequency_penalty=0.2) if penalties else SamplingParams()
-    monkeypatch.setattr(llama_default, "new_forced_chains", lambda: FixedChains((8,)))  # always draft
+    monkeypatch.setattr(DecodePlan, "new_forced_chains", lambda plan: FixedChains((8,)))  # always draft
     vocab, counted = llama_default.loaded.backend.vocab_size, 0
     for prompt, schema in [*SCHEMAS, *PROMPTS[::8]]:  # the four, and five kinds of the forty
         ids = llama_default.chat_ids([{"role": "user", "content": prompt}])

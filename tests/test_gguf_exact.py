@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ppd_core.backends.llamacpp import LlamaCppDecoder
+from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.engine import Engine, EngineConfig
-from ppd_core.gguf_text import GgufTokenizer
+from ppd_core import Engine, EngineConfig
+from ppd_core.backends.llamacpp.text import GgufTokenizer
 from ppd_core.loading import default_model_file
-from ppd_core.lookup import MATCH_CLASSES
-from ppd_core.lookup_policy import FixedChains
+from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
+from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import family_from_spec, vanilla_family
 from tiny_gguf import requantize, tiny_models  # noqa: F401 - the fixture
@@ -27,7 +27,8 @@ CHAINS = (4,) * len(MATCH_CLASSES)
 
 def answer(decoder, speculator, prompt: list[int], max_new_tokens: int, hook=None, chains=None) -> tuple[list[int], int]:
     """The answer's tokens and how many of them came from guesses."""
-    request = Request(prompt, max_new_tokens, frozenset(), decoder.max_context, guess_hook=hook, chains=chains)  # no EOS: all compared
+    request = Request(prompt, max_new_tokens, frozenset(), decoder.max_context, guess_hook=hook,
+                      drafters=[LookupDrafter(chains, prompt)] if chains is not None else [])  # no EOS: all compared
     steps = list(generate(speculator, request))
     return [t for step in steps for t in step.tokens], sum(step.from_guesses for step in steps)
 
@@ -54,8 +55,8 @@ def test_default_model_requantized_greedy_ppd_equals_plain(default_requantized, 
                                       auto_calibrate=False))
     try:
         assert engine.prompt_tokens.num_prompt_tokens == 3 and engine.loaded.backend.bitwise
-        assert engine.exactness().startswith("bitwise")
-        engine.set_lookup(4)
+        assert engine.snapshot().exactness.startswith("bitwise")
+        engine.replan(lookup=4)
         guessed = 0
         for prompt in PROMPTS:
             ids = engine.chat_ids([{"role": "user", "content": prompt}])

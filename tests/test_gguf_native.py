@@ -150,11 +150,12 @@ def test_bad_gguf_files_are_one_line_each(tmp_path):
 
 
 def test_a_model_too_big_for_the_free_memory_is_one_line(tmp_path, monkeypatch):
-    from ppd_core import gguf_info
+    from ppd_core.backends.llamacpp import info as gguf_info
+    from ppd_core.backends.llamacpp import loading as gguf_loading  # imported before the patch: it copies the name
     from ppd_core.errors import PpdError
     from ppd_core.loading import load_model
 
     monkeypatch.setattr(gguf_info, "available_memory", lambda: 150 * 2**20)  # 150 MiB free: file + cache do not fit
-    monkeypatch.setattr("ppd_core.gguf_loading.available_memory", lambda: 150 * 2**20)
+    monkeypatch.setattr(gguf_loading, "available_memory", lambda: 150 * 2**20)
     with pytest.raises(PpdError, match="needs about .* GiB .* but only .* GiB is free"):
         load_model("default")

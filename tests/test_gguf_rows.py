@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from tiny_gguf import ARCHITECTURES, quiet_llama_logs, tiny_models, write_table_gguf  # noqa: F401 - a fixture
 
-from ppd_core.backends import gguf_rows
-from ppd_core.backends.gguf_rows import EmbeddingRows, EmbeddingRowsError
+from ppd_core.backends.llamacpp import rows as gguf_rows
+from ppd_core.backends.llamacpp.rows import EmbeddingRows, EmbeddingRowsError
 from ppd_core.errors import PpdError
 from ppd_core.loading import default_model_file
 

@@ -1,4 +1,4 @@
-"""The llama.cpp-native tokenizer, chat template and GGUF header (ppd_core.gguf_text, ppd_core.gguf_info).
+"""The llama.cpp-native tokenizer, chat template and GGUF header (ppd_core.backends.llamacpp.text, ppd_core.backends.llamacpp.info).
 
 The reference is transformers' tokenizer of the same GGUF file; small GGUF files made here with
 ``gguf.GGUFWriter`` (the default model's vocabulary, no tensors, loaded vocabulary-only) give a model
@@ -22,8 +22,8 @@ llama_cpp = pytest.importorskip("llama_cpp")  # the set-up builds it; test_llama
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ppd_core.backends.llamacpp import quiet_logs  # noqa: E402
-from ppd_core.gguf_info import (  # noqa: E402
+from ppd_core.backends.llamacpp.library import quiet_logs  # noqa: E402
+from ppd_core.backends.llamacpp.info import (  # noqa: E402
     ARCHITECTURES_VERSION,
     GgufFileError,
     NotEnoughMemoryError,
@@ -34,7 +34,7 @@ from ppd_core.gguf_info import (  # noqa: E402
     memory_needed,
     read_gguf_info,
 )
-from ppd_core.gguf_text import CHATML_SOURCE, MODEL_TEMPLATE, ByteTextStream, ChatTemplateError, GgufTokenizer  # noqa: E402
+from ppd_core.backends.llamacpp.text import CHATML_SOURCE, MODEL_TEMPLATE, ByteTextStream, ChatTemplateError, GgufTokenizer  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
 
 TEXTS = [
@@ -397,7 +397,7 @@ def test_bad_files(loaded, default_fields, tmp_path):
 
 
 def test_imports_stay_light():
-    code = ("import sys, ppd_core.gguf_text, ppd_core.gguf_info; "
+    code = ("import sys, ppd_core.backends.llamacpp.text, ppd_core.backends.llamacpp.info; "
             "heavy = sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules); "
             "print(json.dumps(heavy))")
     result = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True,

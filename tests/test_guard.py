@@ -15,12 +15,12 @@ import httpx
 import openai
 import pytest
 
-from app.chat_service import ChatService
 from app.guard import Policy
 from app.history import ConversationStore
+from app.model_host import ModelHost
 from app.server import make_server, server_app
 from app.ui import build_app
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
 
 FOREIGN = "http://localhost:9999"
@@ -76,7 +76,7 @@ def chat_server(tmp_path_factory):
         loads.append(spec)
         raise AssertionError(f"the page was made to load {spec}")
 
-    service = ChatService(engine, loader=loader)
+    service = ModelHost(engine, loader=loader)
     page = build_app(service, ConversationStore(tmp_path_factory.mktemp("conversations")))
     port = free_port()
     server = make_server(server_app(service, Policy("127.0.0.1"), page=page), "127.0.0.1", port)

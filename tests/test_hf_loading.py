@@ -12,11 +12,19 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from conftest import tiny_llama
-from ppd_core import hf_loading
-from ppd_core.backends.torch_backend import TorchDecoder
-from ppd_core.device_info import MemoryReading
-from ppd_core.hf_loading import ModelLoadError, dequantization_note, load_gguf_with_transformers, load_hf, training_network
-from ppd_core.lean.model import LeanDecoder
+from ppd_core.backends.torch import gguf_copy
+from ppd_core.backends.torch.decoder import TorchDecoder
+from ppd_core.backends.torch.gguf_copy import dequantization_note
+from ppd_core.backends.torch.lean.model import LeanDecoder
+from ppd_core.backends.torch.loading import load_hf, training_network
+from ppd_core.backends.torch import loading as torch_loading
+from ppd_core.device_memory import MemoryReading
+from ppd_core.loaded import LoadOptions, ModelLoadError
+from ppd_core.loading import load_model
+
+
+def load_gguf_with_transformers(path, name, quant="auto", device="auto", dtype="auto", forward="lean"):
+    return torch_loading.load_gguf_with_transformers(path, name, LoadOptions(quant, device, dtype, forward, "torch"))
 
 NOTE = re.compile(r"transformers de-quantizes (\S+) to float32: about (\d+\.\d+) GB of memory "
                   r"\(and (\d+\.\d+) GB on disk for the cached copy\)")
@@ -41,7 +49,7 @@ def tiny_dir(tmp_path):
 
 
 def test_a_hugging_face_directory_loads_on_torch(tiny_dir):
-    loaded = load_hf(str(tiny_dir), device="cpu")
+    loaded = load_hf(tiny_dir, "tiny-hf", LoadOptions(device="cpu"))
     assert (loaded.quant, loaded.quant_is_default, loaded.forward) == ("none", True, "lean")  # auto: the model's own weights
     assert loaded.name == "tiny-hf" and loaded.source == str(tiny_dir) and loaded.gguf_file is None
     assert loaded.device == torch.device("cpu") and loaded.dtype == torch.float32
@@ -61,7 +69,7 @@ def test_a_hugging_face_directory_loads_on_torch(tiny_dir):
     np.testing.assert_array_equal(loaded.backend.embedding_rows(np.array([3, 4])),
                                   loaded.network.get_input_embeddings().weight[[3, 4]].numpy())
 
-    generic = load_hf(str(tiny_dir), "none", "cpu", forward="transformers")
+    generic = load_hf(tiny_dir, "tiny-hf", LoadOptions("none", "cpu", forward="transformers"))
     assert (generic.quant, generic.quant_is_default, generic.forward) == ("none", False, "transformers")
     assert generic.backend.model is generic.network
 
@@ -73,29 +81,27 @@ def test_a_hugging_face_directory_loads_on_torch(tiny_dir):
 ])
 def test_torch_quantizations_are_none_4bit_and_8bit(tiny_dir, quant, message):
     with pytest.raises(ModelLoadError, match=re.escape(message)):
-        load_hf(str(tiny_dir), quant, "cpu")
+        load_model(str(tiny_dir), quant, "cpu")
 
 
 def test_load_errors_are_one_line(tmp_path):
     with pytest.raises(ModelLoadError, match="model not found"):
-        load_hf(str(tmp_path / "missing"))
+        load_model(str(tmp_path / "missing"))
     with pytest.raises(ModelLoadError, match="has no config.json"):
-        load_hf(str(tmp_path))
-    with pytest.raises(ModelLoadError, match="is a GGUF file"):
-        load_hf("hf:owner/repo:model.Q4_0.gguf")
+        load_model(str(tmp_path))
 
 
 @pytest.fixture
 def fake_gguf(tmp_path, monkeypatch):
     """A .gguf file whose conversion saves a tiny Llama (counted calls), with the cache in tmp_path."""
-    monkeypatch.setattr(hf_loading.platformdirs, "user_cache_dir", lambda *args, **kwargs: str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_copy.platformdirs, "user_cache_dir", lambda *args, **kwargs: str(tmp_path / "cache"))
     calls = []
 
     def convert(gguf_file, staging):
         calls.append(gguf_file)
         save_tiny(staging)
 
-    monkeypatch.setattr(hf_loading, "_convert_gguf", convert)
+    monkeypatch.setattr(gguf_copy, "_convert_gguf", convert)
     path = tmp_path / "models" / "tiny.Q4_0.gguf"
     path.parent.mkdir()
     path.write_bytes(b"GGUF" + bytes(4_500_000))  # unreadable header: its size gives the estimate
@@ -108,11 +114,11 @@ def warnings_of(caplog) -> list[str]:
 
 def test_a_gguf_through_transformers_says_what_it_costs_first_and_converts_once(fake_gguf, caplog):
     path, calls = fake_gguf
-    caplog.set_level(logging.INFO, logger=hf_loading.__name__)
+    caplog.set_level(logging.INFO, logger=gguf_copy.__name__)
     loaded = load_gguf_with_transformers(path, "tiny", "auto", "cpu")
     [note] = warnings_of(caplog)
     name, memory, disk = NOTE.fullmatch(note).groups()
-    estimate = 4_500_004 * 8 / hf_loading.GGUF_BITS_PER_WEIGHT * 4 / 1e9  # 8M weights at about 4.5 bits, in float32
+    estimate = 4_500_004 * 8 / gguf_copy.GGUF_BITS_PER_WEIGHT * 4 / 1e9  # 8M weights at about 4.5 bits, in float32
     assert name == "tiny" and float(memory) == float(disk) == pytest.approx(estimate, abs=0.005)
     assert calls == [path] and (loaded.gguf_file, loaded.source, loaded.quant) == (path, str(path), "none")
     assert isinstance(loaded.backend.model, LeanDecoder) and isinstance(loaded.tokenizer, PreTrainedTokenizerFast)
@@ -121,7 +127,7 @@ def test_a_gguf_through_transformers_says_what_it_costs_first_and_converts_once(
     again = load_gguf_with_transformers(path, "tiny", "none", "cpu", "bfloat16", "transformers")
     assert calls == [path]  # the cached copy
     [note] = warnings_of(caplog)  # said again: the memory is spent again; the size now the copy's own
-    copy = hf_loading.copy_bytes(hf_loading.conversion_folder(path))
+    copy = gguf_copy.copy_bytes(gguf_copy.conversion_folder(path))
     assert note == dequantization_note("tiny", copy // 4) and copy > 0
     assert (again.dtype, again.forward) == (torch.bfloat16, "transformers")
 
@@ -131,7 +137,7 @@ def test_a_gguf_whose_float32_copy_does_not_fit_is_refused_before_converting(fak
     with pytest.raises(ModelLoadError, match="8-bit runs on CUDA only"):  # a wrong choice: refused before anything
         load_gguf_with_transformers(path, "tiny", "8bit", "cpu")
     assert calls == [] and warnings_of(caplog) == []
-    monkeypatch.setattr(hf_loading, "memory_of", lambda device: MemoryReading("RAM", 2**30 - 10**6, 2**30))
+    monkeypatch.setattr(gguf_copy, "memory_of", lambda device: MemoryReading("RAM", 2**30 - 10**6, 2**30))
     with pytest.raises(ModelLoadError, match=r"float32 copy of tiny needs about 0\.03 GB but only 0\.00 GB is free"):
         load_gguf_with_transformers(path, "tiny", "none", "cpu")
     assert calls == [] and len(warnings_of(caplog)) == 1
@@ -158,10 +164,10 @@ def test_the_default_gguf_through_transformers_counts_its_weights_exactly():
     from ppd_core.loading import DEFAULT_NAME, default_model_file
 
     path = default_model_file()
-    parameters = hf_loading.gguf_parameters(path)
+    parameters = gguf_copy.gguf_parameters(path)
     assert parameters == 134_515_008  # SmolLM2-135M, embedding tied
     loaded = load_gguf_with_transformers(path, DEFAULT_NAME, "none", "cpu")
     assert sum(p.numel() for p in loaded.model.parameters()) == parameters
-    copy = hf_loading.copy_bytes(hf_loading.conversion_folder(path))
+    copy = gguf_copy.copy_bytes(gguf_copy.conversion_folder(path))
     assert 4 * parameters <= copy < 4 * parameters + 2**20  # float32 weights and a safetensors header
     assert loaded.forward == "lean" and loaded.model.config.num_hidden_layers == 30

@@ -11,7 +11,7 @@ import pytest
 
 from fake_hub import FakeHub
 from ppd_core import hub
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from ppd_core.loading import default_model_file
 
 QUESTION = "Name the capital city of France."
@@ -45,9 +45,7 @@ def local_hub(served, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", served.url)
     monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", served.url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    hub.forget_fetched()
-    yield served
-    hub.forget_fetched()
+    return served
 
 
 def test_a_safetensors_repository_downloads_resumes_and_loads_offline(served, tiny_model_dir, tmp_path):

@@ -18,7 +18,7 @@ from ppd_core.calibration.latency import CPU_SIZES
 from ppd_core.calibration.profiles import profiles_dir
 from ppd_core.calibration.records import read_records
 from ppd_core.calibration.step_policy import StepPolicy
-from ppd_core.lookup import MATCH_CLASSES, LookupStats, match_class
+from ppd_core.drafters.lookup import MATCH_CLASSES, LookupStats, match_class
 from test_cli_errors import assert_error, no_model_load  # noqa: F401 (a fixture)
 from test_lookup import brute_propose
 

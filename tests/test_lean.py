@@ -8,10 +8,11 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import tiny_llama
-from ppd_core import kv_cache
-from ppd_core.backends.torch_backend import TorchDecoder, forward_hidden, logits_of
-from ppd_core.hf_loading import load_gguf_with_transformers, pick_decoder
-from ppd_core.lean.model import LeanDecoder
+from ppd_core.backends.torch import cache as kv_cache
+from ppd_core.backends.torch.decoder import TorchDecoder, forward_hidden, logits_of
+from ppd_core.backends.torch.loading import load_gguf_with_transformers, pick_decoder
+from ppd_core.loaded import LoadOptions
+from ppd_core.backends.torch.lean.model import LeanDecoder
 from ppd_core.loading import DEFAULT_NAME, default_model_file
 from ppd_core.tree import TreeSpec, build_tree
 
@@ -84,7 +85,7 @@ def test_static_cache_grows_past_its_first_capacity():
     TorchDecoder(lean).prefill(cache, ids[:1000])
     with torch.inference_mode():
         hidden = forward_hidden(lean, cache, model.get_input_embeddings()(torch.tensor(ids[1000:])), torch.arange(1000, 1100), None)
-    assert cache.capacity >= 1100 and kv_cache.cache_length(cache) == 1100
+    assert cache.capacity >= 1100 and cache.length == 1100
     torch.testing.assert_close(logits_of(lean, hidden)[-1], reference_logits(model, ids)[-1], atol=1e-4, rtol=0)
 
 
@@ -104,7 +105,7 @@ def test_unsupported_architecture_falls_back_with_one_line(caplog):
 @pytest.mark.slow
 def test_default_model_lean_logits_equal_transformers():
     """The default GGUF through transformers (``--backend torch``: its float32 copy), on the lean forward."""
-    loaded = load_gguf_with_transformers(default_model_file(), DEFAULT_NAME, "none", "cpu")
+    loaded = load_gguf_with_transformers(default_model_file(), DEFAULT_NAME, LoadOptions("none", "cpu", backend="torch"))
     assert loaded.forward == "lean" and loaded.quant == "none" and loaded.dtype == torch.float32
     ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "Explain in detail how a bicycle works."}],
                                                add_generation_prompt=True, tokenize=True, return_dict=False)

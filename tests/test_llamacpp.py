@@ -16,14 +16,17 @@ import random
 import numpy as np
 import pytest
 
-from ppd_core.backends.llamacpp import LlamaCppDecoder, chat_model
+from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
+
+from ppd_core.backends.llamacpp.library import chat_model
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from ppd_core.loading import default_model_file
-from ppd_core.lookup import MATCH_CLASSES
-from ppd_core.lookup_policy import FixedChains
+from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
+from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
+from ppd_core.calibration.calibrate import profile_key
 
 pytestmark = pytest.mark.slow
 
@@ -152,10 +155,10 @@ def test_greedy_ppd_equals_plain_on_every_static_tree_with_lookup(llama_engine):
     n = llama_engine.prompt_tokens.num_prompt_tokens
     prompts = PROMPTS[:3]
     plain = [greedy(llama_engine, p, "vanilla").tokens for p in prompts]
-    llama_engine.set_lookup(4)  # lookup chains join the prompt tokens' guesses in the same steps
+    llama_engine.replan(lookup=4)  # lookup chains join the prompt tokens' guesses in the same steps
     try:
         for name, spec in STATIC_TREES.items():
-            llama_engine.set_tree(family_from_spec(name, spec, n))
+            llama_engine.replan(tree=family_from_spec(name, spec, n))
             accepted = {"prompt tokens": 0, "lookup": 0}
             for prompt, expected in zip(prompts, plain):
                 result = greedy(llama_engine, prompt, "ppd")
@@ -163,11 +166,11 @@ def test_greedy_ppd_equals_plain_on_every_static_tree_with_lookup(llama_engine):
                 accepted["prompt tokens"] += result.stats.from_guesses - result.stats.from_lookup
                 accepted["lookup"] += result.stats.from_lookup
             assert all(accepted.values()), (name, accepted)  # both sources were verified, and some guesses kept
-        llama_engine.set_tree(vanilla_family())  # lookup chains alone, on plain trees
+        llama_engine.replan(tree=vanilla_family())  # lookup chains alone, on plain trees
         for prompt, expected in zip(prompts, plain):
             assert greedy(llama_engine, prompt, "ppd").tokens == expected
     finally:
-        llama_engine.set_lookup(None)
+        llama_engine.replan(lookup=None)
 
 
 def test_an_answer_filling_its_context_with_rebuilds_equals_plain(llama_engine):
@@ -181,7 +184,7 @@ def test_an_answer_filling_its_context_with_rebuilds_equals_plain(llama_engine):
     for family, chains in ((vanilla_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
         speculator = Speculator(decoder, family, llama_engine._prompt_table)
         request = Request(prompt, 448, frozenset(), decoder.max_context,  # no EOS: all 448 tokens
-                          chains=FixedChains(chains) if chains else None)
+                          drafters=[LookupDrafter(FixedChains(chains), prompt)] if chains else [])
         answers.append([t for step in generate(speculator, request) for t in step.tokens])
     assert len(answers[0]) == 448 and answers[1] == answers[0]
     assert decoder.rebuilds >= 3
@@ -198,14 +201,14 @@ def test_follow_up_turn_reusing_the_cache_equals_plain(llama_engine):
     first = [{"role": "user", "content": "Write a short paragraph about rivers."}]
     results = {}
     for mode in ("vanilla", "ppd"):
-        llama_engine.set_lookup(4)
+        llama_engine.replan(lookup=4)
         turn1 = llama_engine.generate(llama_engine.chat_ids(first), mode, 96, reuse_cache=True)
         follow = first + [{"role": "assistant", "content": turn1.text},
                           {"role": "user", "content": "Now repeat that paragraph, word for word."}]
         turn2 = llama_engine.generate(llama_engine.chat_ids(follow), mode, 128, reuse_cache=True)
         assert turn2.stats.reused_tokens > 0
         results[mode] = (turn1.tokens, turn2.tokens, turn2.stats)
-    llama_engine.set_lookup(None)
+    llama_engine.replan(lookup=None)
     assert results["ppd"][:2] == results["vanilla"][:2]
     assert results["ppd"][2].steps < len(results["ppd"][1])  # the copy was guessed
 
@@ -225,9 +228,9 @@ def test_plain_decoding_equals_llama_cpp_chat_completion(llama_engine):
 
 
 def test_stats_count_only_the_tokens_kept_when_the_limit_cuts_a_step(llama_engine):
-    family = llama_engine.family
-    llama_engine.set_tree(vanilla_family())
-    llama_engine.set_lookup(4)  # copying a count: steps accept up to 4 guessed tokens
+    family = llama_engine.plan.family
+    llama_engine.replan(tree=vanilla_family())
+    llama_engine.replan(lookup=4)  # copying a count: steps accept up to 4 guessed tokens
     try:
         ids = llama_engine.chat_ids([{"role": "user", "content": "Write the numbers from 1 to 30 separated by commas."}])
         full = llama_engine.generate(ids, "ppd", 64).steps  # the same steps, uncut (greedy)
@@ -243,13 +246,13 @@ def test_stats_count_only_the_tokens_kept_when_the_limit_cuts_a_step(llama_engin
                 assert last.from_guesses == last.from_lookup == len(last.tokens) and last.stop == "length"
         assert cut_in_guesses
     finally:
-        llama_engine.set_lookup(None)
-        llama_engine.set_tree(family)
+        llama_engine.replan(lookup=None)
+        llama_engine.replan(tree=family)
 
 
 def test_the_profile_key_names_the_llama_cpp_build_and_offload(llama_engine):
     """A rebuilt llama.cpp (other CPU features, CUDA, Metal) or another offload calibrates anew."""
-    key = llama_engine.profile_key()
+    key = profile_key(llama_engine.loaded, llama_engine.prompt_tokens)
     assert key["backend"] == "llamacpp" and key["build"] == llama_engine.loaded.kernels["system"]
     assert "CPU" in key["build"] and key["gpu_layers"] == llama_engine.loaded.backend.gpu_layers
     assert key["device"]["threads"] == llama_engine.threads  # on a CPU the curve depends on the threads
@@ -262,7 +265,7 @@ def test_a_fully_offloaded_model_keys_its_profile_without_the_cpu_threads(llama_
     described = backend.describe()
     for layers, keyed in ((-1, False), (12, True), (0, True)):
         monkeypatch.setattr(backend, "describe", lambda layers=layers: {**described, "gpu_layers": layers})
-        key = llama_engine.profile_key()
+        key = profile_key(llama_engine.loaded, llama_engine.prompt_tokens)
         assert ("threads" in key["device"]) == keyed and key["gpu_layers"] == layers
 
 
@@ -280,7 +283,7 @@ def test_a_context_that_grows_mid_answer_keeps_it_equal_to_plain(llama_engine):
     growing = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=64)
     first_cells = growing.cells
     speculator = Speculator(growing, small, llama_engine._prompt_table)
-    chained = dataclasses.replace(request, chains=FixedChains((4,) * len(MATCH_CLASSES)))
+    chained = dataclasses.replace(request, drafters=[LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), prompt)])
     assert [t for step in generate(speculator, chained) for t in step.tokens] == plain
     assert growing.grows >= 2 and growing.cells > 2 * first_cells
     growing.close()
@@ -293,7 +296,7 @@ def test_a_gguf_files_recommended_sampling_becomes_the_default(llama_engine, tmp
     import gguf
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
-    from ppd_core.sampling_params import gguf_sampling
+    from ppd_core.sampling.params import gguf_sampling
 
     assert gguf_sampling({"general.sampling.temp": "0.7", "general.sampling.top_k": "20"}.get) == \
         {"do_sample": True, "temperature": 0.7, "top_k": 20}
@@ -307,10 +310,10 @@ def test_a_gguf_files_recommended_sampling_becomes_the_default(llama_engine, tmp
         "general.sampling.top_k": MetadataDetails(gguf.GGUFValueType.INT32, 30)}, [])
     engine = Engine.load(EngineConfig(model=str(copy), backend="llamacpp", tree="medium"))
     try:
-        assert engine.recommended_sampling() == {"temperature": 0.5, "top_p": 0.75, "top_k": 30}
+        assert engine.snapshot().recommended_sampling == {"temperature": 0.5, "top_p": 0.75, "top_k": 30}
     finally:
         engine.loaded.backend.close()
-    assert llama_engine.recommended_sampling() == {}  # the shipped file
+    assert llama_engine.snapshot().recommended_sampling == {}  # the shipped file
 
 
 def test_acceptance_through_llama_cpp_equals_one_cut_at_a_time(llama_engine, decoder, reference):

@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 from app.api import api_routes
-from app.chat_service import ChatService
 from app.history import ConversationStore
+from app.model_host import ModelHost
 from app.ui import build_app
-from ppd_core.engine import Engine, EngineConfig, limit_malloc_arenas
+from ppd_core import Engine, EngineConfig, limit_malloc_arenas
 
 pytestmark = pytest.mark.slow
 
@@ -37,12 +37,12 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def chat_server(tmp_path_factory):
-    """What `ppd chat` serves: the page and /v1 on one Gradio server, one ChatService (a line of 8), with glibc's
+    """What `ppd chat` serves: the page and /v1 on one Gradio server, one ModelHost (a line of 8), with glibc's
     malloc arenas capped as `ppd chat` caps them before its server threads start (without: each of the 17 request
     threads keeps a partly free arena of its own: RSS grew 11% over the burst here, 6% with the cap)."""
     limit_malloc_arenas()
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
-    service = ChatService(engine)
+    service = ModelHost(engine)
     store = ConversationStore(tmp_path_factory.mktemp("conversations"))
     app = build_app(service, store)
     port = free_port()

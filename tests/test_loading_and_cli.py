@@ -10,9 +10,10 @@ import torch
 
 from conftest import tiny_llama
 from app.cli import main
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from app.system_info import weights_label
 from ppd_core.loading import ModelLoadError, default_model_file, load_model
+from ppd_core.training.greedy import reference_answer
 
 
 def run_cli(capsys, *args):
@@ -26,7 +27,7 @@ def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
     assert engine.loaded.name == tiny_model_dir.name and engine.prompt_tokens.hidden_size == 64
     ids = engine.chat_ids([{"role": "user", "content": "Hello there"}])
     ppd = engine.generate(ids, "ppd", 24)
-    assert ppd.tokens == engine.generate(ids, "vanilla", 24).tokens == engine.reference_generate(ids, 24)
+    assert ppd.tokens == engine.generate(ids, "vanilla", 24).tokens == reference_answer(engine.loaded, ids, 24)
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from ppd_core.backends.torch_backend import DeviceLogits
-from ppd_core.logits import HostLogits, top_k
+from ppd_core.backends.torch.decoder import DeviceLogits
+from ppd_core.sampling.logits import HostLogits, top_k
 
 
 def brute_top(values: np.ndarray, k: int) -> np.ndarray:

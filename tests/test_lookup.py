@@ -10,17 +10,19 @@ import pytest
 from app.system_info import device_panel, guess_sources
 from conftest import tiny_llama
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.engine import Engine, EngineConfig, PpdError, PromptTokens, user_prompt_tokens_path
-from ppd_core.lookup import (
-    MATCH_CLASSES, MAX_MATCH, ChainedTrees, LookupStats, NgramIndex, best_with_chains, chain_lengths, class_label, match_class,
+from ppd_core import Engine, EngineConfig, PromptTokens, user_prompt_tokens_path
+from ppd_core.errors import PpdError
+from ppd_core.drafters.lookup import (
+    MATCH_CLASSES, MAX_MATCH, LookupDrafter, LookupStats, NgramIndex, best_with_chains, chain_lengths, class_label, match_class,
     replay_steps, with_lookup,
 )
-from ppd_core.hf_loading import pick_decoder
-from ppd_core.lookup_policy import FixedChains
-from ppd_core.sampling_params import SamplingParams
+from ppd_core.backends.torch.loading import pick_decoder
+from ppd_core.drafters.chain_policy import FixedChains
+from ppd_core.sampling.params import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
-from ppd_core.backends.torch_backend import TorchDecoder
+from ppd_core.tree import ChainedTrees, TreeSpec, build_tree, family_from_spec, vanilla_family
+from ppd_core.backends.torch.decoder import TorchDecoder
+from ppd_core.calibration.verbs import calibrate_engine, saved_profile
 
 
 CLASSES = len(MATCH_CLASSES)
@@ -215,7 +217,8 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
 
         def tokens(family, prompt_table, lengths):
             chains = FixedChains(lengths) if lengths else None
-            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table), Request(prompt, 80, frozenset(), 256, chains=chains)))
+            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table), Request(prompt, 80, frozenset(), 256,
+                                  drafters=[LookupDrafter(chains, prompt)] if chains else [])))
             return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
 
         plain, _ = tokens(vanilla_family(), None, ())
@@ -248,7 +251,8 @@ def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
         params = SamplingParams(temperature=0.7, seed=seed)
 
         def tokens(lengths):
-            request = Request(prompt, 80, frozenset(), 256, params, chains=FixedChains(lengths) if lengths else None)
+            request = Request(prompt, 80, frozenset(), 256, params,
+                              drafters=[LookupDrafter(FixedChains(lengths), prompt)] if lengths else [])
             steps = list(generate(Speculator(TorchDecoder(decoder), vanilla_family()), request))
             return [t for s in steps for t in s.tokens], sum(s.from_lookup for s in steps)
 
@@ -261,16 +265,16 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
     """No prompt-token file anywhere: no prompt tokens, plain trees, and calibration measures the lookup alone."""
     engine = Engine.load(EngineConfig(model=str(lookup_only_dir), device="cpu", tree="auto", auto_calibrate=False))
     assert engine.prompt_tokens.num_prompt_tokens == 0 and engine.prompt_tokens.training.get("none")
-    assert engine.family.name == "vanilla" and engine.lookup_lengths == ()
+    assert engine.plan.family.name == "vanilla" and engine.plan.lookup_lengths == ()
     assert "none for this model" in device_panel(engine.snapshot())
-    profile = engine.calibrate(prompts=3, max_new_tokens=48, contexts=(64,), repeats=1)
+    profile = calibrate_engine(engine, prompts=3, max_new_tokens=48, contexts=(64,), repeats=1)
     assert profile.acceptance == [] and profile.trees == [TreeSpec({(): 0})]
     assert sum(profile.lookup_trials) > 0 and len(profile.lookup_lengths) == CLASSES
     by_turn = profile.expected_with_lookup_by_turn  # the first 3 conversations: two ask a follow-up
     assert {name: part["answers"] for name, part in by_turn.items()} == {"first turns": 3, "follow-ups": 2}
-    assert engine.profile is profile and engine.lookup_lengths == tuple(profile.lookup_lengths)
-    assert engine.saved_profile() == profile  # keyed by the (empty) prompt tokens, found again
-    engine.set_lookup(4)  # whatever calibration chose on this machine: exactness with chains in every step
+    assert engine.plan.profile is profile and engine.plan.lookup_lengths == tuple(profile.lookup_lengths)
+    assert saved_profile(engine) == profile  # keyed by the (empty) prompt tokens, found again
+    engine.replan(lookup=4)  # whatever calibration chose on this machine: exactness with chains in every step
     assert "n-gram lookup" in guess_sources(engine.snapshot()) and "prompt tokens (" not in guess_sources(engine.snapshot())
     ids = engine.chat_ids([{"role": "user", "content": "Repeat after me: one two three, one two three, one two three."}])
     ppd = engine.generate(ids, "ppd", 96)
@@ -279,19 +283,19 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
 
 
 def test_the_expected_speedup_shown_counts_the_chains_while_they_are_on(lookup_only_dir):
-    from app.ui import calibration_summary
+    from app.page_text import calibration_summary
 
     engine = Engine.load(EngineConfig(model=str(lookup_only_dir), device="cpu", tree="auto", auto_calibrate=False))
-    profile = engine.calibrate(prompts=1, max_new_tokens=16, contexts=(64,), repeats=1)
+    profile = calibrate_engine(engine, prompts=1, max_new_tokens=16, contexts=(64,), repeats=1)
     with_chains = dataclasses.replace(profile, lookup_lengths=[0, 3, 3, 3, 5, 8], expected_speedup=1.0, expected_speedup_with_lookup=1.3,
                                       expected_with_lookup_by_turn={"first turns": {"answers": 3, "tokens_per_step": 1.2, "speedup": 1.1},
                                                                     "follow-ups": {"answers": 2, "tokens_per_step": 1.9, "speedup": 1.6}})
-    engine.use_profile(with_chains)
-    assert engine.lookup_lengths == (0, 3, 3, 3, 5, 8) and engine.expected_speedup() == 1.3
+    engine.replan(with_chains, tree="auto")
+    assert engine.plan.lookup_lengths == (0, 3, 3, 3, 5, 8) and engine.plan.expected_speedup == 1.3
     summary = calibration_summary(with_chains)
     assert "0/3/3/3/5/8 tokens after a match of 1/2/3/4-7/8-15/16+ tokens" in summary and "**1.30x**" in summary and "first turns 1.10x, follow-ups 1.60x" in summary
-    engine.set_lookup(0)  # chains off: the tree's own expectation
-    assert engine.expected_speedup() == 1.0
+    engine.replan(lookup=0)  # chains off: the tree's own expectation
+    assert engine.plan.expected_speedup == 1.0
     assert "chains" not in calibration_summary(dataclasses.replace(with_chains, lookup_lengths=[0] * CLASSES))
 
 
@@ -308,4 +312,4 @@ def test_the_engine_finds_prompt_tokens_where_ppd_train_saves_them_and_none_turn
     assert np.array_equal(engine.prompt_tokens.embeddings, saved.embeddings)
     forced = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", prompt_tokens="none",
                                       auto_calibrate=False))
-    assert forced.prompt_tokens.num_prompt_tokens == 0 and forced.family.name == "vanilla"
+    assert forced.prompt_tokens.num_prompt_tokens == 0 and forced.plan.family.name == "vanilla"

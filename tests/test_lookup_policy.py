@@ -10,8 +10,9 @@ import random
 import numpy as np
 import pytest
 
-from ppd_core.lookup import MATCH_CLASSES, MAX_CHAIN, LookupStats, best_with_chains, replay_steps
-from ppd_core.lookup_policy import AdaptiveChains, replay_adaptive
+from ppd_core.drafters.lookup import MATCH_CLASSES, MAX_CHAIN, LookupDrafter, LookupStats, best_with_chains, replay_steps
+from ppd_core.drafters.chain_policy import AdaptiveChains, replay_adaptive
+from ppd_core.plan import DecodePlan
 
 CLASSES = len(MATCH_CLASSES)
 CPU = {1: 10.0, 2: 17.1, 3: 22.0, 4: 26.6, 5: 32.0, 6: 37.0, 7: 41.0, 8: 45.3, 9: 52.0}  # a steep CPU-like curve, ms
@@ -136,16 +137,17 @@ def test_in_a_replay_it_beats_the_best_fixed_lengths_where_copying_comes_and_goe
 def tiny_answers(chains):
     """Greedy answers of a tiny model to a repetitive prompt, plain and with ``chains``: (plain, steps with chains)."""
     from conftest import tiny_llama
-    from ppd_core.backends.torch_backend import TorchDecoder
+    from ppd_core.backends.torch.decoder import TorchDecoder
     from ppd_core.decoding import Request, Speculator, generate
-    from ppd_core.hf_loading import pick_decoder
+    from ppd_core.backends.torch.loading import pick_decoder
     from ppd_core.tree import vanilla_family
 
     decoder = TorchDecoder(pick_decoder(tiny_llama(seed=7), "lean"))
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 
     def answer(policy):
-        return list(generate(Speculator(decoder, vanilla_family()), Request(prompt, 80, frozenset(), 256, chains=policy)))
+        return list(generate(Speculator(decoder, vanilla_family()), Request(prompt, 80, frozenset(), 256,
+                                             drafters=[LookupDrafter(policy, prompt)] if policy is not None else [])))
 
     plain = [t for step in answer(None) for t in step.tokens]
     return plain, answer(chains)
@@ -180,7 +182,8 @@ def test_decoding_learns_to_draft_once_copying_shows_and_stays_exact(llama_defau
     decoder = llama_default.loaded.backend
 
     def answer(policy):
-        request = Request(prompt, 64, frozenset(), llama_default.max_context, chains=policy)
+        request = Request(prompt, 64, frozenset(), llama_default.max_context,
+                          drafters=[LookupDrafter(policy, prompt)] if policy is not None else [])
         return list(generate(Speculator(decoder, vanilla_family()), request))
 
     pessimist = Spy([[0.0] * MAX_CHAIN for _ in MATCH_CLASSES], lambda rows: 0.010 + 0.0001 * rows, prior_weight=4)
@@ -206,15 +209,14 @@ def test_a_follow_up_goes_on_with_what_its_conversation_taught(llama_default, mo
     """The engine keeps one chain policy per conversation: a follow-up turn (its prompt extends the whole kept
     conversation) gets the same one; a new conversation a new one."""
     made = []
-    new_chains = llama_default.new_chains
+    new_chains = DecodePlan.new_chains
 
-    def counted():
-        made.append(new_chains())
+    def counted(plan: DecodePlan):
+        made.append(new_chains(plan))
         return made[-1]
 
-    monkeypatch.setattr(llama_default, "new_chains", counted)
-    monkeypatch.setattr(llama_default, "_lookup", 3)  # chains on, whatever this machine's calibration chose
-    llama_default._refresh_lookup()
+    monkeypatch.setattr(DecodePlan, "new_chains", counted)
+    llama_default.replan(lookup=3)  # chains on, whatever this machine's calibration chose
     try:
         llama_default.forget_conversation()
         history = [{"role": "user", "content": "Say: red green blue."}]
@@ -227,4 +229,4 @@ def test_a_follow_up_goes_on_with_what_its_conversation_taught(llama_default, mo
         assert len(made) == 2 and llama_default._kept.chains is made[1] is not kept
     finally:
         llama_default.forget_conversation()
-        llama_default.set_lookup(None)
+        llama_default.replan(lookup=None)

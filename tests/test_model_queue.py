@@ -1,4 +1,4 @@
-"""The model's line (app/model_queue.py) and ChatService as the one door: order, bound, giving up, recovery."""
+"""The model's line (app/model_queue.py) and ModelHost as the one door: order, bound, giving up, recovery."""
 
 import threading
 import time

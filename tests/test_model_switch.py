@@ -9,13 +9,14 @@ import psutil
 import pytest
 
 from app.api import api_routes
-from app.chat_service import ChatService, ChatSettings
+from app.chat import Chat
+from app.chat_settings import ChatSettings
 from app.history import ConversationStore
 from app.model_catalog import available, recent
+from app.model_host import ModelHost
 from app.ui import build_app
 from fake_hub import FakeHub
-from ppd_core import hub
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig, hub
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +49,7 @@ def test_the_page_switches_to_a_hub_model_answers_with_it_and_switches_back(tiny
         patch.setattr(huggingface_hub.constants, "ENDPOINT", fake.url)
         patch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.url + "/{repo_id}/resolve/{revision}/{filename}")
         patch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-        hub.forget_fetched()
-        service = ChatService(load("default"), spec="default", loader=load)
+        service = ModelHost(load("default"), spec="default", loader=load)
         store = ConversationStore(tmp_path / "conversations")
         app = build_app(service, store)
         port = free_port()
@@ -102,16 +102,15 @@ def test_the_page_switches_to_a_hub_model_answers_with_it_and_switches_back(tiny
             app.close()
             if service.ready:
                 service.engine.close()
-            hub.forget_fetched()
-
+    
 
 def test_a_model_that_cannot_load_brings_the_previous_one_back(tiny_model_dir, tmp_path):
-    service = ChatService(load(str(tiny_model_dir)), spec=str(tiny_model_dir), loader=load)
+    service = ModelHost(load(str(tiny_model_dir)), spec=str(tiny_model_dir), loader=load)
     with pytest.raises(ValueError, match="model not found"):
         service.switch(str(tmp_path / "no-such-model"))
     assert service.ready and service.spec == str(tiny_model_dir) and not service.switching
     assert service.switch_note.startswith(f"Could not load {tmp_path / 'no-such-model'}: model not found")
     assert service.switch_note.endswith(f"Back on {tiny_model_dir}.")
     messages = [{"role": "user", "content": QUESTION}]
-    *_, last = service.answer(messages, ChatSettings(max_new_tokens=16))
+    *_, last = Chat(service).answer(messages, ChatSettings(max_new_tokens=16))
     assert last.text == service.engine.generate(service.engine.chat_ids(messages), "vanilla", 16).text

@@ -5,10 +5,14 @@ leaves no cell behind, and greedy decoding is token for token the same over two 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from ppd_core.backends.llamacpp import LlamaCppDecoder, LlamaCppError
+from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
+
+from ppd_core.backends.llamacpp.library import LlamaCppError
 from ppd_core.calibration.latency import probe_tree
 from ppd_core.tree import TreeSpec, build_tree
 from tiny_gguf import ARCHITECTURES, tiny_models  # noqa: F401 - fixture
@@ -69,7 +73,7 @@ def test_padded_rows_are_bitwise_the_unpadded_ones_on_every_tiny_architecture(ti
 
 
 def test_greedy_answers_are_the_same_padded_over_two_turns(llama_default, monkeypatch):
-    """The engine pads every PPD step as a profile's ``fixed`` step policy makes it (``Engine.padded_rows``)."""
+    """The engine pads every PPD step as a profile's ``fixed`` step policy makes it (``DecodePlan.padded_rows``)."""
     engine = llama_default
     decoder = engine.loaded.backend
     shapes = []
@@ -78,7 +82,7 @@ def test_greedy_answers_are_the_same_padded_over_two_turns(llama_default, monkey
         (tree.num_tokens, decoder.step_rows)) or tree_logits(cache, tree, *rest))
     answers = {}
     for rows in (None, 16):  # the medium tree's 16 rows: every step padded to them
-        monkeypatch.setattr(type(engine), "padded_rows", property(lambda self, rows=rows: rows))
+        monkeypatch.setattr(engine, "plan", dataclasses.replace(engine.plan, padded_rows=rows))
         messages, tokens = [], []
         for turn in TURNS:
             messages.append({"role": "user", "content": turn})

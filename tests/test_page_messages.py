@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_service import ChatService
 from app.history import Conversation, ConversationStore
-from app.ui import build_app
-from ppd_core.engine import Engine, EngineConfig
+from app.model_host import ModelHost
+from app.ui import build, build_app
+from ppd_core import Engine, EngineConfig
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +47,12 @@ def running(tmp_path_factory):
         return stream(input_ids, *args, **kwargs)
 
     engine.stream = seen
-    service = ChatService(engine)
-    answer = service.answer
-    service.answer = lambda messages, settings, stop=None: answer(
-        messages, replace(settings, max_new_tokens=min(settings.max_new_tokens, MAX_NEW)), stop=stop)
+    service = ModelHost(engine)
     store = ConversationStore(tmp_path_factory.mktemp("conversations"))
-    app = build_app(service, store)
+    app, handlers = build(service, store)
+    answer = handlers.chat.answer
+    handlers.chat.answer = lambda messages, settings, stop=None: answer(
+        messages, replace(settings, max_new_tokens=min(settings.max_new_tokens, MAX_NEW)), stop=stop)
     port = free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:

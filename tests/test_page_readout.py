@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_service import ChatService
 from app.history import ConversationStore
+from app.model_host import ModelHost
 from app.ui import build_app
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def browser():
 @pytest.fixture(scope="module")
 def page(browser, tiny_models):  # noqa: F811 - the fixture
     """The app served from this process (what the speed tests avoid) on the default model, and a page on it."""
-    service = ChatService(load("default"), spec="default", loader=load)
+    service = ModelHost(load("default"), spec="default", loader=load)
     store = ConversationStore(Path(tiny_models.folder) / "conversations")
     app = build_app(service, store)
     port = free_port()

@@ -6,10 +6,13 @@ import json
 import jsonschema
 import pytest
 
-from app.chat_service import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK, ChatService, Highlighter
-from app.readout import AnswerSpeed
+from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK, Highlighter
 from app.history import ConversationStore
-from app.ui import Handlers, marked_answer, new_session
+from app.model_host import ModelHost
+from app.page_layout import new_session
+from app.page_text import marked_answer
+from app.readout import AnswerSpeed
+from app.ui import Handlers, build
 from ppd_core.stats import GenerationStats, StepStats
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -28,17 +31,16 @@ def settings(schema: str = "", max_new: int = 96, highlight: bool = False) -> tu
 def page(llama_default, tmp_path):
     """Handlers over the default GGUF (llama.cpp's grammar engine) and a new page."""
     llama_default.forget_conversation()
-    return Handlers(ChatService(llama_default), ConversationStore(tmp_path / "c")), new_session()
+    return build(ModelHost(llama_default), ConversationStore(tmp_path / "c"))[1], new_session()
 
 
 def answered(handlers: Handlers, session, message: str, inputs: tuple) -> tuple[str, str, str]:
     """``message`` sent from the page: (the answer on the page, the readout, the note) of its last update."""
-    chat = readout = note = None
-    for update in handlers.send(message, session, *inputs):
-        chat = update[0] if update[0] != KEEP else chat
-        readout = update[2] if update[2] != KEEP else readout
-        note = update[3] if update[3] != KEEP else note
-    return chat[-1]["content"], readout, note
+    shown = {}
+    for update in handlers.answers.send(message, session, *inputs):
+        shown.update({component: value for component, value in update.items() if value != KEEP})
+    chat = handlers.page.chat
+    return shown[chat.chatbot][-1]["content"], shown.get(chat.readout), shown.get(chat.note)
 
 
 def test_a_schema_in_the_box_constrains_the_answers_and_compare(page):
@@ -46,8 +48,9 @@ def test_a_schema_in_the_box_constrains_the_answers_and_compare(page):
     text, readout, note = answered(handlers, session, QUESTION, settings(json.dumps(PERSON), highlight=True))
     jsonschema.validate(json.loads(text), PERSON)
     assert "grammar " in readout and "forced tokens right" in readout and "follows the JSON schema" in note
-    *_, (plain, ppd, verdict) = handlers.compare(session, "", 96, 1.0, 64, 0.0, 0.0, json.dumps(PERSON))
-    result = handlers.service.last_comparison
+    *_, compared = handlers.answers.compare(session, "", 96, 1.0, 64, 0.0, 0.0, json.dumps(PERSON))
+    verdict = compared[handlers.page.compare.verdict]
+    result = handlers.chat.last_comparison
     for answer in (result.vanilla_text, result.ppd_text):
         jsonschema.validate(json.loads(answer), PERSON)
     assert "; identical text." in verdict
@@ -62,15 +65,15 @@ def test_a_box_it_cannot_use_is_one_line_and_the_message_stays_in_the_textbox(pa
     handlers, session = page
     answered(handlers, session, "Hello there.", settings(max_new=16))
     before = list(session.conversation.messages)
-    updates = list(handlers.send(QUESTION, session, *settings(box)))
+    updates = list(handlers.answers.send(QUESTION, session, *settings(box)))
     assert len(updates) == 1
-    chat, textbox, _, note, *_ = updates[0]
-    assert textbox == KEEP and note.startswith(line) and "\n" not in note  # the textbox keeps the text
-    assert session.conversation.messages == before == handlers.store.load(session.conversation.id).messages
-    [(_, _, note, *_)] = handlers.regenerate(session, *settings(box))  # Regenerate keeps the last answer
-    assert note.startswith(line) and session.conversation.messages == before
-    *_, (_, _, verdict) = handlers.compare(session, "", 16, 1.0, 64, 0.0, 0.0, box)
-    assert verdict.startswith(line)
+    page, note = handlers.page, updates[0][handlers.page.chat.note]
+    assert page.chat.message not in updates[0] and note.startswith(line) and "\n" not in note  # the textbox keeps the text
+    assert session.conversation.messages == before == handlers.conversations.store.load(session.conversation.id).messages
+    [refused] = handlers.answers.regenerate(session, *settings(box))  # Regenerate keeps the last answer
+    assert refused[page.chat.note].startswith(line) and session.conversation.messages == before
+    *_, compared = handlers.answers.compare(session, "", 16, 1.0, 64, 0.0, 0.0, box)
+    assert compared[page.compare.verdict].startswith(line)
 
 
 def test_an_empty_box_answers_free_text_as_before(page, llama_default):

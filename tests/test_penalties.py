@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from ppd_core.errors import PpdError
-from ppd_core.logits import HostLogits
-from ppd_core.penalties import penalize, window
-from ppd_core.sampling import adjusted_probs
-from ppd_core.sampling_params import SamplingParams
-from ppd_core.verify import accept
+from ppd_core.sampling.logits import HostLogits
+from ppd_core.sampling.penalties import penalize, window
+from ppd_core.sampling.verify import adjusted_probs
+from ppd_core.sampling.params import SamplingParams
+from ppd_core.sampling.verify import accept
 
 VOCAB = 12
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from ppd_core.backends.llamacpp import chat_model
+from ppd_core.backends.llamacpp.library import chat_model
 from ppd_core.loading import default_model_file
-from ppd_core.sampling_params import SamplingParams
+from ppd_core.sampling.params import SamplingParams
+from ppd_core.calibration.verbs import next_token_logits
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def llama_cpp_answer(llm, prompt: list[int], params: SamplingParams, eos: frozen
 def test_greedy_with_penalties_equals_llama_cpps_sampler_chain(llama_default, oracle, name):
     engine, params = llama_default, PENALTIES[name]
     eos = engine.loaded.eos_token_ids
-    engine.set_lookup(4)  # lookup chains on top of the static tree's prompt-token rows
+    engine.replan(lookup=4)  # lookup chains on top of the static tree's prompt-token rows
     try:
         answers = {}
         for mode in ("vanilla", "ppd"):
@@ -81,7 +82,7 @@ def test_greedy_with_penalties_equals_llama_cpps_sampler_chain(llama_default, or
         unpenalized = engine.generate(engine.chat_ids(messages[:1]), "vanilla", ANSWER)
         assert unpenalized.tokens != answers["vanilla"][0]  # the penalty changed the answer
     finally:
-        engine.set_lookup(None)
+        engine.replan(lookup=None)
         engine.forget_conversation()
 
 
@@ -92,17 +93,17 @@ def test_logprobs_of_ppd_equal_plain_decodings_bitwise(llama_default):
     import numpy as np
 
     engine = llama_default
-    engine.set_lookup(4)
+    engine.replan(lookup=4)
     try:
         ids = engine.chat_ids([{"role": "user", "content": "List the days of the week, then list them again."}])
         reported = {mode: engine.generate(ids, mode, 80, logprobs=5) for mode in ("vanilla", "ppd")}
     finally:
-        engine.set_lookup(None)
+        engine.replan(lookup=None)
     flat = {mode: [item for step in result.steps for item in step.logprobs] for mode, result in reported.items()}
     assert flat["ppd"] == flat["vanilla"] and len(flat["ppd"]) == len(reported["ppd"].tokens)
     assert [item.token for item in flat["ppd"]] == reported["ppd"].tokens
     assert reported["ppd"].stats.from_guesses > 0  # tree rows gave some of them
-    logits = engine.next_token_logits(ids).astype(np.float64)
+    logits = next_token_logits(engine, ids).astype(np.float64)
     expected = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
     first = flat["ppd"][0]
     assert first.logprob == expected[first.token] and [t for t, _ in first.top] == list(np.argsort(-logits, kind="stable")[:5])

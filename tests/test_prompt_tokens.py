@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ppd_core.prompt_tokens import PromptTokenError, PromptTokens
+from ppd_core.drafters.prompt_tokens import PromptTokenError, PromptTokens
+from ppd_core.training.prompt_tensors import check_compatible, initial_prompt_tokens
 
 
 def make(model, n=3, V=2):
-    return PromptTokens.initialize(model.get_input_embeddings().weight, [1, 2], "tiny", n, V)
+    return initial_prompt_tokens(model.get_input_embeddings().weight, [1, 2], "tiny", n, V)
 
 
 def test_round_trip_with_metadata(tmp_path):
@@ -21,26 +22,26 @@ def test_round_trip_with_metadata(tmp_path):
     assert np.array_equal(loaded.embeddings, tokens.embeddings)
     assert loaded.embeddings.shape == (3, 2, 64)
     assert loaded.training == tokens.training and loaded.base_model == "tiny"
-    loaded.check_compatible(model.get_input_embeddings().weight, "tiny")
+    check_compatible(loaded, model.get_input_embeddings().weight, "tiny")
     # ensemble members start apart, or they could never diverge in training
     assert not np.array_equal(loaded.embeddings[0, 0], loaded.embeddings[0, 1])
 
 
 def test_signature_tolerates_a_bf16_cast():
     model = tiny_llama()
-    make(model).check_compatible(model.get_input_embeddings().weight.bfloat16(), "tiny")
+    check_compatible(make(model), model.get_input_embeddings().weight.bfloat16(), "tiny")
 
 
 def test_other_model_is_refused():
     tokens = make(tiny_llama(seed=0))
     with pytest.raises(PromptTokenError, match="made for tiny, not for other"):
-        tokens.check_compatible(tiny_llama(seed=1).get_input_embeddings().weight, "other")
+        check_compatible(tokens, tiny_llama(seed=1).get_input_embeddings().weight, "other")
 
 
 def test_other_hidden_size_is_refused():
     tokens = make(tiny_llama())
     with pytest.raises(PromptTokenError, match="hidden size 64 but wide has 32"):
-        tokens.check_compatible(tiny_llama(hidden_size=32).get_input_embeddings().weight, "wide")
+        check_compatible(tokens, tiny_llama(hidden_size=32).get_input_embeddings().weight, "wide")
 
 
 def test_corrupt_and_missing_files(tmp_path):
@@ -109,7 +110,7 @@ def test_the_users_tokens_are_found_by_the_models_fingerprint_not_its_name(tiny_
     import json
     import shutil
 
-    from ppd_core.engine import Engine, EngineConfig
+    from ppd_core import Engine, EngineConfig
 
     mine = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", auto_calibrate=False))
     assert mine.prompt_tokens.num_prompt_tokens == 3 and mine.prompt_tokens.source.name.startswith(f"{tiny_model_dir.name}-")

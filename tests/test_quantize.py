@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from ppd_core.backends.llamacpp import LlamaCppDecoder
-from ppd_core.gguf_text import GgufTokenizer
-from ppd_core.perplexity import SHIPPED_TEXT, perplexity
-from ppd_core.quantize import read_source
+from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
+from ppd_core.backends.llamacpp.text import GgufTokenizer
+from ppd_core.backends.llamacpp.perplexity import SHIPPED_TEXT, perplexity
+from ppd_core.backends.llamacpp.quantize import read_source
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
 
 TEXT = SHIPPED_TEXT.read_text(encoding="utf-8")[:1500]

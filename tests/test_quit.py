@@ -119,7 +119,7 @@ def test_ppd_generate_on_a_model_it_has_never_seen_answers_at_once(tmp_path):
     within 5 s of launch, decoded with plain steps and chains copied from the conversation, where it used to calibrate
     first (63 s of 80 on a held-out GGUF); greedy, it is plain decoding's answer."""
     from ppd_core.loading import default_model_file
-    from ppd_core.quantize import quantize_file
+    from ppd_core.backends.llamacpp.quantize import quantize_file
 
     model = tmp_path / "default.Q8_0.gguf"
     quantize_file(default_model_file(), model, "Q8_0", threads=2)

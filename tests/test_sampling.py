@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ppd_core.backends.torch_backend import TorchDecoder
+from ppd_core.backends.torch.decoder import TorchDecoder
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.logits import HostLogits
-from ppd_core.sampling import adjusted_probs, sample, typical_threshold
-from ppd_core.sampling_params import SamplingParams
+from ppd_core.sampling.logits import HostLogits
+from ppd_core.sampling.verify import adjusted_probs, sample, typical_threshold
+from ppd_core.sampling.params import SamplingParams
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
-from ppd_core.verify import accept
+from ppd_core.sampling.verify import accept
 from test_penalties import brute_force_row
 
 VOCAB = 12

@@ -11,7 +11,7 @@ import pytest
 
 from app.server_peer import SPEC_TYPES, executable, server_command, server_request
 from ppd_core.errors import PpdError
-from ppd_core.sampling_params import GREEDY, SamplingParams
+from ppd_core.sampling.params import GREEDY, SamplingParams
 from test_cli_errors import assert_error, no_model_load  # noqa: F401 - a fixture
 
 HELP = "-fa, --flash-attn [on|off|auto]\n--no-webui\n--cache-ram N\n--spec-type [none|ngram-simple|ngram-mod]\n"

@@ -77,7 +77,7 @@ def test_transformers_tokenizer_keeps_special_text_as_text_too(hf_tokenizer, lla
 def test_a_template_that_changes_special_text_messages_is_one_line(loaded, default_fields, tmp_path: Path):  # noqa: F811
     """A template that trims its contents: placeholders cannot stand for a content it would change, so a message
     with special text and spaces to trim is refused in one line; other messages go on as before."""
-    from ppd_core.gguf_text import GgufTokenizer
+    from ppd_core.backends.llamacpp.text import GgufTokenizer
 
     trimming = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] | trim"
                 " + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

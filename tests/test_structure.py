@@ -1,18 +1,22 @@
-"""The shape of the code: app/ goes through ppd_core.engine only (plus plain-data modules, and the errors and the
-atomic writes it uses directly), and ppd_core has no import cycle.
+"""The shape of the code: app/ imports ppd_core's public API (the package, ``ppd_core/__init__``) plus the light
+modules (plain data, the errors and the atomic writes it uses directly), ppd_core has no import cycle, and importing
+the engine stays light.
 
-Imports are read with ``ast`` (top-level and inside functions alike), never by running them.
+Imports are read with ``ast`` (top-level and inside functions alike, but not those under ``if TYPE_CHECKING:``, which
+never run), never by running them.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = "ppd_core"
-API = "ppd_core.engine"  # the ppd_core module app/ uses
-LIGHT = {"ppd_core.options", "ppd_core.errors", "ppd_core.sampling_params"}  # plain data, read before any heavy import
+API = CORE  # app/ imports ppd_core's public API from the package
+LIGHT = {"ppd_core.options", "ppd_core.errors", "ppd_core.sampling", "ppd_core.sampling.params"}  # plain data, read before any heavy import
 DIRECT = {"ppd_core.atomic_files"}  # one helper app/ and ppd_core share, imported where it is used
 
 
@@ -25,10 +29,25 @@ def core_modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted((ROOT / CORE).rglob("*.py"))}
 
 
+def type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of the statements inside ``if TYPE_CHECKING:`` blocks: imports for annotations, never run."""
+    skipped = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+        if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING":
+            skipped.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    return skipped
+
+
 def imported_names(path: Path) -> set[str]:
-    """Every module an ``import`` statement in the file names: ``from a import b`` gives ``a`` and ``a.b``."""
+    """Every module an ``import`` statement in the file names: ``from a import b`` gives ``a`` and ``a.b``. Imports
+    inside functions count; those under ``if TYPE_CHECKING:`` do not (they never run)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -46,9 +65,14 @@ def core_imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+WINGS = "ppd_core.backends"  # its subpackages (the llama.cpp and torch wings) are units of their own
+
+
 def unit(module: str) -> str:
-    """A top-level module, or a whole subpackage (``ppd_core.training.trainer`` -> ``ppd_core.training``)."""
-    return ".".join(module.split(".")[:2])
+    """A top-level module, or a whole subpackage (``ppd_core.training.trainer`` -> ``ppd_core.training``); a backend's
+    wing is one (``ppd_core.backends.torch.lean.model`` -> ``ppd_core.backends.torch``)."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if module.startswith(WINGS + ".") and len(parts) > 3 else parts[:2])
 
 
 def import_graph(units: bool = False) -> dict[str, set[str]]:
@@ -84,21 +108,48 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_app_imports_only_the_engine_from_ppd_core():
+def test_app_imports_only_the_public_api_from_ppd_core():
     modules = core_modules()
     wrong = [
         f"{path.relative_to(ROOT)}: {name}"
-        for path in sorted((ROOT / "app").glob("*.py"))
-        for name in sorted(core_imports(path, modules) - {CORE, API, *LIGHT, *DIRECT})
+        for path in sorted((ROOT / "app").rglob("*.py"))
+        for name in sorted(core_imports(path, modules) - {API, *LIGHT, *DIRECT})
     ]
-    assert not wrong, "app/ imports ppd_core modules other than ppd_core.engine:\n" + "\n".join(wrong)
+    assert not wrong, "app/ imports ppd_core modules other than the package's public API:\n" + "\n".join(wrong)
+
+
+def test_the_public_api_names_modules_that_define_its_names():
+    """Every name ``ppd_core/__init__`` lists resolves (the table is strings: a moved module shows here)."""
+    import ppd_core
+
+    missing = [name for name in ppd_core.__all__ if not _resolves(ppd_core, name)]
+    assert not missing, missing
+    modules = [name for name in ppd_core.__all__ if f"{CORE}.{name}" in core_modules()]
+    assert not modules, f"public names that are also module names (an import of the module hides them): {modules}"
+
+
+def _resolves(package, name: str) -> bool:
+    try:
+        getattr(package, name)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def test_importing_the_engine_loads_no_quantizer_perplexity_or_diagnostics():
+    """``import ppd_core.engine`` (what every command runs) stays light: `ppd quantize` and `ppd doctor`'s modules
+    load when those commands run."""
+    code = ("import sys, ppd_core.engine; print(' '.join(m for m in sys.modules if m.startswith('ppd_core') and "
+            "any(word in m for word in ('quantize', 'perplexity', 'diagnostics'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert not loaded.strip(), loaded
 
 
 def test_app_takes_errors_and_atomic_writes_from_their_own_modules():
     """``PpdError`` and ``atomic_write`` come from ``ppd_core.errors`` and ``ppd_core.atomic_files``, not through the
-    engine facade."""
+    package."""
     wrong = []
-    for path in sorted((ROOT / "app").glob("*.py")):
+    for path in sorted((ROOT / "app").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.module == API:
                 wrong += [f"{path.name}: {alias.name}" for alias in node.names if alias.name in ("PpdError", "atomic_write")]
@@ -111,7 +162,8 @@ def test_ppd_core_modules_import_no_cycle():
 
 
 def test_ppd_core_subpackages_import_no_cycle():
-    """Counting calibration/, training/ and lean/ each as one unit: e.g. no engine -> calibration -> training -> engine."""
+    """Counting calibration/, training/ and each backend wing as one unit: e.g. no engine -> calibration -> training ->
+    engine. ``calibration.verbs`` takes an engine but names its class under ``TYPE_CHECKING`` only."""
     cycle = find_cycle(import_graph(units=True))
     assert cycle is None, "import cycle among ppd_core modules and subpackages: " + " -> ".join(cycle)
 
@@ -119,3 +171,21 @@ def test_ppd_core_subpackages_import_no_cycle():
 def test_find_cycle_reports_the_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+TORCH = ("torch", "transformers")
+TORCH_WING = ("ppd_core.backends.torch", "ppd_core.training")  # the packages that may import torch and transformers
+
+
+def imports_torch(path: Path) -> bool:
+    return any(name.split(".")[0] in TORCH for name in imported_names(path))
+
+
+def test_only_the_torch_wing_and_training_import_torch():
+    """"No torch on a GGUF" by structure: outside ``backends/torch/`` and ``training/`` no module imports torch or
+    transformers, even inside a function; so nothing a GGUF on llama.cpp runs can load them."""
+    wrong = sorted(
+        name for name, path in core_modules().items()
+        if not name.startswith(TORCH_WING) and imports_torch(path)
+    )
+    assert not wrong, "modules outside the torch wing import torch or transformers: " + ", ".join(wrong)

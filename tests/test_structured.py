@@ -16,7 +16,7 @@ import pydantic
 import pytest
 
 from app.structured import json_content
-from ppd_core.engine import SamplingParams
+from ppd_core import SamplingParams
 from ppd_core.grammar import schema_grammar
 from test_api import error_of, served  # noqa: F401 - a fixture
 from test_default_model import planted
@@ -116,7 +116,7 @@ def test_constrained_ppd_equals_constrained_plain_decoding_and_validates(llama_d
 
 def test_seeded_constrained_sampling_is_valid_json(llama_default):
     """Sampled under the grammar, every token is one it allows, and every answer that ends is valid JSON."""
-    from ppd_core.forced import allowed_prefix
+    from ppd_core.grammar import allowed_prefix
 
     prompt, schema = SCHEMAS[0]
     ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
@@ -210,7 +210,7 @@ def test_bad_schemas_and_grammars_are_one_400_naming_the_field(served):  # noqa:
 def oracle():
     from llama_cpp import GGML_TYPE_Q8_0
 
-    from ppd_core.backends.llamacpp import chat_model
+    from ppd_core.backends.llamacpp.library import chat_model
     from ppd_core.loading import default_model_file
 
     llm = chat_model(default_model_file(), n_ctx=2048, n_threads=2, n_threads_batch=2, flash_attn=True,
@@ -254,7 +254,7 @@ def test_forty_schema_answers_equal_llama_cpps_grammar_sampler_and_validate(llam
 
     sampling = SamplingParams(repeat_penalty=1.2, repeat_last_n=64, presence_penalty=0.3) if penalties else SamplingParams()
     engine, eos = llama_default, llama_default.loaded.eos_token_ids
-    engine.set_lookup(4)
+    engine.replan(lookup=4)
     try:
         for prompt, schema in PROMPTS:
             ids = engine.chat_ids([{"role": "user", "content": prompt}])
@@ -266,4 +266,4 @@ def test_forty_schema_answers_equal_llama_cpps_grammar_sampler_and_validate(llam
             if expected[-1] in eos:  # a finished answer (not cut at the limit) is valid
                 jsonschema.validate(json.loads(answer.text), schema)
     finally:
-        engine.set_lookup(None)
+        engine.replan(lookup=None)

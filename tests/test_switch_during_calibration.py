@@ -3,7 +3,7 @@ model switched in, with its own tokens (before, the ids were made by the model l
 for, and then decoded by the next one: ``llama_decode failed``, or a wrong answer where they happened to fit).
 
 The race is made deterministic: the calibration of the model with no profile stops at the first report of a phase
-(``engine.calibrate``'s progress), holding the model; a switch, then the answer (or Compare), join the line behind
+(``calibrate_engine``'s progress), holding the model; a switch, then the answer (or Compare), join the line behind
 it; then the calibration goes on and lends the model to them, as it does between its steps."""
 
 import dataclasses
@@ -11,8 +11,11 @@ import threading
 
 import pytest
 
-from app.chat_service import ChatService, ChatSettings
-from ppd_core.engine import Engine, EngineConfig
+from app.chat import Chat
+from app.chat_settings import ChatSettings
+from app.model_host import ModelHost
+from ppd_core import Engine, EngineConfig
+from ppd_core.calibration.verbs import calibrate_engine
 from ppd_core.errors import PpdError
 from ppd_core.loading import default_model_file
 from tiny_gguf import default_vocabulary, write_tiny_gguf
@@ -53,22 +56,21 @@ def greedy_answer(spec: str, max_new_tokens: int) -> str:
         engine.close()
 
 
-def pause_calibration_at(engine: Engine, phase: str) -> tuple[threading.Event, threading.Event]:
+def pause_calibration_at(engine: Engine, phase: str, monkeypatch) -> tuple[threading.Event, threading.Event]:
     """(reached, go): ``engine``'s calibration stops at the first report of ``phase`` (holding the model) until
     ``go`` is set, then reports it (the service lends the model there to whoever waits)."""
     reached, go = threading.Event(), threading.Event()
-    calibrate = engine.calibrate
 
-    def paused(progress=None, **options):
+    def paused(calibrated: Engine, progress=None, **options):
         def report(name: str, done: int, total: int) -> None:
-            if name == phase and not reached.is_set():
+            if calibrated is engine and name == phase and not reached.is_set():
                 reached.set()
                 assert go.wait(120), "the test never let the calibration go on"
             progress(name, done, total)
 
-        return calibrate(report, **options)
+        return calibrate_engine(calibrated, report, **options)
 
-    engine.calibrate = paused
+    monkeypatch.setattr("app.model_host.calibrate_engine", paused)
     return reached, go
 
 
@@ -82,7 +84,7 @@ def test_an_answer_asked_during_a_switch_behind_a_background_calibration_comes_f
         shifted_gguf, tmp_path, monkeypatch, old, new, phase, asked):
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "profiles")  # no profile
     monkeypatch.setattr("ppd_core.calibration.records.user_records_dir", lambda: tmp_path / "acceptance")  # measured
-    monkeypatch.setattr("app.chat_service.IDLE_BEFORE_CALIBRATION", 0.05)
+    monkeypatch.setattr("app.model_host.IDLE_BEFORE_CALIBRATION", 0.05)
     specs = {"shifted": shifted_gguf, "default": "default"}
     settings = ChatSettings(max_new_tokens=24)
     expected = greedy_answer(specs[new], 24)
@@ -90,8 +92,8 @@ def test_an_answer_asked_during_a_switch_behind_a_background_calibration_comes_f
 
     engine = load(specs[old])
     assert engine.chat_ids(QUESTION) != load_ids(specs[new])  # the two vocabularies really differ
-    reached, go = pause_calibration_at(engine, phase)
-    service = ChatService(None, SMALL_CALIBRATION, spec=specs[old], loader=load, calibrate_in_background=True)
+    reached, go = pause_calibration_at(engine, phase, monkeypatch)
+    service = ModelHost(None, SMALL_CALIBRATION, spec=specs[old], loader=load, calibrate_in_background=True)
     service.attach(engine)
     try:
         assert reached.wait(120), f"the calibration never reported {phase!r}"
@@ -102,9 +104,9 @@ def test_an_answer_asked_during_a_switch_behind_a_background_calibration_comes_f
         def ask() -> None:
             try:
                 if asked == "answer":
-                    result["texts"] = [list(service.answer(QUESTION, settings))[-1].text]
+                    result["texts"] = [list(Chat(service).answer(QUESTION, settings))[-1].text]
                 else:
-                    comparison = service.compare(QUESTION, settings)
+                    comparison = Chat(service).compare(QUESTION, settings)
                     result["texts"] = [comparison.vanilla_text, comparison.ppd_text]
             except BaseException as error:  # noqa: BLE001 - reported below
                 result["error"] = error
@@ -118,17 +120,17 @@ def test_an_answer_asked_during_a_switch_behind_a_background_calibration_comes_f
         assert not asking.is_alive() and not switch.is_alive()
         assert "error" not in result, f"{type(result.get('error')).__name__}: {result.get('error')}"
         assert service.spec == specs[new] and result["texts"] == [expected] * len(result["texts"])
-        assert engine.profile is None  # the previous model's calibration was abandoned
+        assert engine.plan.profile is None  # the previous model's calibration was abandoned
     finally:
         go.set()
         service.shutdown()
 
 
 def test_ids_made_by_a_model_no_longer_loaded_are_remade_or_refused(shifted_gguf):
-    """``ChatService.decode`` with the engine the ids were made for: another engine loaded by the time the call holds
+    """``ModelHost.decode`` with the engine the ids were made for: another engine loaded by the time the call holds
     the model remakes them (``remake``), or refuses them in one line without it. Without ``made_for`` (the API: ids
     made, then a place in line taken) the model loaded when the place was taken is the one they were made for."""
-    service = ChatService(load(shifted_gguf), spec=shifted_gguf, loader=load)
+    service = ModelHost(load(shifted_gguf), spec=shifted_gguf, loader=load)
     try:
         old = service.engine
         ids = old.chat_ids(QUESTION)

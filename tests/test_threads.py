@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from ppd_core.text import TextStream, chat_ids, text_stream
 
 TEXTS = [

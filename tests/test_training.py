@@ -8,10 +8,11 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.calibration.records import beside, read_records
-from ppd_core.distillation import cut_layout, student_logits, teacher_pass, teacher_targets, valid_cuts
-from ppd_core.prompt_tokens import PromptTokens
+from ppd_core.training.distillation import cut_layout, student_logits, teacher_pass, teacher_targets, valid_cuts
+from ppd_core.drafters.prompt_tokens import PromptTokens
 from ppd_core.training.answers import build_answer_cache, read_cache
 from ppd_core.training.data import iter_json_array, normalize, prompt_histories, read_conversations
+from ppd_core.training.prompt_tensors import check_compatible, initial_prompt_tokens
 from ppd_core.training.distill import acceptance_hits, depth_weights, distill_loss
 
 
@@ -170,7 +171,7 @@ def test_answer_cache_resumes(tmp_path):
 
 def test_trained_file_round_trips_with_metadata(tmp_path):
     model = tiny_llama()
-    tokens = PromptTokens.initialize(model.get_input_embeddings().weight, [3], "tiny", 3, 2)
+    tokens = initial_prompt_tokens(model.get_input_embeddings().weight, [3], "tiny", 3, 2)
     tokens.training = {"trained": True, "samples": 100, "steps": 50, "final_loss": 2.5, "top1_acceptance": [0.3, 0.2, 0.1]}
     tokens.save(tmp_path / "t.safetensors")
     assert PromptTokens.load(tmp_path / "t.safetensors").training == tokens.training
@@ -208,7 +209,7 @@ def test_ppd_train_end_to_end_and_resume(tmp_path, capsys):
     assert meta["trained"] and meta["samples"] == 4 and meta["steps"] == 2
     assert len(meta["top1_acceptance"]) == 3 and len(meta["top10_acceptance"]) == 3 and meta["eval_cuts"] > 0
     loaded = load_model("default", device="cpu")
-    tokens.check_compatible(loaded.model.get_input_embeddings().weight, loaded.name)
+    check_compatible(tokens, loaded.model.get_input_embeddings().weight, loaded.name)
     assert len(read_cache(tmp_path / "work" / "answers.jsonl")) == 4
     # the new tokens' acceptance, measured with the decoding backend and kept beside the file
     [record] = read_records(beside(out))
@@ -233,7 +234,7 @@ def test_ppd_train_end_to_end_and_resume(tmp_path, capsys):
 
 
 def test_portable_names_in_training_metadata(tmp_path):
-    from app.cli import DEFAULT_QUESTIONS
+    from app.questions import DEFAULT_QUESTIONS
     from ppd_core.training.pipeline import portable_name
 
     assert portable_name(DEFAULT_QUESTIONS) == "app/data/mt_bench.jsonl"  # inside the package: relative to its root

@@ -9,12 +9,14 @@ import time
 import pytest
 
 from conftest import tiny_llama
-from app.chat_service import ChatService
+from app.commands.train import StatusFile, training_stages
 from app.history import ConversationStore
-from app.cli import StatusFile, training_stages
+from app.model_host import ModelHost
+from app.page_layout import new_session
 from app.training_job import progress_line
-from app.ui import TIMER, Handlers, new_session
-from ppd_core.engine import Engine, EngineConfig
+from app.ui import build
+from ppd_core import Engine, EngineConfig
+from ppd_core.calibration.verbs import calibrate_engine
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +24,8 @@ pytestmark = pytest.mark.slow
 def load(spec: str, progress=None) -> Engine:
     """As `ppd chat` loads a model: the profile, else a calibration where there are prompt tokens (a short one)."""
     engine = Engine.load(EngineConfig(model=spec, device="cpu", tree="auto", auto_calibrate=False), progress)
-    if engine.profile is None and engine.prompt_tokens.num_prompt_tokens:
-        engine.calibrate(progress, prompts=2, max_new_tokens=16, contexts=(64,), repeats=1)
+    if engine.plan.profile is None and engine.prompt_tokens.num_prompt_tokens:
+        calibrate_engine(engine, progress, prompts=2, max_new_tokens=16, contexts=(64,), repeats=1)
     return engine
 
 
@@ -78,9 +80,14 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     tiny_llama(seed=11, vocab_size=vocab, max_positions=512).save_pretrained(folder)
     spec = str(folder)
-    service = ChatService(load(spec), spec=spec, loader=load, train_options=options)
-    handlers = Handlers(service, ConversationStore(tmp_path / "c"))
-    *_, training, train, _ = handlers.load(new_session())
+    service = ModelHost(load(spec), spec=spec, loader=load, train_options=options)
+    page_handlers = build(service, ConversationStore(tmp_path / "c"))[1]
+    handlers, page = page_handlers.model, page_handlers.page
+
+    def training_panel(panels: dict) -> tuple[str, dict]:
+        return panels[page.model.training], panels[page.model.train]
+
+    training, train = training_panel(page_handlers.load(new_session()))
     assert "guesses come from the conversation alone" in training and train["visible"] and train["interactive"]
 
     handlers.train()  # stopped once while it runs (at once: a tiny training can end within a second), then resumed
@@ -93,17 +100,17 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     stopping = threading.Thread(target=job.stop)
     stopping.start()
     wait_for(lambda: job.stopping, 30, "the Stop did not begin")
-    *_, training, train, _ = handlers.model_panels()
+    training, train = training_panel(handlers.model_panels())
     assert training.startswith("Stopping the training") and train["value"] == "Stop training" and not train["interactive"]
-    assert handlers.model_panels()[TIMER].active  # the page keeps asking until the trainer is gone
+    assert handlers.model_panels()[page.timer].active  # the page keeps asking until the trainer is gone
     ended.set()
     stopping.join(60)
     assert job.status().state == "stopped"
-    *_, training, train, _ = handlers.model_panels()
+    training, train = training_panel(handlers.model_panels())
     assert "resumes where it was" in training and train["value"] == "Resume training"
     panels = handlers.training_button("Resume training")  # a click's answer leaves the timer on, whatever it says
-    assert panels[TIMER].active
-    *_, training, train, _ = handlers.model_panels()
+    assert panels[page.timer].active
+    training, train = training_panel(handlers.model_panels())
     assert training.startswith("Training PPD tokens") and train["value"] == "Stop training" and train["interactive"]
 
     wait_for(lambda: not job.running, 600, "the training did not end")
@@ -112,8 +119,8 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     wait_for(lambda: service.ready and not service.switching, 300, "the new tokens were not loaded")
     engine = service.engine
     assert engine.prompt_tokens.num_prompt_tokens == 3 and engine.prompt_tokens.training["trained"]
-    assert engine.profile is not None and engine.family.name.startswith("calibrated-")
+    assert engine.plan.profile is not None and engine.plan.family.name.startswith("calibrated-")
     ids = engine.chat_ids([{"role": "user", "content": "Hello there."}])
     assert engine.generate(ids, "ppd", 48).tokens == engine.generate(ids, "vanilla", 48).tokens
-    *_, training, train, _ = handlers.model_panels()
+    training, train = training_panel(handlers.model_panels())
     assert training == "" and train["visible"] is False  # nothing left to offer

@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from app.chat_service import ChatService
 from app.cli import main
+from app.model_host import ModelHost
 from app.trainer_lock import OWNER_NAME, Trainer, live_trainer
 from app.training_job import TrainingJob, work_dir
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from ppd_core.errors import PpdError
 from ppd_core.training.answers import read_cache
 
@@ -74,7 +74,7 @@ def refuse_model_load(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("`ppd train` loaded a model although another trainer holds the folder")
 
-    monkeypatch.setattr("ppd_core.engine.load_model", refuse)
+    monkeypatch.setattr("ppd_core.load_model", refuse)
 
 
 OLD_APP = "import sys; from app.training_job import TrainingJob; TrainingJob('default', sys.argv[1], sys.argv[2:]).start()"
@@ -117,7 +117,7 @@ def test_a_restarted_app_adopts_the_running_trainer_and_a_second_start_is_one_li
 @pytest.mark.slow
 def test_after_a_crash_the_training_resumes_with_its_log_and_quitting_the_chat_stops_it(data_home, options):
     engine = Engine.load(EngineConfig(model="default", device="cpu", tree="medium", auto_calibrate=False))
-    service = ChatService(engine, spec="default", train_options=options)
+    service = ModelHost(engine, spec="default", train_options=options)
     job = service.training()
     try:
         job.start()
@@ -128,7 +128,7 @@ def test_after_a_crash_the_training_resumes_with_its_log_and_quitting_the_chat_s
         assert json.loads((job.folder / OWNER_NAME).read_text())["pid"] == job.process.pid
         assert live_trainer(job.folder) is None
 
-        restarted = ChatService(engine, spec="default", train_options=options)  # the chat, started again
+        restarted = ModelHost(engine, spec="default", train_options=options)  # the chat, started again
         resumed = restarted.training()
         assert resumed.status().state == "stopped"  # resumable, not running
         resumed.start()
@@ -158,7 +158,7 @@ def test_a_lock_left_by_a_killed_trainer_blocks_no_new_one(tmp_path, options, ca
     def loaded(*args, **kwargs):  # the new run got past the lock: stopped here, before the model loads
         raise PpdError("got as far as loading the model")
 
-    monkeypatch.setattr("ppd_core.engine.load_model", loaded)
+    monkeypatch.setattr("ppd_core.load_model", loaded)
     assert main(["train", "--model", "default", "--work-dir", str(folder), *options[:-2]]) == 2
     assert capsys.readouterr().err == "ppd: error: got as far as loading the model\n"
     assert not (folder / OWNER_NAME).exists()  # replaced by the new run's, removed when it ended

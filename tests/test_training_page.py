@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_service import ChatService
 from app.history import ConversationStore
+from app.model_host import ModelHost
+from app.page_layout import TRAIN
 from app.trainer_lock import live_trainer
 from app.training_job import TrainingJob
-from app.ui import TRAIN, Handlers, build_app
+from app.ui import build, build_app
 from conftest import tiny_llama
 from page_lines import shown_lines
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
 from test_training_lock import OLD_APP, ROOT, data_home, kill_left_over, options, wait_for  # noqa: F401 - fixtures
 
@@ -36,9 +37,9 @@ def load(spec: str, progress=None) -> Engine:
     return Engine.load(EngineConfig(model=spec, tree="medium", auto_calibrate=False, threads=1), progress)
 
 
-def training_buttons(panels: tuple) -> tuple[str, dict]:
-    """The training line and its button, before the note above the chat at the end of ``Handlers.model_panels``' outputs."""
-    return panels[-3], panels[-2]
+def training_buttons(handlers, panels: dict) -> tuple[str, dict]:
+    """The training line and its button in the updates of ``handlers`` (``ModelHandlers``)."""
+    return panels[handlers.page.model.training], panels[handlers.page.model.train]
 
 
 def holds_lock(job: TrainingJob) -> bool:
@@ -50,8 +51,8 @@ def holds_lock(job: TrainingJob) -> bool:
 def test_stop_on_the_page_stops_an_adopted_and_an_own_training_and_offers_resume(data_home, options):  # noqa: F811
     from playwright.sync_api import expect, sync_playwright
 
-    service = ChatService(load("default"), spec="default", loader=load, train_options=options)
-    handlers = Handlers(service, ConversationStore(data_home / "conversations"))
+    service = ModelHost(load("default"), spec="default", loader=load, train_options=options)
+    handlers = build(service, ConversationStore(data_home / "conversations"))[1].model
     job = service.training()
     app, port = build_app(service, ConversationStore(data_home / "conversations")), free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
@@ -60,7 +61,7 @@ def test_stop_on_the_page_stops_an_adopted_and_an_own_training_and_offers_resume
         subprocess.run([sys.executable, "-c", OLD_APP, job.name, *options], cwd=ROOT, check=True, timeout=60)
         wait_for(lambda: live_trainer(job.folder) is not None, 120, "the earlier app's trainer did not take the lock")
         adopted = live_trainer(job.folder)
-        line, button = training_buttons(handlers.model_panels())
+        line, button = training_buttons(handlers, handlers.model_panels())
         assert line.startswith("Training PPD tokens") and button["value"] == STOP, (line, button)
         assert button["visible"] and button["interactive"]
 
@@ -79,10 +80,10 @@ def test_stop_on_the_page_stops_an_adopted_and_an_own_training_and_offers_resume
         assert live_trainer(job.folder) is None and job.status().state == "stopped"
         assert "ppd: interrupted" in job.log_file.read_text()  # stopped where it was (SIGTERM), not killed
 
-        line, button = training_buttons(handlers.training_button(RESUME))  # this app's own trainer now
+        line, button = training_buttons(handlers, handlers.training_button(RESUME))  # this app's own trainer now
         assert job.process is not None and button["value"] == STOP, (line, button)
         wait_for(lambda: holds_lock(job), 120, "the resumed trainer did not take the lock")
-        line, button = training_buttons(handlers.training_button(STOP))
+        line, button = training_buttons(handlers, handlers.training_button(STOP))
         assert job.process.returncode == 130 and live_trainer(job.folder) is None  # 130: `ppd train` interrupted
         assert job.status().state == "stopped" and button["value"] == RESUME, (line, button)
     finally:
@@ -114,7 +115,7 @@ def test_a_training_started_on_the_page_shows_its_stage_steps_loss_and_time_left
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     tiny_llama(seed=13, vocab_size=vocab, max_positions=512).save_pretrained(folder)
     spec = str(folder)
-    service = ChatService(load_untrained(spec), spec=spec, loader=load_untrained, train_options=options)
+    service = ModelHost(load_untrained(spec), spec=spec, loader=load_untrained, train_options=options)
     job = service.training()
     app, port = build_app(service, ConversationStore(data_home / "conversations")), free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
@@ -165,20 +166,20 @@ def test_an_adopted_training_that_finishes_is_applied_once(data_home):  # noqa: 
         loads.append(spec)
         return load(spec, progress)
 
-    service = ChatService(load("default"), spec="default", loader=counted)
-    handlers = Handlers(service, ConversationStore(data_home / "conversations"))
+    service = ModelHost(load("default"), spec="default", loader=counted)
+    handlers = build(service, ConversationStore(data_home / "conversations"))[1].model
     job = service.training()
     job.folder.mkdir(parents=True)
     # a trainer this app did not start (an earlier app's), holding the folder as `ppd train` does, then finishing
     trainer = subprocess.Popen([sys.executable, "-c", FINISHING_TRAINER, str(job.folder)], cwd=ROOT)
     try:
         wait_for(lambda: live_trainer(job.folder) is not None, 60, "the trainer did not take the lock")
-        line, button = training_buttons(handlers.model_panels())
+        line, button = training_buttons(handlers, handlers.model_panels())
         assert line.startswith("Training PPD tokens: step 1/2") and button["value"] == STOP, (line, button)
 
         (job.folder / "finish").touch()
         assert trainer.wait(60) == 0 and job.status().state == "done"
-        line, _ = training_buttons(handlers.model_panels())  # the page's next tick applies it
+        line, _ = training_buttons(handlers, handlers.model_panels())  # the page's next tick applies it
         assert line == "Training finished: loading the new PPD tokens…"
         wait_for(lambda: service.ready and not service.switching, 120, "the model was not loaded again")
         handlers.model_panels()  # later ticks: nothing more to apply

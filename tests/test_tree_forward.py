@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ppd_core import kv_cache
-from ppd_core.backends.torch_backend import TorchDecoder, additive_mask, forward_hidden
-from ppd_core.hf_loading import pick_decoder
+from ppd_core.backends.torch import cache as kv_cache
+from ppd_core.backends.torch.decoder import TorchDecoder, additive_mask, forward_hidden
+from ppd_core.backends.torch.loading import pick_decoder
 from ppd_core.tree import TreeSpec, build_tree
 
 SPEC = TreeSpec({(): 3, (0,): 1, (1,): 3, (1, 0): 2, (1, 1): 1, (1, 0, 1): 1})
@@ -77,11 +77,11 @@ def test_keep_tree_entries_compacts_the_accepted_path():
     before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
     path = tree.node_paths[tree.paths.index((1, 0, 1))]  # a non-contiguous path: (0, 2, 4, 6)
     assert list(path) != list(range(len(path)))
-    kv_cache.keep_tree_entries(cache, 6, path)
-    assert kv_cache.cache_length(cache) == 6 + len(path)
+    cache.keep(6, path)
+    assert cache.length == 6 + len(path)
     for (keys, values), layer in zip(before, cache.layers):
         rows = list(range(6)) + [6 + i for i in path]
         assert torch.equal(layer.keys, keys[:, :, rows])
         assert torch.equal(layer.values, values[:, :, rows])
-    kv_cache.truncate(cache, 4)
-    assert kv_cache.cache_length(cache) == 4
+    cache.truncate(4)
+    assert cache.length == 4

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_service import ChatService
 from app.cli import main
 from app.history import ConversationStore
+from app.model_host import ModelHost
 from app.ui import build_app
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -53,7 +53,7 @@ def running_app(tmp_path_factory):
     """The app on the default model on the llama.cpp backend, on localhost; a quick calibration so the button
     test stays short."""
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
-    service = ChatService(engine, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1))
+    service = ModelHost(engine, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=1))
     store = ConversationStore(tmp_path_factory.mktemp("conversations"))
     app = build_app(service, store)
     port = free_port()
@@ -128,7 +128,7 @@ def test_browser_chat_stop_compare_and_calibrate(running_app, tmp_path):
         page.screenshot(path=str(tmp_path / "after-calibration.png"), full_page=True)
         browser.close()
     assert (tmp_path / "after-compare.png").stat().st_size > 10_000
-    assert service.engine.profile is not None and service.engine.family.name.startswith("calibrated-")
+    assert service.engine.plan.profile is not None and service.engine.plan.family.name.startswith("calibrated-")
 
 
 def test_send_is_off_and_enter_sends_nothing_while_an_answer_streams(running_app, monkeypatch):
@@ -248,7 +248,7 @@ def test_the_page_comes_first_and_shows_the_model_loading_and_calibrating(tmp_pa
     from app.api import api_routes
 
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "profiles")  # a first launch
-    service = ChatService(None, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=2),
+    service = ModelHost(None, calibration_options=dict(prompts=2, max_new_tokens=24, contexts=(128,), repeats=2),
                           calibrate_in_background=True)
     app = build_app(service, ConversationStore(tmp_path / "conversations"))
     port = free_port()
@@ -260,7 +260,7 @@ def test_the_page_comes_first_and_shows_the_model_loading_and_calibrating(tmp_pa
         assert page_open.wait(120)
         engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False),
                              progress)
-        assert engine.profile is None and engine.family.name == "vanilla"  # plain decoding until calibrated
+        assert engine.plan.profile is None and engine.plan.family.name == "vanilla"  # plain decoding until calibrated
         return engine
 
     loader = threading.Thread(target=lambda: service.attach(service.startup.run(load)))
@@ -292,7 +292,7 @@ def test_the_page_comes_first_and_shows_the_model_loading_and_calibrating(tmp_pa
                 time.sleep(0.2)
             assert any(line.startswith("Calibrating this device in the background") for line in seen), seen
             browser.close()
-        assert service.engine.profile is not None and service.engine.family.name.startswith("calibrated-")
+        assert service.engine.plan.profile is not None and service.engine.plan.family.name.startswith("calibrated-")
         assert list((tmp_path / "profiles").glob("SmolLM2-135M-Instruct-*.json"))  # saved: the next launch uses it
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
     finally:
@@ -311,7 +311,7 @@ def test_highlight_marks_accepted_guesses_in_two_colours_while_streaming_and_aft
 
     url, service, store = running_app
     slow_down(service, monkeypatch, 0.03)  # the answer streams long enough to be seen
-    service.engine.set_lookup(4)
+    service.engine.replan(lookup=4)
     question = "List the days of the week, then list them again in the same order."
     colours = "Array.from(document.querySelectorAll('#marked mark')).map(m => getComputedStyle(m).backgroundColor)"
     try:
@@ -338,7 +338,7 @@ def test_highlight_marks_accepted_guesses_in_two_colours_while_streaming_and_aft
             bot = page.locator("#chat [data-testid='bot']").last.inner_text()
             browser.close()
     finally:
-        service.engine.set_lookup(None)
+        service.engine.replan(lookup=None)
     assert "<mark" not in bot and "mark>" not in bot
     saved = [c for c in store.list() if c.messages and c.messages[0]["content"] == question][0].messages[-1]["content"]
     assert "<mark" not in saved and "Monday" in saved and "Monday" in bot

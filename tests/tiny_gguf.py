@@ -82,7 +82,7 @@ def default_vocabulary(gguf_file: Path) -> Vocabulary:
 
 def ggml_library():
     """llama_cpp's libggml-base (ctypes), with ``ggml_quantize_chunk`` declared."""
-    from ppd_core.backends.gguf_rows import ggml_type_traits  # noqa: PLC0415
+    from ppd_core.backends.llamacpp.rows import ggml_type_traits  # noqa: PLC0415
 
     library = ggml_type_traits().library
     library.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -101,7 +101,7 @@ BLOCK_SCALE = np.float16(0.002)
 def quantize_rows(type_name: str, values: np.ndarray, seed: int = 0) -> np.ndarray:
     """``values`` [rows, width] float32 as ggml type ``type_name`` blocks [rows, row bytes] uint8, quantized by
     ggml's own ``ggml_quantize_chunk`` (with a unit importance matrix for the types that need one)."""
-    from ppd_core.backends.gguf_rows import row_format  # noqa: PLC0415
+    from ppd_core.backends.llamacpp.rows import row_format  # noqa: PLC0415
 
     type_id = type_id_of(type_name)
     _name, block, block_bytes = row_format(type_id)
@@ -282,9 +282,9 @@ def quiet_llama_logs(llama) -> None:
 
 def requantize(src: Path, dst: Path, type_name: str, embedding_type: str | None = None, threads: int = 2) -> Path:
     """``src`` re-quantized to ``type_name`` (a key of FILE_TYPES) by llama.cpp's ``llama_model_quantize``
-    (``ppd_core.quantize.quantize_file``), its ``token_embd`` to the ggml type ``embedding_type`` where given (e.g.
+    (``ppd_core.backends.llamacpp.quantize.quantize_file``), its ``token_embd`` to the ggml type ``embedding_type`` where given (e.g.
     "Q3_K", "IQ3_S", "Q1_0"; not IQ2_XXS/IQ2_XS/IQ1_S, which ggml quantizes only with an importance matrix)."""
-    from ppd_core.quantize import quantize_file  # noqa: PLC0415
+    from ppd_core.backends.llamacpp.quantize import quantize_file  # noqa: PLC0415
 
     if type_name not in FILE_TYPES:
         raise ValueError(f"unknown quantization {type_name}; one of {', '.join(FILE_TYPES)}")

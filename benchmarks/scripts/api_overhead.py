@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 
 from app.api import create_api
+from app.model_host import ModelHost
+from app.questions import DEFAULT_QUESTIONS, read_questions
 from app.server import make_server
-from app.bench import read_questions
-from app.chat_service import ChatService
-from app.cli import DEFAULT_QUESTIONS
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from measurement import cpu_model, report
 
 
@@ -49,7 +48,7 @@ def main() -> None:
     import openai
 
     engine = Engine.load(EngineConfig(model=args.model, tree=args.tree, threads=args.threads))
-    service = ChatService(engine)
+    service = ModelHost(engine)
     port = free_port()
     server = make_server(create_api(service), "127.0.0.1", port)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -97,7 +96,7 @@ def main() -> None:
         "device": f"{cpu_model()}, {engine.threads} threads",
         "model": engine.loaded.name, "backend": engine.loaded.backend.name, "quant": engine.loaded.quant,
         "forward": engine.loaded.forward,
-        "tree": engine.family.name, "max_tokens": args.max_tokens, "requests": len(rows),
+        "tree": engine.plan.family.name, "max_tokens": args.max_tokens, "requests": len(rows),
         "speed": "answer tokens per second over wall time, sequential requests, non-streamed, greedy",
         "api": api, "generate": generate,
         "api_overhead_percent": round(100.0 * (1.0 - api["tok_s"] / generate["tok_s"]), 2),

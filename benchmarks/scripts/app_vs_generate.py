@@ -19,10 +19,10 @@ import statistics
 import time
 from pathlib import Path
 
-from app.chat_service import ChatService
 from app.history import ConversationStore
+from app.model_host import ModelHost
 from app.ui import build_app
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 
 MAX_NEW = 256  # the app's default "Max new tokens"
 MESSAGE = "Write a short story about a robot who learns to paint."
@@ -65,7 +65,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     engine = Engine.load(EngineConfig(model=args.model, tree=args.tree, threads=args.threads))
-    service = ChatService(engine)
+    service = ModelHost(engine)
     app = build_app(service, ConversationStore(Path(args.store)))
     port = free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
@@ -93,7 +93,7 @@ def main() -> None:
     engine_speed = statistics.mean(r["engine_tok_s"] for r in rows)
     print(json.dumps({
         "threads": engine.threads, "model": engine.loaded.name, "backend": engine.loaded.backend.name,
-        "quant": engine.loaded.quant, "tree": engine.family.name, "rounds": rows,
+        "quant": engine.loaded.quant, "tree": engine.plan.family.name, "rounds": rows,
         "app_tok_s": round(app_speed, 2), "engine_tok_s": round(engine_speed, 2),
         "app_over_engine": round(app_speed / engine_speed, 3),
         "app_wall_tok_s": round(statistics.mean(r["app_tokens"] / r["app_wall_s"] for r in rows), 2),

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ppd_core.backends.llamacpp import LlamaCppDecoder  # noqa: E402
+from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
 from ppd_core.tree import TreeSpec, build_tree  # noqa: E402
 

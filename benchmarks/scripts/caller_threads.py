@@ -5,7 +5,7 @@
 The chat app calls the engine from many threads (the page's events, the API's requests, a background calibration).
 llama.cpp's OpenMP build keeps a worker team per calling thread; ``ppd_core/backends/compute_thread.py`` runs every
 ``llama_decode`` on one thread. ``--direct`` calls llama.cpp from the caller's thread instead (before that fix).
-Default model on llama.cpp, ``ChatService.compare`` (no cache reuse, each mode timed alone). Prints one JSON object.
+Default model on llama.cpp, ``Chat.compare`` (no cache reuse, each mode timed alone). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -16,18 +16,20 @@ import threading
 
 from measurement import machine, report
 
-from app.chat_service import ChatService, ChatSettings
-from ppd_core.backends import compute_thread
-from ppd_core.engine import Engine, EngineConfig
+from app.chat import Chat
+from app.chat_settings import ChatSettings
+from app.model_host import ModelHost
+from ppd_core.backends.llamacpp import compute_thread
+from ppd_core import Engine, EngineConfig
 
 MESSAGE = [{"role": "user", "content": "Give me three tips for staying healthy."}]
 
 
-def compared(service: ChatService, on_new_thread: bool) -> dict:
+def compared(chat: Chat, on_new_thread: bool) -> dict:
     result = {}
 
     def run():
-        comparison = service.compare(MESSAGE, ChatSettings(max_new_tokens=256))
+        comparison = chat.compare(MESSAGE, ChatSettings(max_new_tokens=256))
         result.update(plain=comparison.vanilla_stats.tok_s, ppd=comparison.ppd_stats.tok_s)
 
     if on_new_thread:
@@ -48,11 +50,11 @@ def main() -> None:
     if args.direct:
         compute_thread.run = lambda function, *call: function(*call)
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False))
-    service = ChatService(engine)
+    chat = Chat(ModelHost(engine))  # one chat: which mode runs first alternates between its comparisons
     rows = {"main thread": [], "new threads": []}
     for _ in range(args.rounds):
-        rows["main thread"].append(compared(service, False))
-        rows["new threads"].append(compared(service, True))
+        rows["main thread"].append(compared(chat, False))
+        rows["new threads"].append(compared(chat, True))
     medians = {where: {mode: round(statistics.median(r[mode] for r in runs), 1) for mode in ("plain", "ppd")}
                for where, runs in rows.items()}
     report({"what": "tokens/s of one greedy answer (256 max), asked from the main thread and from new threads",

@@ -54,9 +54,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # no shipped prompt tokens: the page offers a training; --tree auto with the profile seeded below: nothing calibrates
 MODEL_ARGS = ["--backend", "llamacpp", "--prompt-tokens", "none", "--tree", "auto"]
-SEED_PROFILE = ("import sys; from app import cli; args = cli.build_parser().parse_args(['chat', *sys.argv[1:]]); "
-                "engine = cli.load_engine(args, auto_calibrate=False); "
-                "engine.calibrate(prompts=1, max_new_tokens=16, repeats=1); engine.close()")
+SEED_PROFILE = ("import sys; from app import cli; from app.commands.loading import load_engine; "
+                "args = cli.build_parser().parse_args(['chat', *sys.argv[1:]]); "
+                "engine = load_engine(args, auto_calibrate=False); from ppd_core import calibrate_engine; "
+                "calibrate_engine(engine, prompts=1, max_new_tokens=16, repeats=1); engine.close()")
 BROKEN_KINDS = ("truncated", "not a GGUF", "header cut")
 STORY = "Write a long story about a dragon who learns to bake bread, with many details."
 TRAINING = "Training PPD tokens"

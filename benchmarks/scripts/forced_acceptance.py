@@ -1,4 +1,4 @@
-"""How often the grammar's forced text (``ppd_core.forced``) is right, replayed on the 40 schema prompts.
+"""How often the grammar's forced text (``ppd_core.drafters.forced``) is right, replayed on the 40 schema prompts.
 
     .venv/bin/python benchmarks/scripts/forced_acceptance.py [--json OUT] [--limit 40] [--max-new-tokens 80]
 
@@ -6,7 +6,7 @@ Each prompt is answered greedily under llama-server's chat grammar for its schem
 position of the answer, the drafter (having seen the answer so far) proposes up to 8 tokens, and the proposal is held
 against the tokens that came. Prints P(the first j proposed tokens are right) over the positions with a proposal,
 the share of positions that had one, and the tokens per step a chain of each length would give where every step
-drafts it: the figures a device's curve turns into a speed (``ppd_core.lookup_policy.AdaptiveChains``).
+drafts it: the figures a device's curve turns into a speed (``ppd_core.drafters.chain_policy.AdaptiveChains``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from ppd_core.engine import Engine, EngineConfig  # noqa: E402
+from ppd_core import Engine, EngineConfig  # noqa: E402
 from ppd_core.grammar import schema_grammar  # noqa: E402
-from ppd_core.lookup import right_guesses  # noqa: E402
+from ppd_core.drafters.base import right_guesses  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
 
 LONGEST = 8

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from app.bench import read_questions  # noqa: E402
-from app.cli import DEFAULT_QUESTIONS  # noqa: E402
-from ppd_core.calibration.latency import step_seconds  # noqa: E402
-from ppd_core.engine import Engine, EngineConfig  # noqa: E402
+from app.questions import DEFAULT_QUESTIONS, read_questions  # noqa: E402
+from ppd_core.calibration.tree_search import step_seconds  # noqa: E402
+from ppd_core import Engine, EngineConfig  # noqa: E402
+from ppd_core.calibration.verbs import calibrate_with_curve  # noqa: E402
 
 
 def replay(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seconds, plain: float) -> dict:
@@ -72,23 +72,23 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     engine = Engine.load(EngineConfig(prompt_tokens=args.prompt_tokens, threads=args.threads, auto_calibrate=False))
-    profile = engine.calibrate_with_curve(args.curve)
+    profile = calibrate_with_curve(engine, args.curve)
     policy = profile.policy
     curve = step_seconds(profile.latency_ms)
     seconds, plain = policy.seconds(curve), curve(1)  # plain decoding's step: the curve's 1-token step
     prompts = turn_prompts(engine, read_questions(DEFAULT_QUESTIONS, args.limit), args.turns, args.max_new_tokens)
-    engine.use_profile(profile)
-    expected = engine.calibration_expectation()
+    engine.replan(profile, tree="auto")
+    expected = engine.plan.expectation
     result = {"curve": str(args.curve), "prompt_tokens": engine.prompt_tokens.fingerprint,
               "questions": len(prompts["first turns"]), "turns": args.turns, "max_new_tokens": args.max_new_tokens,
               "step_policy": policy.to_json(), "policy": policy.line(), "plain_tokens_per_second": round(1 / plain, 2),
               "tree_budget": profile.budget, "lookup_lengths": profile.lookup_lengths}
-    engine.set_lookup(0)
+    engine.replan(lookup=0)
     result["prompt_tokens_alone"] = {
         "forecast_tokens_per_step": expected["expected_tokens_per_step"], "forecast_speedup": profile.expected_speedup,
         **{name: replay(engine, ids, args.max_new_tokens, seconds, plain) for name, ids in prompts.items()}}
     if any(profile.lookup_lengths):
-        engine.set_lookup("fixed")
+        engine.replan(lookup="fixed")
         result["with_lookup"] = {"forecast_all_turns": {"tokens_per_step": profile.expected_tokens_per_step_with_lookup,
                                                         "speedup": profile.expected_speedup_with_lookup}}
         for name, ids in prompts.items():

@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from app.bench import read_questions
-from app.cli import DEFAULT_QUESTIONS
-from ppd_core.calibration.latency import step_seconds
-from ppd_core.engine import Engine, EngineConfig
-from ppd_core.lookup import LookupStats, NgramIndex, chain_lengths, with_lookup
+from app.questions import DEFAULT_QUESTIONS, read_questions
+from ppd_core.calibration.tree_search import step_seconds
+from ppd_core import Engine, EngineConfig
+from ppd_core.drafters.lookup import LookupStats, NgramIndex, chain_lengths, with_lookup
 from measurement import DEFAULT_PROFILE, profile_latency, report
 
 

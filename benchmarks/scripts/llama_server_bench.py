@@ -190,7 +190,7 @@ PPD_CALLS = ("engine = Engine.load(EngineConfig(model=GGUF, backend='llamacpp', 
 def ppd_answerer(gguf: Path, threads: int, mode: str) -> Answerer:
     """ppd's decoding in ``mode`` ("vanilla": plain, "ppd") through ``ppd_core.engine`` (see ``PPD_CALLS``). One
     engine per mode: each keeps its own previous conversation's cache, as the server keeps its previous prompt."""
-    from ppd_core.engine import Engine, EngineConfig  # noqa: PLC0415 - only when ppd runs too
+    from ppd_core import Engine, EngineConfig  # noqa: PLC0415 - only when ppd runs too
 
     engine = Engine.load(EngineConfig(model=str(gguf), backend="llamacpp", threads=threads,
                                       auto_calibrate=mode == "ppd"))

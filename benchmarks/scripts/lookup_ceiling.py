@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 
-from app.bench import read_questions
-from app.cli import DEFAULT_QUESTIONS
-from ppd_core.calibration.latency import step_seconds
-from ppd_core.engine import Engine, EngineConfig
-from ppd_core.lookup import LookupStats, chain_lengths, replay_steps, with_lookup
-from ppd_core.lookup_policy import AdaptiveChains, replay_adaptive
+from app.questions import DEFAULT_QUESTIONS, read_questions
+from ppd_core.calibration.tree_search import step_seconds
+from ppd_core import Engine, EngineConfig
+from ppd_core.drafters.lookup import LookupStats, chain_lengths, replay_steps, with_lookup
+from ppd_core.drafters.chain_policy import AdaptiveChains, replay_adaptive
 from ppd_core.options import BACKEND_CHOICES
 from measurement import DEFAULT_PROFILE, profile_latency, report
 

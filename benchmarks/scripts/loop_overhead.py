@@ -72,7 +72,7 @@ ENGINE_CALLS = ("engine = Engine.load(EngineConfig(model=GGUF, backend='llamacpp
 
 def plain_decoder(gguf: Path, threads: int, mode: str) -> tuple[Callable[[str], list[int]], Callable[[list[int], int], tuple[int, int]]]:
     """``(prompt ids of a question, answer(ids, max new tokens) -> (new tokens, steps))`` through ``ppd_core.engine``."""
-    from ppd_core.engine import Engine, EngineConfig  # noqa: PLC0415 - after the shim
+    from ppd_core import Engine, EngineConfig  # noqa: PLC0415 - after the shim
 
     engine = Engine.load(EngineConfig(model=str(gguf), backend="llamacpp", threads=threads, auto_calibrate=mode == "ppd"))
 

@@ -9,7 +9,7 @@ category is in) with plain decoding on its llama.cpp backend, ``--max-new-tokens
 under each setting:
 
 - ``greedy``: temperature 0, no penalty; ``greedy+penalty``: temperature 0 with the default penalty;
-- ``defaults``: what the page and the API use when a request leaves everything unset (``ppd_core.sampling_defaults``):
+- ``defaults``: what the page and the API use when a request leaves everything unset (``ppd_core.sampling.params``):
   the model's recommendation, else llama-server's defaults, with ppd's default repeat penalty; seed = question number;
 - ``defaults-penalty``: the same without any penalty (repeat penalty 1);
 - ``greedy@P`` for each ``--penalties`` value P: greedy with repeat penalty P over the default window (the sweep that
@@ -50,8 +50,8 @@ def loops(text: str, stopped_at_limit: bool, repeats: int = 3, words: int = 8, l
 
 def settings(names: list[str], penalties: list[float]) -> dict:
     """Each setting's sampling (a SamplingParams) by name."""
-    from ppd_core.sampling_defaults import default_sampling
-    from ppd_core.sampling_params import SamplingParams
+    from ppd_core.sampling.params import default_sampling
+    from ppd_core.sampling.params import SamplingParams
 
     chosen = default_sampling({})
     penalty = {name: chosen.values[name] for name in ("repeat_penalty", "repeat_last_n")}
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    from ppd_core.engine import Engine, EngineConfig
+    from ppd_core import Engine, EngineConfig
 
     questions = first_turns()[::4][: args.questions]
     engine = Engine.load(EngineConfig(model=str(args.model or default_gguf()), backend="llamacpp", tree="medium",

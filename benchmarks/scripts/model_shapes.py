@@ -9,7 +9,7 @@ Nothing here downloads weights (nor anything else). The file is written on this 
 (hidden, FFN, layers, attention and KV heads, head size, Llama 3 rope with its ``rope_freqs`` factors, tied or untied
 output, a 128256-row vocabulary) with seeded normal values of std 0.02 (norms 1), F16 matrices drawn from one 32 MB
 pool of random values at a random offset per tensor. Other types are that F16 file re-quantized by llama.cpp's own
-quantizer (``ppd_core.quantize.quantize_file``), so the tensors get the type mix a real Q4_K_M or Q4_0 file has
+quantizer (``ppd_core.backends.llamacpp.quantize.quantize_file``), so the tensors get the type mix a real Q4_K_M or Q4_0 file has
 (e.g. Q6_K output and some ``attn_v``/``ffn_down`` in Q4_K_M); the F16 intermediate is deleted. The tokenizer is the
 default model's (``tokenizer.ggml.*``, chat template; ``tests/tiny_gguf.py``'s ``default_vocabulary``) padded with
 UNUSED tokens to the shape's vocabulary, so the LM head and the logits cost what the real model's do. A step's cost
@@ -108,7 +108,7 @@ SHAPES = {
     "llama-3.2-3b": Shape("meta-llama/Llama-3.2-3B-Instruct", 3072, 28, 24, 8, 8192, tied=True, rope_factor=32.0),
     "llama-3.1-8b": Shape("meta-llama/Llama-3.1-8B-Instruct", 4096, 32, 32, 8, 14336, tied=False, rope_factor=8.0),
 }
-TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")  # any ppd_core.quantize.TYPES key works; these are tried
+TYPES = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")  # any ppd_core.backends.llamacpp.quantize.TYPES key works; these are tried
 
 
 def rope_factors(shape: Shape) -> np.ndarray:
@@ -213,7 +213,7 @@ def write_f16_gguf(path: Path, name: str, shape: Shape, seed: int = 0) -> None:
 
 def make_gguf(name: str, type_name: str, folder: Path, threads: int) -> tuple[Path, dict]:
     """The random GGUF of shape ``name`` in ``type_name`` in ``folder`` (reused if there); its making times."""
-    from ppd_core.quantize import quantize_file  # noqa: PLC0415
+    from ppd_core.backends.llamacpp.quantize import quantize_file  # noqa: PLC0415
 
     shape = SHAPES[name]
     final = folder / f"random-{name}-{type_name}.gguf"
@@ -259,7 +259,7 @@ def tensor_types(path: Path) -> dict[str, int]:
 def measure(path: Path, threads: int, sizes: list[int], context: int, repeats: int, warmup: int,
             prompt_rows: int) -> dict:
     """Step milliseconds for each size in the three patterns, on ppd's llama.cpp decoder."""
-    from ppd_core.backends.llamacpp import LlamaCppDecoder  # noqa: PLC0415
+    from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder  # noqa: PLC0415
     from ppd_core.calibration import latency  # noqa: PLC0415
     from ppd_core.decoding import Speculator, prefill  # noqa: PLC0415
     from ppd_core.tree import TreeFamily  # noqa: PLC0415
@@ -364,7 +364,7 @@ def main() -> int:
         for name, shape in SHAPES.items():
             print(f"{name}: {shape.parameters() / 1e9:.2f} B parameters, {json.dumps(asdict(shape))}")
         return 0 if args.list else 2
-    from ppd_core.quantize import TYPES as QUANT_TYPES  # noqa: PLC0415
+    from ppd_core.backends.llamacpp.quantize import TYPES as QUANT_TYPES  # noqa: PLC0415
 
     if args.type not in QUANT_TYPES:
         parser.error(f"unknown type {args.type}; one of {', '.join(QUANT_TYPES)}")

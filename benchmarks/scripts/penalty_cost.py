@@ -42,11 +42,12 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    from ppd_core.engine import Engine, EngineConfig
-    from ppd_core.logits import HostLogits
-    from ppd_core.penalties import window
-    from ppd_core.sampling_params import SamplingParams
-    from ppd_core.verify import accept
+    from ppd_core import Engine, EngineConfig
+    from ppd_core.sampling.logits import HostLogits
+    from ppd_core.sampling.penalties import window
+    from ppd_core.sampling.params import SamplingParams
+    from ppd_core.sampling.verify import accept
+    from ppd_core.calibration.verbs import next_token_logits
 
     engine = Engine.load(EngineConfig(model=str(args.model or default_gguf()), backend="llamacpp", tree="medium",
                                       threads=args.threads))
@@ -55,7 +56,7 @@ def main() -> None:
         engine.generate(ids, "vanilla", 16)  # warm-up
         answer = engine.generate(ids, "vanilla", 128)
         plain_step = statistics.median(step.seconds for step in answer.steps if not step.prefill)
-        vocab = engine.next_token_logits(ids).shape[0]
+        vocab = next_token_logits(engine, ids).shape[0]
     finally:
         engine.close()
 

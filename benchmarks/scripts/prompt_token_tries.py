@@ -25,10 +25,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ppd_core.distillation import student_logits, teacher_pass, valid_cuts  # noqa: E402
-from ppd_core.engine import load_model  # noqa: E402
-from ppd_core.prompt_tokens import INIT_TEXT, PromptTokens  # noqa: E402
+from ppd_core.training.distillation import student_logits, teacher_pass, valid_cuts  # noqa: E402
+from ppd_core import load_model  # noqa: E402
+from ppd_core.drafters.prompt_tokens import INIT_TEXT, PromptTokens  # noqa: E402
 from ppd_core.training.answers import read_cache  # noqa: E402
+from ppd_core.training.prompt_tensors import initial_prompt_tokens, prompt_table  # noqa: E402
 from ppd_core.training.trainer import TrainConfig, train  # noqa: E402
 
 SHIPPED = ROOT / "assets" / "smollm2-135m-instruct.prompt-tokens.safetensors"
@@ -67,12 +68,12 @@ class Conditioned(torch.nn.Module):
 
 def conditioned_logits(model, cache, ids: torch.Tensor, module: Conditioned, cuts: torch.Tensor) -> torch.Tensor:
     """``distillation.student_logits`` with V = 1 and each cut's rows from ``module``: logits [C, n, vocab]."""
-    from ppd_core import kv_cache  # noqa: PLC0415
-    from ppd_core.backends.torch_backend import forward_hidden, logits_of  # noqa: PLC0415
-    from ppd_core.distillation import cut_layout  # noqa: PLC0415
+    from ppd_core.backends.torch import cache as kv_cache  # noqa: PLC0415
+    from ppd_core.backends.torch.decoder import forward_hidden, logits_of  # noqa: PLC0415
+    from ppd_core.training.distillation import cut_layout  # noqa: PLC0415
 
     n = module.P.shape[0]
-    length = kv_cache.cache_length(cache)
+    length = cache.length
     layout = cut_layout(cuts, n, 1, length)
     embeds = module.rows(model.get_input_embeddings()(ids[cuts]))  # [C * n, hidden]
     mask = torch.zeros(layout.allowed.shape)
@@ -80,7 +81,7 @@ def conditioned_logits(model, cache, ids: torch.Tensor, module: Conditioned, cut
     try:
         hidden = forward_hidden(model, cache, embeds, layout.positions, mask[None, None])
     finally:
-        kv_cache.truncate(cache, length)
+        cache.truncate(length)
     return logits_of(model, hidden).view(len(cuts), n, -1)
 
 
@@ -89,7 +90,7 @@ def train_conditioned(loaded, records: list[dict], config: TrainConfig, log) -> 
     import math  # noqa: PLC0415
     import random  # noqa: PLC0415
 
-    from ppd_core.distillation import teacher_targets  # noqa: PLC0415
+    from ppd_core.training.distillation import teacher_targets  # noqa: PLC0415
     from ppd_core.training.distill import distill_loss  # noqa: PLC0415
     from ppd_core.training.trainer import cosine_lr  # noqa: PLC0415
 
@@ -153,7 +154,7 @@ def start_tokens(loaded, start: str, config: TrainConfig) -> PromptTokens:
     if start == "shipped":
         return PromptTokens.load(SHIPPED).with_ensemble_size(config.ensemble_size, config.seed)
     weight = loaded.model.get_input_embeddings().weight
-    return PromptTokens.initialize(weight, loaded.tokenizer.encode(INIT_TEXT, add_special_tokens=False), loaded.name,
+    return initial_prompt_tokens(weight, loaded.tokenizer.encode(INIT_TEXT, add_special_tokens=False), loaded.name,
                                    3, config.ensemble_size, config.seed)
 
 
@@ -164,10 +165,9 @@ def tokens_path(name: str, out: Path) -> Path:
 def llamacpp_report(args) -> int:
     """The README's metric through the product's own path: llama.cpp on the shipped GGUF answers each MT-Bench first
     turn greedily (128 tokens), and the prompt tokens' guesses are ranked at every cut through llama.cpp's tree rows."""
-    from app.bench import read_questions  # noqa: PLC0415
-    from app.cli import DEFAULT_QUESTIONS  # noqa: PLC0415
+    from app.questions import DEFAULT_QUESTIONS, read_questions  # noqa: PLC0415
     from ppd_core.calibration.acceptance import answer_ranks, decoder_answers  # noqa: PLC0415
-    from ppd_core.engine import Engine, EngineConfig  # noqa: PLC0415
+    from ppd_core import Engine, EngineConfig  # noqa: PLC0415
 
     prompts = None
     for name in [n for n in args.llamacpp.split(",") if n]:
@@ -234,7 +234,7 @@ def main() -> int:
         trained.training = {**summary, "try": name, "change": change, "start": start}
         trained.save(args.out / f"{name}.safetensors")
         started = time.perf_counter()
-        table = trained.flat(torch.float32, "cpu")
+        table = prompt_table(trained, torch.float32, "cpu")
         dev_figures = figures(model, table, 3, config.ensemble_size, config.chained, dev)
         result = {"try": name, "change": change, "start": start, "config": dataclasses.asdict(config),
                   "train_seconds": summary["train_seconds"], "steps": summary["steps"], "dev": dev_figures,
@@ -251,7 +251,7 @@ def main() -> int:
             else:
                 tokens = PromptTokens.load(tokens_path(name, args.out))
                 chained = tokens.training.get("config", {}).get("chained", True)
-                table, V = tokens.flat(torch.float32, "cpu"), tokens.ensemble_size
+                table, V = prompt_table(tokens, torch.float32, "cpu"), tokens.ensemble_size
             result = {"tokens": name, "mtbench": figures(model, table, 3, V, chained, mtbench),
                       "mtbench_answers": len(mtbench), "dev": figures(model, table, 3, V, chained, dev), "dev_answers": len(dev)}
             (args.out / f"report-{Path(name).stem}.json").write_text(json.dumps(result, indent=2) + "\n")

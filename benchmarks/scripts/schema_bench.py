@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from app.server_peer import ServerPeer, server_request  # noqa: E402
 from app.structured import json_content  # noqa: E402
-from ppd_core.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from ppd_core import Engine, EngineConfig, SamplingParams  # noqa: E402
 from ppd_core.grammar import schema_grammar  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
@@ -81,7 +81,7 @@ def main() -> int:
         "ppd plain / llama-server": round(rates["ppd plain"] / rates["llama-server"], 3),
         "ppd PPD / ppd plain": round(rates["ppd PPD"] / rates["ppd plain"], 3),
         "equal_to_llama_server": {name: f"{count} of {min(args.limit, len(PROMPTS))}" for name, count in equal.items()},
-        "ppd_PPD_guesses_first_round": guessed, "totals": totals, "tree": engine.tree_summary(), "server_command": peer.describe(default_model_file())["command"],
+        "ppd_PPD_guesses_first_round": guessed, "totals": totals, "tree": engine.snapshot().tree, "server_command": peer.describe(default_model_file())["command"],
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "max_new_tokens": args.max_new_tokens,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "totals"}, indent=1))

@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from app.server_peer import ServerPeer, server_request  # noqa: E402
 from app.structured import json_content  # noqa: E402
-from ppd_core.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from ppd_core import Engine, EngineConfig, SamplingParams  # noqa: E402
 from ppd_core.grammar import schema_grammar  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=80)
     args = parser.parse_args()
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium", threads=2))
-    engine.set_lookup(4)
+    engine.replan(lookup=4)
     counts: dict[str, list[int]] = {}
     differences = []
     for name, sampling in (("greedy", SamplingParams()), ("penalised", PENALTIES)):

@@ -24,7 +24,7 @@ import numpy as np
 
 from ppd_core.calibration import latency
 from ppd_core.decoding import Speculator, prefill
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from ppd_core.tree import TreeFamily
 
 SIZES = (1, 2, 4, 8, 16, 32)

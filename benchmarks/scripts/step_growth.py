@@ -16,7 +16,7 @@ import statistics
 import time
 
 from ppd_core.backends import Decoder
-from ppd_core.engine import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig
 from ppd_core.options import BACKEND_CHOICES
 
 PROMPT = "Count from 1 to 1000, one number per line, and do not stop early."

@@ -9,18 +9,22 @@ see a cache's layout. Two implement it: ``torch`` (the lean and transformers for
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: the protocol imports nothing, so each wing sits right above what it uses
+    import numpy as np
 
-from ppd_core.logits import StepLogits
-from ppd_core.tree import Tree
+    from ppd_core.sampling.logits import StepLogits
+    from ppd_core.tree import Tree
 
 
 class Decoder(Protocol):
     """What decoding needs of a model. A cache is opaque: only its backend reads or edits it."""
 
-    name: str  # "torch" or "llamacpp": reported by the readout, the bench and the API
+    name: str  # "torch" or "llamacpp": reported by the readout, the bench and the API (a label, never dispatched on)
+    forward: str  # what computes a step: "llamacpp", "lean" or "transformers"
+    threads: int  # CPU threads a step runs on (llama.cpp's context's; torch's, process-wide)
+    pads_steps: bool  # ``pad_steps`` changes the step's shape (llama.cpp: one CUDA graph per shape)
     vocab_size: int
     max_context: int  # positions a cache may hold (prompt and answer)
     bitwise: bool  # tree rows equal plain steps bit for bit on this path (tested); else up to float rounding
@@ -53,6 +57,17 @@ class Decoder(Protocol):
     def embedding_rows(self, token_ids: np.ndarray) -> np.ndarray:
         """The model's input embeddings [k, hidden] float32 of ``token_ids`` [k], as its first layer sees them
         (fingerprints, prompt-token rows' scale, training)."""
+
+    def set_threads(self, threads: int) -> None:
+        """Run steps on ``threads`` CPU threads where the backend takes it after loading (torch's process-wide
+        setting); llama.cpp's are chosen at load."""
+
+    def pad_steps(self, rows: int | None) -> None:
+        """Decode every generation step as exactly ``rows`` rows (None: each its own shape), where that matters."""
+
+    def grammar(self, text: str) -> Any:
+        """A grammar constraint for GBNF ``text`` on this vocabulary; a PpdError (one line) where the backend has no
+        grammar engine."""
 
     def describe(self) -> dict:
         """What runs the model, for the device panel and reports: backend, kernels, offload."""

@@ -12,14 +12,14 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
 
 from ppd_core.backends import Decoder
+from ppd_core.calibration.records import AcceptanceStats
 from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.lookup import LookupStats
+from ppd_core.drafters.lookup import LookupStats
 from ppd_core.text import chat_ids
 from ppd_core.tree import Tree, TreeSpec, build_tree, vanilla_family
 
@@ -80,34 +80,6 @@ def lookup_stats(answers: Sequence[tuple[int, list[int], list[int]]]) -> LookupS
     for turn, prompt, reply in answers:
         stats.add_answer(prompt, reply, turn)
     return stats
-
-
-@dataclass
-class AcceptanceStats:
-    """Counts per depth: ``hits[d][r]`` guesses right at rank r, out of ``trials[d]`` eligible positions."""
-
-    hits: list[list[int]]  # [n][k]
-    trials: list[int]  # [n]
-
-    @property
-    def probs(self) -> list[list[float]]:
-        """p_d(r) as observed frequencies (a depth never reached: all zero)."""
-        return [[h / max(t, 1) for h in row] for row, t in zip(self.hits, self.trials)]
-
-    @property
-    def top1(self) -> list[float]:
-        return [row[0] / max(t, 1) for row, t in zip(self.hits, self.trials)]
-
-    def add(self, ranks: np.ndarray) -> None:
-        """``ranks`` [C, n]: rank of the model's token among the guesses, or -1 when outside the top k."""
-        ranks = np.asarray(ranks)
-        eligible = np.ones(ranks.shape[0], dtype=bool)
-        for depth in range(ranks.shape[1]):
-            self.trials[depth] += int(eligible.sum())
-            found = ranks[:, depth]
-            for rank in found[eligible & (found >= 0)].tolist():
-                self.hits[depth][rank] += 1
-            eligible &= found >= 0
 
 
 def guess_ranks(guesses: np.ndarray, truth: np.ndarray) -> np.ndarray:

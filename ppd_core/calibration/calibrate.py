@@ -14,26 +14,33 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ppd_core.calibration.acceptance import (
-    AcceptanceStats, calibration_prompts, conversation_answers, decoder_acceptance, decoder_answers, lookup_stats,
+    calibration_prompts, conversation_answers, decoder_acceptance, decoder_answers, lookup_stats,
 )
-from ppd_core.calibration.curves import LatencyCurve
 from ppd_core.calibration.latency import (
-    CONTEXTS, CPU_SIZES, GPU_SIZES, mean_curve, measure_fixed, measure_latency, step_seconds,
+    CONTEXTS, CPU_SIZES, GPU_SIZES, measure_fixed, measure_latency,
 )
-from ppd_core.calibration.profiles import DeviceProfile
-from ppd_core.calibration.records import AcceptanceRecord, candidate_files, find_record, now, save_record
+from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile
+from ppd_core.calibration.records import AcceptanceRecord, AcceptanceStats, candidate_files, find_record, now, save_record
 from ppd_core.calibration.step_policy import FIXED_LADDER, StepPolicy
-from ppd_core.calibration.tree_search import Choice, FamilyEstimate, Probs, choose_family
+from ppd_core.calibration.tree_search import (
+    Choice, FamilyEstimate, Probs, choose_family, mean_curve, step_seconds, within,
+)
 from ppd_core.device_info import describe
-from ppd_core.device_policy import profile_fields, properties_of
+from ppd_core.device_info import properties_of
+from ppd_core.device_policy import profile_fields
 from ppd_core.faults import fault
-from ppd_core.loading import LoadedModel
-from ppd_core.lookup import LookupStats, best_with_chains, with_lookup
-from ppd_core.prompt_tokens import PromptTokens, signature_of
+from ppd_core.drafters.lookup import LookupStats, best_with_chains, with_lookup
+from ppd_core.progress import Progress
+from ppd_core.drafters.prompt_tokens import PromptTokens, signature_of
 
-Progress = Callable[[str, int, int], None]  # (phase, done, total)
+if TYPE_CHECKING:
+    from ppd_core.calibration.curves import LatencyCurve
+    from ppd_core.loaded import LoadedModel
+
 log = logging.getLogger(__name__)
 
 
@@ -89,11 +96,6 @@ def tokens_per_step_ceiling(stats: AcceptanceStats, lookup: LookupStats, n: int,
     chain after the surest kind of match (a step that copies can be worth many, even where most steps are not)."""
     tree = choose_family(stats.probs, {1: 1.0, largest: 1.0}, n, V, [largest]).best.tokens_per_step if n else 1.0
     return tree + max((sum(row) for row in lookup.probs), default=0.0)  # E[right chain tokens | match class]
-
-
-def within(seconds: Callable[[int], float], largest: int) -> Callable[[int], float]:
-    """``seconds`` up to the largest measured size; beyond it infinitely slow (never chosen: it could not win)."""
-    return lambda size: seconds(size) if size <= largest else float("inf")
 
 
 @dataclass(frozen=True)
@@ -190,83 +192,101 @@ def calibrate(
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
     table = prompt_tokens.table() if n else None  # [n * V, hidden]
     report = progress or (lambda phase, done, total: None)
-
-    fault("calibrate.acceptance")
-    key = acceptance_key(loaded, prompt_tokens, prompts, max_new_tokens)
-    found = find_record(prompt_tokens.source, prompt_tokens.fingerprint, key)
-    if found is not None:  # measured before for this model, these prompt tokens and these numerics
-        record, source = found
-        log.warning("guess acceptance: the record in %s (%s, %s); %s", source, key["backend"], key["quant"],
-                    "the latency curve from " + curve.path if curve else "measuring the latency curve only")
-    else:
-        log.warning("guess acceptance: no record for %s with %s/%s: measuring it (once)", loaded.name, key["backend"],
-                    key["quant"])
-        record = measure_record(loaded, prompt_tokens, key, prompts, max_new_tokens, report)
-        source = save_record(record, candidate_files(None, prompt_tokens.fingerprint)[-1])
+    record, source = acceptance_record(loaded, prompt_tokens, prompts, max_new_tokens, report, curve)
     stats, lookup = record.acceptance, record.lookup
     if curve is not None:
-        latency = curve.latency_ms
+        latency, fixed_ms = curve.latency_ms, dict(curve.fixed_ms)  # another device's fixed-shape steps, if it has them
     else:
-        fault("calibrate.latency")
-        on_gpu = loaded.device_kind == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
-        sizes = [size for size in (GPU_SIZES if on_gpu else CPU_SIZES) if size <= loaded.backend.max_tree_rows]
-        ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
-        latency = measure_latency(  # on the forward that decodes (lean or transformers); sizes that cannot win: skipped
-            loaded.backend, table, n, V, sizes, contexts, repeats, progress=lambda d, t: report("latency", d, t),
-            ceiling=ceiling, between=between,
-        )
+        latency, fixed_ms = measure_steps(loaded, table, n, V, stats, lookup, contexts, repeats, report, between)
     fault("calibrate.tree_search")
     report("tree search", 0, 1)
     search = choose_tree_and_chains(stats.probs, lookup, n, V, latency)
-    plain_seconds = search.seconds(1)  # a 1-token step: what every speedup is over
-    fixed_ms = dict(curve.fixed_ms) if curve is not None else {}  # another device's fixed-shape steps, if it has them
-    if curve is None and getattr(loaded.backend, "pads_steps", False):  # one shape per step, as decoding would pad it
-        fixed_ms = measure_fixed(loaded.backend, table, n, V, [r for r in FIXED_LADDER if r <= max(sizes)],
-                                 contexts[0], repeats, ceiling=ceiling, between=between)
+    plain_seconds = search.seconds(1)  # a 1-token step between trees: what every speedup is over
     search, policy = choose_step_policy(search, lookup, fixed_ms)
-    budget, best, lengths, seconds, choice = search.budget, search.best, search.lengths, search.seconds, search.choice
     report("tree search", 1, 1)
-    lookup_tokens, lookup_seconds = search.with_lookup(lookup)
-    by_turn = {}  # first turns and follow-ups apart: follow-ups copy more
-    for name, keep in (("first turns", lambda turn: turn == 1), ("follow-ups", lambda turn: turn > 1)):
-        part = lookup.select(keep)
-        if part.matches:
-            tokens, per_step = search.with_lookup(part)
-            by_turn[name] = {"answers": len(part.matches), "tokens_per_step": round(tokens, 4),
-                             "speedup": round(tokens / per_step * plain_seconds, 4)}
     key = profile_key(loaded, prompt_tokens)
     if curve is not None:
         key["device"] = curve.device_key()
     return DeviceProfile(
-        key=key,
-        latency_ms=latency,
-        acceptance=[[round(p, 6) for p in row] for row in stats.probs],
-        acceptance_positions=stats.trials[0] if stats.trials else 0,
-        budget=budget,
-        trees=list(best.specs),
-        tree_sizes=list(best.sizes),
+        key=key, latency_ms=latency, acceptance=[[round(p, 6) for p in row] for row in stats.probs],
+        acceptance_positions=stats.trials[0] if stats.trials else 0, ensemble_size=V,
+        **chosen_fields(search, policy, lookup, plain_seconds),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        calibration_seconds=round(time.perf_counter() - started, 1), acceptance_from=str(source),
+    )
+
+
+def acceptance_record(loaded: LoadedModel, prompt_tokens: PromptTokens, prompts: int, max_new_tokens: int,
+                      report: Progress, curve: LatencyCurve | None) -> tuple[AcceptanceRecord, Path]:
+    """The acceptance record for these numerics, and its file: found, else measured (once) and saved."""
+    fault("calibrate.acceptance")
+    key = acceptance_key(loaded, prompt_tokens, prompts, max_new_tokens)
+    found = find_record(prompt_tokens.source, prompt_tokens.fingerprint, key)
+    if found is not None:  # measured before for this model, these prompt tokens and these numerics
+        log.warning("guess acceptance: the record in %s (%s, %s); %s", found[1], key["backend"], key["quant"],
+                    "the latency curve from " + curve.path if curve else "measuring the latency curve only")
+        return found
+    log.warning("guess acceptance: no record for %s with %s/%s: measuring it (once)", loaded.name, key["backend"],
+                key["quant"])
+    record = measure_record(loaded, prompt_tokens, key, prompts, max_new_tokens, report)
+    return record, save_record(record, candidate_files(None, prompt_tokens.fingerprint)[-1])
+
+
+def measure_steps(loaded: LoadedModel, table, n: int, V: int, stats: AcceptanceStats, lookup: LookupStats,
+                  contexts: tuple[int, ...], repeats: int, report: Progress,
+                  between: Callable[[], bool] | None) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+    """This device's step curve (context -> size -> ms, on the forward that decodes; sizes that cannot win skipped)
+    and, where decoding pads steps, each fixed shape's cost (rows -> ms)."""
+    fault("calibrate.latency")
+    on_gpu = loaded.device_kind == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
+    sizes = [size for size in (GPU_SIZES if on_gpu else CPU_SIZES) if size <= loaded.backend.max_tree_rows]
+    ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
+    latency = measure_latency(loaded.backend, table, n, V, sizes, contexts, repeats,
+                              progress=lambda d, t: report("latency", d, t), ceiling=ceiling, between=between)
+    fixed_ms = {}
+    if getattr(loaded.backend, "pads_steps", False):  # one shape per step, as decoding would pad it
+        fixed_ms = measure_fixed(loaded.backend, table, n, V, [r for r in FIXED_LADDER if r <= max(sizes)],
+                                 contexts[0], repeats, ceiling=ceiling, between=between)
+    return latency, fixed_ms
+
+
+def chosen_fields(search: TreeAndChains, policy: StepPolicy, lookup: LookupStats, plain_seconds: float) -> dict:
+    """The profile's fields for the chosen trees, chains and step policy, with what they are expected to give over
+    plain steps of ``plain_seconds``."""
+    best, seconds, choice = search.best, search.seconds, search.choice
+    lookup_tokens, lookup_seconds = search.with_lookup(lookup)
+    return dict(
+        budget=search.budget, trees=list(best.specs), tree_sizes=list(best.sizes),
         expected_tokens_per_step=round(best.tokens_per_step, 4),  # the tree alone, without chains
         expected_ms_per_step=round(1000 * (seconds(best.sizes[-1]) if policy.pads else best.seconds_per_step), 3),
         expected_speedup=round(best.tokens_per_step / seconds(best.sizes[-1]) * plain_seconds if policy.pads
                                else best.tokens_per_second / choice.vanilla_tokens_per_second, 4),
-        ensemble_size=V,
-        budgets=[
-            {
-                "budget": budget,
-                "tokens_per_step": round(e.tokens_per_step, 4),
-                "ms_per_step": round(1000 * e.seconds_per_step, 3),
-                "tokens_per_second": round(e.tokens_per_second, 3),
-            }
-            for budget, e in sorted(choice.by_budget.items())
-        ],
-        lookup_acceptance=[[round(p, 6) for p in row] for row in lookup.probs],
-        lookup_trials=list(lookup.trials),
-        lookup_lengths=lengths,
-        expected_tokens_per_step_with_lookup=round(lookup_tokens, 4),
+        budgets=[{"budget": budget, "tokens_per_step": round(e.tokens_per_step, 4),
+                  "ms_per_step": round(1000 * e.seconds_per_step, 3), "tokens_per_second": round(e.tokens_per_second, 3)}
+                 for budget, e in sorted(choice.by_budget.items())],
+        lookup_acceptance=[[round(p, 6) for p in row] for row in lookup.probs], lookup_trials=list(lookup.trials),
+        lookup_lengths=search.lengths, expected_tokens_per_step_with_lookup=round(lookup_tokens, 4),
         expected_speedup_with_lookup=round(lookup_tokens / lookup_seconds * plain_seconds, 4),  # over plain decoding
-        step_policy=policy.to_json(),
-        expected_with_lookup_by_turn=by_turn,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        calibration_seconds=round(time.perf_counter() - started, 1),
-        acceptance_from=str(source),
+        step_policy=policy.to_json(), expected_with_lookup_by_turn=by_turn(search, lookup, plain_seconds),
     )
+
+
+def by_turn(search: TreeAndChains, lookup: LookupStats, plain_seconds: float) -> dict[str, dict]:
+    """The chosen trees and chains on first turns and follow-ups apart: follow-ups copy more."""
+    parts = {}
+    for name, keep in (("first turns", lambda turn: turn == 1), ("follow-ups", lambda turn: turn > 1)):
+        part = lookup.select(keep)
+        if part.matches:
+            tokens, per_step = search.with_lookup(part)
+            parts[name] = {"answers": len(part.matches), "tokens_per_step": round(tokens, 4),
+                           "speedup": round(tokens / per_step * plain_seconds, 4)}
+    return parts
+
+
+def find_profile(loaded: LoadedModel, prompt_tokens: PromptTokens) -> DeviceProfile | None:
+    """The profile saved for this device, model and prompt tokens; a corrupt or stale one is ignored with a warning."""
+    try:
+        return load_profile(profile_key(loaded, prompt_tokens))
+    except ProfileError as error:
+        log.warning("ignoring the saved calibration: %s; recalibrating", error)
+        return None

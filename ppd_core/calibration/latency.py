@@ -23,7 +23,7 @@ import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.decoding import DecodeState, Speculator, prefill, tree_step
-from ppd_core.calibration.tree_search import interpolate
+from ppd_core.drafters.base import Draft
 from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree
 
 # Every small size: step cost is not monotone there (on this project's CPU 4 tokens cost less
@@ -160,7 +160,7 @@ def step_ms(speculator: Speculator, cache, tree: Tree, guesses: np.ndarray, cont
             times, run = [], 0
         start = time.perf_counter()
         for step in (tree, then) if then is not None else (tree,):
-            tree_step(speculator, DecodeState(cache, root=0, guesses=guesses), step)
+            tree_step(speculator, DecodeState(cache, root=0), Draft(step, guesses), [speculator.prompt_drafter()])
             speculator.decoder.truncate(cache, context)
         if run >= warmup:
             times.append(time.perf_counter() - start)
@@ -168,14 +168,3 @@ def step_ms(speculator: Speculator, cache, tree: Tree, guesses: np.ndarray, cont
         if len(times) >= MIN_RUNS and abs(statistics.median(times) - statistics.median(times[:-1])) <= STABLE * statistics.median(times):
             break
     return 1000 * statistics.median(times)
-
-
-def mean_curve(latency_ms: dict[int, dict[int, float]]) -> dict[int, float]:
-    """Latency per tree size averaged over the measured context lengths."""
-    sizes = sorted(set.intersection(*(set(c) for c in latency_ms.values())))
-    return {s: statistics.fmean(c[s] for c in latency_ms.values()) for s in sizes}
-
-
-def step_seconds(latency_ms: dict[int, dict[int, float]]) -> Callable[[int], float]:
-    """Seconds per step against tree size: ``mean_curve`` interpolated between the measured sizes."""
-    return interpolate({size: ms / 1000 for size, ms in mean_curve(latency_ms).items()})

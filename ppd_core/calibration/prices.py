@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ppd_core.calibration.latency import step_seconds
+from ppd_core.calibration.tree_search import step_seconds
 from ppd_core.stats import StepStats
 
 DRIFT = 1.3  # a median step this much slower (or 1/DRIFT faster) than calibration's cost: the device is not as it was

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ppd_core.calibration.records import read_records
-from ppd_core.lookup import MAX_CHAIN
-from ppd_core.lookup_policy import AdaptiveChains
+from ppd_core.drafters.lookup import MAX_CHAIN
+from ppd_core.drafters.chain_policy import AdaptiveChains
 
 SHIPPED_RECORD = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-instruct.prompt-tokens.acceptance.json"
 ROW_COST = 0.9  # an extra row's cost in plain steps: the default model on the 2-core CPUs here (2 rows: 1.8 steps)

@@ -15,14 +15,42 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import platformdirs
 
 from ppd_core.atomic_files import atomic_write
-from ppd_core.calibration.acceptance import AcceptanceStats
-from ppd_core.lookup import LookupStats
+from ppd_core.drafters.lookup import LookupStats
 
 FORMAT = 1
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class AcceptanceStats:
+    """Counts per depth: ``hits[d][r]`` guesses right at rank r, out of ``trials[d]`` eligible positions."""
+
+    hits: list[list[int]]  # [n][k]
+    trials: list[int]  # [n]
+
+    @property
+    def probs(self) -> list[list[float]]:
+        """p_d(r) as observed frequencies (a depth never reached: all zero)."""
+        return [[h / max(t, 1) for h in row] for row, t in zip(self.hits, self.trials)]
+
+    @property
+    def top1(self) -> list[float]:
+        return [row[0] / max(t, 1) for row, t in zip(self.hits, self.trials)]
+
+    def add(self, ranks: np.ndarray) -> None:
+        """``ranks`` [C, n]: rank of the model's token among the guesses, or -1 when outside the top k."""
+        ranks = np.asarray(ranks)
+        eligible = np.ones(ranks.shape[0], dtype=bool)
+        for depth in range(ranks.shape[1]):
+            self.trials[depth] += int(eligible.sum())
+            found = ranks[:, depth]
+            for rank in found[eligible & (found >= 0)].tolist():
+                self.hits[depth][rank] += 1
+            eligible &= found >= 0
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -209,6 +210,22 @@ def interpolate(curve: Mapping[int, float]) -> Callable[[int], float]:
         raise AssertionError("unreachable")
 
     return at
+
+
+def mean_curve(latency_ms: dict[int, dict[int, float]]) -> dict[int, float]:
+    """Latency per tree size averaged over the measured context lengths."""
+    sizes = sorted(set.intersection(*(set(c) for c in latency_ms.values())))
+    return {s: statistics.fmean(c[s] for c in latency_ms.values()) for s in sizes}
+
+
+def step_seconds(latency_ms: dict[int, dict[int, float]]) -> Callable[[int], float]:
+    """Seconds per step against tree size: ``mean_curve`` interpolated between the measured sizes."""
+    return interpolate({size: ms / 1000 for size, ms in mean_curve(latency_ms).items()})
+
+
+def within(seconds: Callable[[int], float], largest: int) -> Callable[[int], float]:
+    """``seconds`` up to the largest measured size; beyond it infinitely slow (never chosen: it could not win)."""
+    return lambda size: seconds(size) if size <= largest else float("inf")
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ppd_core.backends.llamacpp import LlamaCppDecoder
+from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 from ppd_core.calibration.latency import measure_latency
 from ppd_core.errors import PpdError
-from ppd_core.quantize import plan, quantize, read_source
+from ppd_core.backends.llamacpp.quantize import plan, quantize, read_source
 
 WIDE_TYPES = ("F32", "F16", "BF16", "Q8_0")  # files a flatter type may help
 FLATTER_TYPES = ("Q4_0", "IQ4_NL", "Q4_K_M")  # K-quants fall back to legacy types where rows are not 256-wide
-SIZES = (1, 2, 4, 8, 16)
-CONTEXT = 256
+TYPE_CURVE_SIZES = (1, 2, 4, 8, 16)
+TYPE_CURVE_CONTEXT = 256
 
 
 def other_type_curves(gguf_file: Path, threads: int, gpu_layers: int | None = None,
@@ -41,7 +41,7 @@ def other_type_curves(gguf_file: Path, threads: int, gpu_layers: int | None = No
                 continue
             decoder = LlamaCppDecoder(path, threads, gpu_layers)
             try:
-                curves[type_name] = measure_latency(decoder, None, 0, 1, SIZES, (CONTEXT,), repeats=5)[CONTEXT]
+                curves[type_name] = measure_latency(decoder, None, 0, 1, TYPE_CURVE_SIZES, (TYPE_CURVE_CONTEXT,), repeats=5)[TYPE_CURVE_CONTEXT]
             finally:
                 decoder.close()
                 path.unlink(missing_ok=True)

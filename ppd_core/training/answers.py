@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppd_core.atomic_files import atomic_write
-from ppd_core.greedy_answers import greedy_batch
+from ppd_core.training.greedy import greedy_batch
 from ppd_core.text import chat_ids
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Training's loss and top-k metric on the student and teacher logits of ``ppd_core.distillation``."""
+"""Training's loss and top-k metric on the student and teacher logits of ``ppd_core.training.distillation``."""
 
 from __future__ import annotations
 

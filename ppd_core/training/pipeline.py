@@ -8,15 +8,19 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
 
 from ppd_core.errors import PpdError
-from ppd_core.loading import LoadedModel
-from ppd_core.prompt_tokens import INIT_TEXT, PromptTokens
+from ppd_core.drafters.prompt_tokens import INIT_TEXT, PromptTokens
+from ppd_core.training.prompt_tensors import check_compatible, initial_prompt_tokens, prompt_table
 from ppd_core.training.answers import build_answer_cache
 from ppd_core.training.data import prompt_histories, read_conversations
 from ppd_core.training.trainer import TrainConfig, evaluate, train
+
+if TYPE_CHECKING:
+    from ppd_core.loaded import LoadedModel
 
 Progress = Callable[[str, int, int, dict], None]  # (phase, done, total, numbers)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding ppd_core/ and app/ (the repo, or site-packages)
@@ -106,11 +110,11 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
     embedding = loaded.model.get_input_embeddings().weight
     if run.init is not None:
         initial = PromptTokens.load(run.init)
-        initial.check_compatible(embedding, loaded.name)
+        check_compatible(initial, embedding, loaded.name)
         initial = initial.with_ensemble_size(config.ensemble_size, config.seed)
         summary_init = {"init": portable_name(run.init), "init_training": initial.training}
     else:
-        initial = PromptTokens.initialize(
+        initial = initial_prompt_tokens(
             embedding, tokenizer.encode(INIT_TEXT, add_special_tokens=False),
             loaded.name, config.num_prompt_tokens, config.ensemble_size, config.seed,
         )
@@ -121,7 +125,7 @@ def run_training(loaded: LoadedModel, config: TrainConfig, run: TrainRun, progre
     )
     if held_out:
         progress("evaluate", 0, 1, {})
-        table = trained.flat(loaded.model.get_input_embeddings().weight.dtype, loaded.device)
+        table = prompt_table(trained, loaded.model.get_input_embeddings().weight.dtype, loaded.device)
         result = evaluate(loaded.model, table, held_out, config.num_prompt_tokens, config.ensemble_size, chained=config.chained)
         summary.update(
             eval_questions=portable_name(run.eval_questions), eval_answers=len(held_out), eval_cuts=result.cuts,

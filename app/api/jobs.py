@@ -1,0 +1,174 @@
+"""A request made a ``Job`` (``make_job``): checked field by field, its sampling, stops, grammar and tools settled, its
+prompt tokenized and measured against the context. Runs off the event loop; every mistake is an ``ApiError``."""
+
+from __future__ import annotations
+
+import uuid
+
+from app.api.errors import ApiError, not_ready
+from app.api.messages import chat_messages, encodable
+from app.api.schemas import ChatCompletionRequest, CompletionRequest, Job, RequestFields
+from app.model_host import ModelHost
+from app.structured import FieldError, response_grammar
+from app.tools import ToolPlan, call_grammar, plan_tools, template_format
+from app.tools import prompt as tool_prompt
+from ppd_core import MAX_TOP_LOGPROBS, ChosenSampling, SamplingParams
+from ppd_core.errors import PpdError
+
+MAX_STOP_STRINGS = 4  # as OpenAI
+
+
+def check_unsupported(request: RequestFields) -> None:
+    if request.n not in (None, 1):
+        raise ApiError(f"n must be 1 (ppd answers one choice per request), got {request.n}", "n")
+    if request.top_logprobs is not None and isinstance(request, ChatCompletionRequest):
+        if not request.logprobs:
+            raise ApiError("top_logprobs needs logprobs set to true", "top_logprobs")
+        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ApiError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}",
+                           "top_logprobs")
+    if request.functions:
+        raise ApiError("functions (the deprecated form of tools) is not supported: use tools", "functions")
+    if isinstance(request, CompletionRequest) and (request.tools or request.tool_choice is not None):
+        raise ApiError("tools need /v1/chat/completions", "tools" if request.tools else "tool_choice")
+
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                   "frequency_penalty")
+
+
+def check_sampling(request: RequestFields) -> None:
+    """The sampling fields a request sets, in range (OpenAI's ranges where it has the field, llama-server's else)."""
+    checks = {"temperature": (lambda v: 0.0 <= v <= 2.0, "must be between 0 and 2"),
+              "top_p": (lambda v: 0.0 < v <= 1.0, "must be greater than 0 and at most 1"),
+              "top_k": (lambda v: v >= 0, "must be 0 (off) or positive"),
+              "repeat_penalty": (lambda v: 0.0 < v <= 100.0, "must be greater than 0 (1: off)"),
+              "repeat_last_n": (lambda v: v >= -1, "must be -1 (the whole context), 0 (off) or positive"),
+              "presence_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
+              "frequency_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2")}
+    for name, (fine, rule) in checks.items():
+        value = getattr(request, name)
+        if value is not None and not fine(value):
+            raise ApiError(f"{name} {rule}, got {value}", name)
+
+
+def sampling_of(request: RequestFields, defaults: ChosenSampling) -> SamplingParams:
+    """The request's sampling: its own fields, ``defaults`` (the model's) for those it leaves unset."""
+    try:
+        return defaults.params(**{name: getattr(request, name) for name in SAMPLING_FIELDS},
+                               acceptance=request.acceptance, seed=request.seed)
+    except PpdError as error:
+        raise ApiError(str(error), "seed" if str(error).startswith("seed") else None) from None
+
+
+def stop_strings(request: RequestFields) -> list[str]:
+    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ApiError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
+    if any(not s for s in stops):
+        raise ApiError("stop strings must not be empty", "stop")
+    return [encodable(s, "stop" if isinstance(request.stop, str) else f"stop[{i}]") for i, s in enumerate(stops)]
+
+
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens on /v1/completions
+MAX_COMPLETION_LOGPROBS = 5
+
+
+def completion_prompt(request: CompletionRequest) -> str:
+    prompts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
+    if len(prompts) != 1:
+        raise ApiError(f"prompt must be one string (ppd answers one prompt per request), got {len(prompts)}", "prompt")
+    if request.echo:
+        raise ApiError("echo is not supported", "echo")
+    if request.suffix:
+        raise ApiError("suffix (fill-in-the-middle) is not supported", "suffix")
+    if request.logprobs is not None and not 0 <= request.logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise ApiError(f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {request.logprobs}", "logprobs")
+    text = encodable(prompts[0], "prompt")
+    if not text:
+        raise ApiError("prompt is empty", "prompt")
+    return text
+
+
+def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequest) -> Job:
+    """A chat request's job (or, for a ``CompletionRequest``, the raw prompt's, tokenized as llama-server does)."""
+    completion = isinstance(request, CompletionRequest)
+    check_unsupported(request)
+    if completion:
+        prompt, messages, field = completion_prompt(request), None, "prompt"
+    else:
+        messages, field = chat_messages(request), "messages"
+    check_sampling(request)
+    stops = stop_strings(request)
+    limit, param = answer_limit(request)
+    try:
+        engine = service.engine  # a switch may have begun since the request was let in
+        snapshot = service.snapshot()
+    except PpdError as error:
+        raise not_ready(service, error) from None
+    model, sampling = snapshot.name, sampling_of(request, snapshot.sampling_defaults)
+    grammar, json_answer, tools, messages, variables = answer_rules(request, engine, messages)
+    try:
+        ids = engine.tokenizer.encode(prompt) if completion else engine.chat_ids(messages, **variables)
+    except PpdError as error:
+        raise ApiError(str(error), field) from None
+    if completion and limit is None:
+        limit = COMPLETION_DEFAULT_TOKENS
+    context = engine.max_context
+    check_context(len(ids), limit, context, field, param)
+    if completion:
+        logprobs = request.logprobs
+    else:
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    return Job(
+        id=f"{'cmpl' if completion else 'chatcmpl'}-{uuid.uuid4().hex}", ids=ids,
+        max_new_tokens=limit if limit is not None else context - len(ids), sampling=sampling, stop=stops,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage), model=model,
+        logprobs=logprobs, grammar=grammar, json_content=json_answer, tools=tools, completion=completion,
+    )
+
+
+def answer_limit(request: RequestFields) -> tuple[int | None, str]:
+    """The answer's token limit (None: the rest of the context) and the field that set it."""
+    limit = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    if limit is not None and limit < 1:
+        raise ApiError(f"{param} must be at least 1, got {limit}", param)
+    return limit, param
+
+
+def answer_rules(request: RequestFields, engine, messages: list[dict] | None
+                 ) -> tuple[str | None, bool, ToolPlan | None, list[dict] | None, dict]:
+    """What the answer must follow: the grammar (a response_format's, llama-server's ``grammar``, or a forced tool
+    call's), whether its content is a response_format's JSON, the tools offered, and a chat's messages with the tools
+    put in them (and the template's variables); ``messages`` None: a ``/v1/completions`` prompt."""
+    completion = messages is None
+    tools, variables = None, {}
+    try:
+        grammar = response_grammar(request.response_format, request.grammar, chat=not completion)
+        json_answer = grammar is not None and request.grammar is None and not completion
+        if not completion:
+            tools = plan_tools(request.tools, request.tool_choice, engine.chat_template)
+            messages, variables = tool_prompt(messages, tools, template_format(engine.chat_template)[0])
+        if tools is not None and tools.forced:
+            if grammar is not None:
+                raise FieldError("tool_choice 'required' or a named function cannot be combined with response_format "
+                                 "or grammar", "tool_choice")
+            grammar = call_grammar(tools)
+        if grammar is not None:
+            engine.check_grammar(grammar)
+    except FieldError as error:
+        raise ApiError(str(error), error.param) from None
+    except PpdError as error:
+        named = "tool_choice" if tools is not None and tools.forced else None
+        raise ApiError(str(error), named or ("grammar" if request.grammar is not None else "response_format")) from None
+    return grammar, json_answer, tools, messages, variables
+
+
+def check_context(prompt_tokens: int, limit: int | None, context: int, field: str, param: str) -> None:
+    """The prompt, and the answer's limit when set, fit the model's context."""
+    if prompt_tokens >= context or (limit is not None and prompt_tokens + limit > context):
+        asked = f" and {limit} tokens for the answer ({prompt_tokens + limit} in all)" if limit is not None else ""
+        raise ApiError(
+            f"this model's maximum context length is {context} tokens; the {field} takes {prompt_tokens} tokens{asked}. "
+            f"Shorten the {field} or lower {param}.", field, "context_length_exceeded")

@@ -1,0 +1,105 @@
+"""The requests, as OpenAI defines them (the fields ppd uses; others are ignored), and the plain values a request
+becomes: its ``Job`` and, once answered, its ``Outcome``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from app.tools import ToolPlan
+from ppd_core import ModelSnapshot, SamplingParams
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: Any = None  # a string or a list of text parts: checked by ``message_text``, with a clearer message
+    tool_calls: Any = None  # an assistant's earlier calls (``app.tools``): checked by ``tool_calls_of``
+    tool_call_id: Any = None  # a tool message's: the call it answers
+    name: Any = None  # a tool message's: the function's name (optional)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class RequestFields(BaseModel):
+    """The fields both endpoints take."""
+
+    model_config = ConfigDict(extra="ignore")  # clients send fields such as `user` or `metadata`
+    model: str | None = None  # answered by the loaded model (as llama-server does), unless it names another one ppd has
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None  # unset: the model's recommendation, else llama-server's (``sampling_defaults``)
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins if both are given
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # 0 to 20 alternatives per token; needs logprobs
+    tools: list[Any] | None = None  # OpenAI's function tools (``app.tools``); chat only
+    tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
+    functions: list[Any] | None = None  # the deprecated form of tools: refused
+    response_format: dict[str, Any] | None = None  # text, json_object or json_schema (``structured``)
+    grammar: str | None = None  # llama-server's: GBNF the answer follows
+    # ppd's extensions (llama-server accepts top_k and the repeat penalty too, with the same meaning)
+    top_k: int | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    acceptance: Literal["lossless", "typical"] | None = None
+
+
+class ChatCompletionRequest(RequestFields):
+    messages: list[Message]
+
+
+class CompletionRequest(RequestFields):
+    """``/v1/completions``: text in, text out (the legacy endpoint editors' completion still uses)."""
+
+    prompt: str | list[str]
+    logprobs: int | None = None  # 0 to 5 alternatives per token (the legacy shape)
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+@dataclass
+class Job:
+    """A validated request, ready for the model."""
+
+    id: str
+    ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    stop: list[str]
+    include_usage: bool
+    model: str  # the name of the model the ids were made for: a streamed answer's label
+    logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
+    grammar: str | None = None  # GBNF the answer follows (``structured.response_grammar``)
+    json_content: bool = False  # a chat's response_format: the content is the answer's JSON (``structured.json_content``)
+    tools: ToolPlan | None = None  # the tools offered: the answer is parsed for calls (``app.tools.parse``)
+    completion: bool = False  # a ``/v1/completions`` job: its answers are text_completion objects
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Outcome:
+    """How a job ended; ``stats`` and ``text`` are None when it was cancelled before reaching the model."""
+
+    finish_reason: str  # "stop", "length", or "cancelled" (the client went away)
+    text: str | None = None  # the answer, cut before a stop string
+    completion_tokens: int = 0
+    stats: Any = None  # GenerationStats
+    queued_seconds: float = 0.0  # waiting for the model: until the job's turn began (its prompt's prefill not counted)
+    started_at: float = 0.0  # unix times of taking and releasing the model
+    finished_at: float = 0.0
+    steps_after_cancel: int = 0  # forward passes that ran after the cancel flag was set (at most one)
+    model: ModelSnapshot | None = None  # the model that answered, taken with the first step (under the job's turn)
+    logprobs: list[dict] | None = None  # OpenAI's ``logprobs.content`` entries, one per answer token (asked for)

@@ -1,0 +1,40 @@
+"""The engine the model options name, with tqdm bars for a calibration's phases."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.commands.options import model_threads
+
+
+class ProgressBars:
+    """tqdm bars for a calibration's phases; ``also`` hears every report too (the chat page's startup line)."""
+
+    def __init__(self, also=None):
+        self.bars = {}
+        self.also = also
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if self.also is not None:
+            self.also(phase, done, total)
+        if phase == "downloading":  # the Hub's own bars show the download here
+            return
+        bar = self.bars.get(phase) or self.bars.setdefault(phase, tqdm(total=total, desc=f"calibrating: {phase}", leave=False))
+        bar.n = done
+        bar.refresh()
+        if done >= total:
+            bar.close()
+
+
+def load_engine(args: argparse.Namespace, auto_calibrate: bool = True, progress=None):
+    """The engine of the model options; ``progress(phase, done, total)`` hears the calibration's phases too."""
+    from ppd_core import Engine, EngineConfig
+
+    config = EngineConfig(
+        model=args.model, prompt_tokens=args.prompt_tokens, quant=args.quant, device=args.device,
+        dtype=args.dtype, forward=args.forward, tree=args.tree, auto_calibrate=auto_calibrate,
+        threads=model_threads(args), lookup=args.lookup, backend=args.backend, gpu_layers=args.gpu_layers,
+    )
+    return Engine.load(config, ProgressBars(also=progress))

@@ -1,0 +1,292 @@
+"""The page's components, panel by panel, and the page's own state (``Session``); no events here (``app/ui.py``
+wires them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from app.history import Conversation
+from app.page_text import SAMPLING_LABELS
+from app.plots import COLUMNS
+from app.readout import SPEED_DEFINITION
+from ppd_core import default_sampling
+
+# The page's own status lines say what is going on; Gradio 6 draws its progress overlay and elapsed-time counter
+# ("0.1s") on every output of a running event whatever ``show_progress`` says (gradio-app/gradio#12406): not on these.
+OWN_LINES = ("startup", "device", "training", "model-note", "calibration", "verdict", "readout", "note", "context")
+PAGE_STYLE = "<style>" + ", ".join(f'#{line} [data-testid="status-tracker"]' for line in OWN_LINES) + \
+    " { display: none !important; }</style>"
+TRAIN, RESUME_TRAINING, STOP_TRAINING = "Train PPD tokens for this model", "Resume training", "Stop training"
+
+
+@dataclass
+class Session:
+    """One page: its conversation, its stop flag, and whether its answer streams (Send is off meanwhile)."""
+
+    conversation: Conversation = field(default_factory=Conversation)
+    stop_requested: bool = False
+    answering: bool = False
+    chosen: set[str] = field(default_factory=set)  # sampling widgets set on this page: a model's defaults keep off them
+    selected: tuple | None = None  # the message clicked in the chat: (index, role, content), checked before use
+
+
+def new_session() -> Session:
+    """``gr.State``'s initial value, called for every new page (a dataclass type would be taken for a value)."""
+    return Session()
+
+
+# ---- panels: components only ----
+
+
+@dataclass
+class ChatPanel:
+    chatbot: gr.Chatbot
+    message: gr.Textbox
+    send: gr.Button
+    stop: gr.Button
+    regenerate: gr.Button
+    clear: gr.Button
+    readout: gr.Markdown
+    note: gr.Markdown
+    marked: gr.HTML  # the last answer with its accepted guesses marked (when asked): the chat itself stays plain text
+    context: gr.Markdown  # the context meter: tokens the conversation takes of the model's context
+    selection: gr.Row  # shown once a message is clicked: what it is, Delete, Answer again from here
+    selected: gr.Markdown
+    delete: gr.Button
+    again: gr.Button
+
+
+def chat_panel() -> ChatPanel:
+    # the pencil on a user message edits it (answered again from there); the last answer has Retry and Undo; a click on
+    # any message offers to delete it or answer again from it
+    chatbot = gr.Chatbot(label="Chat · click a message to delete it or answer again from it", height=460,
+                         elem_id="chat", sanitize_html=True, editable="user")
+    with gr.Row():  # on a phone the buttons go under the box (its min_width), not beside a box 178 px wide
+        message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, min_width=300,
+                             elem_id="message")
+        send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+        stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop", visible=False)  # shown while an answer streams
+    with gr.Row():
+        regenerate = gr.Button("Regenerate", size="sm")
+        clear = gr.Button("Clear", size="sm", elem_id="clear")
+    with gr.Row(visible=False, elem_id="selection") as selection:
+        selected = gr.Markdown("", elem_id="selected")
+        delete = gr.Button("Delete", size="sm", variant="stop", scale=0, elem_id="delete-message")
+        again = gr.Button("Answer again from here", size="sm", scale=0, elem_id="answer-again")
+    context = gr.Markdown("", elem_id="context")
+    readout = gr.Markdown("", elem_id="readout")
+    note = gr.Markdown("", elem_id="note")
+    marked = gr.HTML("", elem_id="marked")
+    return ChatPanel(chatbot, message, send, stop, regenerate, clear, readout, note, marked, context, selection, selected,
+                     delete, again)
+
+
+@dataclass
+class ModelPanel:
+    choice: gr.Dropdown
+    load: gr.Button
+    training: gr.Markdown
+    train: gr.Button
+
+
+def model_panel() -> ModelPanel:
+    with gr.Row():
+        # the label one line at 1400 px; the ways to name a model in the line under it
+        choice = gr.Dropdown([], label="Model, hf:OWNER/REPO or a local path",
+                             info="A local .gguf file or model folder works too; hf:OWNER/REPO:FILE.gguf picks one file",
+                             allow_custom_value=True, interactive=True, scale=4, elem_id="model")
+        load = gr.Button("Load", scale=1, elem_id="load-model")
+    with gr.Row():
+        training = gr.Markdown("", elem_id="training")
+        train = gr.Button(TRAIN, visible=False, size="sm", elem_id="train")  # or Resume, or Stop
+    return ModelPanel(choice, load, training, train)
+
+
+@dataclass
+class SettingsPanel:
+    system: gr.Textbox
+    temperature: gr.Slider
+    top_p: gr.Slider
+    max_new: gr.Slider
+    ppd: gr.Checkbox
+    acceptance: gr.Radio
+    highlight: gr.Checkbox
+    top_k: gr.Slider
+    greedy: gr.Button
+    repeat_penalty: gr.Slider
+    repeat_last_n: gr.Number
+    presence_penalty: gr.Slider
+    frequency_penalty: gr.Slider
+    schema: gr.Textbox  # a JSON schema the answers follow; empty: free text
+
+    @property
+    def inputs(self) -> list:
+        """In the order of ``ChatSettings``' fields."""
+        return [self.system, self.temperature, self.top_p, self.max_new, self.ppd, self.acceptance, self.highlight,
+                self.top_k, *self.penalties, self.schema]
+
+    @property
+    def penalties(self) -> list:
+        return [self.repeat_penalty, self.repeat_last_n, self.presence_penalty, self.frequency_penalty]
+
+    @property
+    def sampling(self) -> list:
+        """What a model's sampling defaults set (``SAMPLING_LABELS``' order)."""
+        return [self.temperature, self.top_p, self.top_k, *self.penalties]
+
+    @property
+    def by_name(self) -> dict:
+        """The sampling widgets by ``SAMPLING_LABELS``' names."""
+        return dict(zip(SAMPLING_LABELS, self.sampling))
+
+
+def settings_panel() -> SettingsPanel:
+    """The answer settings, opening on what a request leaving them unset gets with no model recommendation (each
+    model's own defaults replace them once it is loaded, ``sampling_defaults``)."""
+    start = default_sampling({})
+    sliders = {"temperature": (0.0, 2.0, 0.05), "top_p": (0.05, 1.0, 0.05), "top_k": (0, 200, 1),
+               "repeat_penalty": (0.5, 2.0, 0.01), "presence_penalty": (-2.0, 2.0, 0.05),
+               "frequency_penalty": (-2.0, 2.0, 0.05)}
+
+    def slider(name: str, **options) -> gr.Slider:
+        low, high, step = sliders[name]
+        return gr.Slider(low, high, start.values[name], step=step, label=f"{SAMPLING_LABELS[name]} · {start.sources[name]}",
+                         elem_id=name.replace("_", "-"), **options)
+
+    with gr.Accordion("Settings", open=True):
+        ppd = gr.Checkbox(True, label="PPD (parallel prompt decoding)", elem_id="ppd")
+        highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses (yellow: prompt tokens, blue: copied "
+                                "from the conversation, green: forced by the JSON schema)", elem_id="highlight")
+        system = gr.Textbox("", label="System prompt", lines=2)
+        with gr.Row():
+            temperature = slider("temperature", scale=4)
+            greedy = gr.Button("Greedy", size="sm", scale=1, elem_id="greedy")
+        top_p, top_k = slider("top_p"), slider("top_k")
+        max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens")
+        schema = gr.Textbox("", label="JSON schema: the answers follow it (empty: free text)", lines=3, max_lines=12,
+                            placeholder='{"type": "object", "properties": {"name": {"type": "string"}}}',
+                            elem_id="json-schema")
+        with gr.Accordion("Repetition penalties (llama.cpp's)", open=False):
+            repeat_penalty = slider("repeat_penalty")
+            repeat_last_n = gr.Number(start.values["repeat_last_n"], precision=0, minimum=-1,
+                                      label=f"{SAMPLING_LABELS['repeat_last_n']} · {start.sources['repeat_last_n']}",
+                                      elem_id="repeat-last-n")
+            presence_penalty, frequency_penalty = slider("presence_penalty"), slider("frequency_penalty")
+        acceptance = gr.Radio(
+            [("Lossless (exact model distribution)", "lossless"), ("Typical (faster, not distribution-preserving)", "typical")],
+            value="lossless", label="Acceptance when sampling",
+        )
+    return SettingsPanel(system, temperature, top_p, max_new, ppd, acceptance, highlight, top_k, greedy,
+                         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, schema)
+
+
+@dataclass
+class HistoryPanel:
+    saved: gr.Dropdown
+    export_json: gr.Button
+    export_md: gr.Button
+    exported: gr.File
+
+
+def history_panel() -> HistoryPanel:
+    with gr.Accordion("Conversations", open=False):
+        saved = gr.Dropdown([], label="Open a saved conversation", interactive=True, elem_id="saved")
+        with gr.Row():
+            export_json = gr.Button("Export JSON", size="sm")
+            export_md = gr.Button("Export Markdown", size="sm")
+        exported = gr.File(label="Export", interactive=False)
+    return HistoryPanel(saved, export_json, export_md, exported)
+
+
+def device_block() -> gr.Markdown:
+    with gr.Accordion("Device", open=True):
+        return gr.Markdown("", elem_id="device")
+
+
+@dataclass
+class CalibrationPanel:
+    button: gr.Button
+    summary: gr.Markdown
+    curve: gr.LinePlot
+
+
+def calibration_panel() -> CalibrationPanel:
+    with gr.Accordion("Calibration", open=False):
+        button = gr.Button("Calibrate for this device", elem_id="calibrate")
+        summary = gr.Markdown("", elem_id="calibration")
+        # whole tree sizes on an axis from 0 (the chosen size's line off the edge, also at 1 token); no legend title
+        # ("series" said nothing): the labels say what each line is
+        curve = gr.LinePlot(x=COLUMNS[0], y=COLUMNS[1], color=COLUMNS[2], label="Step latency against tree size",
+                            x_axis_format="d", x_lim=[0, None], color_title=" ", elem_id="latency-curve")
+    return CalibrationPanel(button, summary, curve)
+
+
+@dataclass
+class ComparePanel:
+    button: gr.Button
+    verdict: gr.Markdown
+    plain: gr.Markdown
+    ppd: gr.Markdown
+
+
+def compare_panel() -> ComparePanel:
+    """Under the chat: the readout estimates each answer's speedup, Compare measures it."""
+    with gr.Accordion("Compare with plain decoding", open=True):
+        button = gr.Button("Compare: answer the last message both ways, plain and PPD (greedy), and time them",
+                           size="sm", elem_id="compare")
+        verdict = gr.Markdown("", elem_id="verdict")
+        with gr.Row():
+            plain = gr.Markdown("", elem_id="plain-answer")
+            ppd = gr.Markdown("", elem_id="ppd-answer")
+    return ComparePanel(button, verdict, plain, ppd)
+
+
+
+@dataclass
+class Page:
+    """Every component the events read or write."""
+
+    session: gr.State  # this page's ``Session``
+    page_id: gr.BrowserState  # the browser's copy of the page's conversation id: a reload reopens it
+    startup: gr.Markdown  # the model's loading progress, until it is ready
+    timer: gr.Timer  # on while the page follows something (a model loading, a training, a background calibration)
+    model_note: gr.Markdown  # what this model is, where that matters to a chat
+    chat: ChatPanel
+    compare: ComparePanel
+    model: ModelPanel
+    settings: SettingsPanel
+    history: HistoryPanel
+    device: gr.Markdown
+    calibration: CalibrationPanel
+
+    @property
+    def model_panels(self) -> list:
+        """What depends on the model (``ModelHandlers.model_panels``)."""
+        return [self.startup, self.chat.send, self.device, self.calibration.summary, self.calibration.curve, self.timer,
+                *self.settings.sampling, self.model.choice, self.model.training, self.model.train, self.model_note]
+
+
+def build_page() -> Page:
+    """The page's components, laid out (inside a ``gr.Blocks``)."""
+    session = gr.State(new_session)  # called for every new page: its own conversation and id
+    # the page's conversation id in the browser (its own per browser profile), so that a reload reopens it
+    page_id = gr.BrowserState(None, storage_key="ppd-conversation")
+    gr.HTML(PAGE_STYLE, container=False, padding=False)  # in the page itself: `launch` and `mount_gradio_app` alike
+    gr.Markdown(f"## ppd · local chat with Parallel Prompt Decoding\nSpeeds are {SPEED_DEFINITION}.")
+    startup = gr.Markdown("", elem_id="startup")
+    timer = gr.Timer(1.0, active=False)
+    with gr.Row():
+        with gr.Column(scale=3):
+            model_note = gr.Markdown("", elem_id="model-note")
+            chat = chat_panel()
+            compare = compare_panel()
+        with gr.Column(scale=2):
+            model = model_panel()
+            settings = settings_panel()
+            history = history_panel()
+            device = device_block()
+            calibration = calibration_panel()
+    return Page(session, page_id, startup, timer, model_note, chat, compare, model, settings, history, device,
+                calibration)

@@ -1,0 +1,149 @@
+"""What the page says, as text: the chat's messages, the marked answer, the notes and lines around the chat, the
+saved conversations' labels, the calibration summary and the sampling widgets' labels."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import datetime
+
+import gradio as gr
+
+from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK
+from app.history import Conversation, ConversationStore
+from app.model_host import DEFAULT_SPEC
+from ppd_core import ChosenSampling, chains_text
+
+INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
+
+
+def chat_messages(conversation: Conversation, streaming: bool = False) -> list[dict]:
+    """The chat's messages for the page; an interrupted answer says so (unless it is the one streaming)."""
+    shown = [{"role": m["role"], "content": m["content"]} for m in conversation.messages]
+    for message, original in zip(shown, conversation.messages):
+        if original.get("interrupted") and not (streaming and original is conversation.messages[-1]):
+            message["content"] += INTERRUPTED
+    return shown
+
+
+def marked_answer(marked: str) -> str:
+    """The answer with its accepted guesses marked (``Highlighter.html``) as the page shows it under the chat, its
+    lines kept; "" when not asked for (nothing shown)."""
+    if not marked:
+        return ""
+    legend = f'{PROMPT_MARK}prompt tokens</mark>, {LOOKUP_MARK}copied from the conversation</mark>'
+    legend += f' and {GRAMMAR_MARK}forced by the JSON schema</mark>' if GRAMMAR_MARK in marked else ""
+    return (f'<div class="ppd-marked"><p><b>Accepted guesses</b> in this answer: {legend}</p>'
+            f'<div style="white-space: pre-wrap">{marked}</div></div>')
+
+
+def model_note(model, spec: str) -> str:
+    """The line above the chat: a model with no chat template (a base model) writes on from a chat rather than answer
+    it; the embedded default is a tiny demo. "" for any other model."""
+    if model.template_note:
+        return (f"**{model.name} has no chat template** (a base model?): chats go to it as ChatML, and it may continue "
+                "the text instead of answering. Load a chat (instruction-tuned) model to chat.")
+    if spec == DEFAULT_SPEC:
+        return (f"**{model.name}** is a tiny demo model: fast on any CPU, but its answers are simple. Load another "
+                "in Model (a `.gguf` path or `hf:OWNER/REPO`).")
+    return ""
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+SAMPLING_LABELS = {"temperature": "Temperature (0 = greedy)", "top_p": "Top-p", "top_k": "Top-k (0 = off)",
+                   "repeat_penalty": "Repeat penalty (1 = off)",
+                   "repeat_last_n": "Repeat window (the last N tokens; -1 = all, 0 = no penalties)",
+                   "presence_penalty": "Presence penalty", "frequency_penalty": "Frequency penalty"}
+
+
+def sampling_defaults(chosen: ChosenSampling) -> dict[str, dict]:
+    """Updates of the sampling widgets (by ``SAMPLING_LABELS``' names) to the values a request leaving them unset gets,
+    each label saying where its value came from (the model, ppd's measured default, llama-server's default)."""
+    return {name: gr.update(value=chosen.values[name], label=f"{label} · {chosen.sources[name]}")
+            for name, label in SAMPLING_LABELS.items()}
+
+
+def chosen_label(name: str) -> str:
+    return f"{SAMPLING_LABELS[name]} · your choice"
+
+
+def spoken_time(stamp: float, now: float | None = None, seconds: bool = False) -> str:
+    """When, as a person reads it: "today 18:49", "yesterday 09:12", "Nov 20" (this year), "Nov 20, 2023"; with
+    ``seconds``, to the second (the day then with its time)."""
+    when, today = datetime.fromtimestamp(stamp), datetime.fromtimestamp(time.time() if now is None else now).date()
+    clock = f"{when:%H:%M:%S}" if seconds else f"{when:%H:%M}"
+    days = (today - when.date()).days
+    if days in (0, 1):
+        return f"{'today' if days == 0 else 'yesterday'} {clock}"
+    day = f"{when:%b} {when.day}" + ("" if when.year == today.year else f", {when.year}")
+    return f"{day} {clock}" if seconds else day
+
+
+def conversation_choices(store: ConversationStore, now: float | None = None) -> list[tuple[str, str]]:
+    """(label, id), newest first: the title and when it was last written; labels that would read alike give the
+    time to the second, and a number where even that repeats."""
+    conversations = store.list()
+    labels = [f"{c.title} · {spoken_time(c.updated, now)}" for c in conversations]
+    alike = Counter(labels)
+    labels = [f"{c.title} · {spoken_time(c.updated, now, seconds=True)}" if alike[label] > 1 else label
+              for c, label in zip(conversations, labels)]
+    alike, numbered = Counter(labels), Counter()
+    choices = []
+    for conversation, label in zip(conversations, labels):
+        if alike[label] > 1:
+            numbered[label] += 1
+            label = f"{label} ({numbered[label]})"
+        choices.append((label, conversation.id))
+    return choices
+
+
+def exchange(messages: list[dict], index: int) -> tuple[int, int]:
+    """(start, end) of the exchange holding message ``index``: its user message and the answers up to the next one."""
+    start = index
+    while start > 0 and messages[start]["role"] != "user":
+        start -= 1
+    end = start + 1
+    while end < len(messages) and messages[end]["role"] != "user":
+        end += 1
+    return start, end
+
+
+def quoted(text: str, chars: int = 40) -> str:
+    text = " ".join(text.split())
+    return f"“{text[:chars]}…”" if len(text) > chars else f"“{text}”"
+
+
+def selection_line(messages: list[dict], index: int) -> str:
+    """What the page says of a clicked message: which one, and that Delete takes its whole exchange."""
+    question = messages[exchange(messages, index)[0]]
+    if messages[index]["role"] == "user":
+        return f"**Selected:** your message {quoted(question['content'])}; Delete removes it with its answer."
+    about = f"the answer to {quoted(question['content'])}" if question["role"] == "user" else "this answer"
+    return f"**Selected:** {about}; Delete removes it with its question."
+
+
+def calibration_summary(profile, tree_name: str = "") -> str:
+    if profile is None:  # --tree auto decodes plainly until calibrated; a named static tree is used as asked
+        return ("Not calibrated yet: decoding plainly until it is." if tree_name == "vanilla" else
+                "Not calibrated yet: using a built-in tree.")
+    chains = " (more with copied chains: Details)" if any(profile.lookup_lengths) else ""
+    return (  # one line at 1400 px, the rest behind a toggle
+        f"**Expected speedup {profile.expected_speedup:.2f}x** with {profile.budget} tokens per step "
+        f"({profile.expected_tokens_per_step:.2f} expected){chains}.\n\n<details><summary>Details</summary>\n\n"
+        f"Trees of {', '.join(map(str, profile.tree_sizes))} tokens by guess depth{lookup_summary(profile)}. "
+        f"Measured {profile.created}, took {profile.calibration_seconds:.0f} s.\n\n</details>"
+    )
+
+
+def lookup_summary(profile) -> str:
+    """The calibrated lookup chains and what they are expected to add, first turns and follow-ups apart."""
+    if not any(profile.lookup_lengths):
+        return ""
+    parts = ", ".join(f"{name} {part['speedup']:.2f}x" for name, part in profile.expected_with_lookup_by_turn.items())
+    return (f"; with chains copied from the conversation ({chains_text(profile.lookup_lengths)}): "
+            f"**{profile.expected_speedup_with_lookup:.2f}x**, "
+            f"{profile.expected_tokens_per_step_with_lookup:.2f} tokens per step" + (f" ({parts})" if parts else ""))

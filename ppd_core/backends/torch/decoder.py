@@ -1,0 +1,177 @@
+"""The torch backend: the lean forward (``lean/``) or a transformers model, with its cache (``cache``).
+
+A tree step feeds embeddings (token rows from the embedding table, prompt-token rows as trained) with
+the tree's additive mask and explicit positions; the cache keeps the accepted path. NumPy in, NumPy out:
+arrays become tensors here. On a GPU the logits stay there (``DeviceLogits``): each step copies back the
+argmax per row and the next guesses, not ``[rows, vocab]`` floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ppd_core.backends.torch import device as torch_device
+from ppd_core.backends.torch.cache import Cache, new_cache
+from ppd_core.errors import PpdError
+from ppd_core.sampling.logits import HostLogits, StepLogits
+from ppd_core.tree import Tree
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
+
+    from ppd_core.backends.torch.lean.model import LeanDecoder
+
+
+def forward_hidden(
+    model: PreTrainedModel | LeanDecoder,
+    cache: Cache,
+    inputs_embeds: torch.Tensor,  # [T, hidden]
+    position_ids: torch.Tensor,  # [T]
+    attention_mask: torch.Tensor | None,  # [1, 1, T, cached + T] additive, or None for causal
+) -> torch.Tensor:
+    """Run the decoder body (no LM head) and return the last hidden states [T, hidden]."""
+    if forward_of(model) == "lean":
+        return model(inputs_embeds, position_ids, attention_mask, cache)
+    output = model.base_model(
+        inputs_embeds=inputs_embeds[None],
+        position_ids=position_ids[None],
+        attention_mask=attention_mask,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return output.last_hidden_state[0]
+
+
+def forward_of(model: PreTrainedModel | LeanDecoder) -> str:
+    """"lean" (a ``LeanDecoder``) or "transformers" (a transformers model)."""
+    return getattr(model, "forward_name", "transformers")
+
+
+def logits_of(model: PreTrainedModel | LeanDecoder, hidden: torch.Tensor) -> torch.Tensor:
+    """LM head on selected rows only: [rows, hidden] -> [rows, vocab] float32."""
+    return model.get_output_embeddings()(hidden).float()
+
+
+class TorchDecoder:
+    """``Decoder`` over a ``LeanDecoder`` or a transformers model."""
+
+    name = "torch"
+    tree_note = None  # a transformers cache holds any tree
+    accepts_embeddings = True  # prompt-token rows go in as inputs_embeds
+    max_tree_rows = 1 << 16  # one forward of any size (the mask grows with it)
+    pads_steps = False  # each step its own shape
+
+    def __init__(self, model: PreTrainedModel | LeanDecoder):
+        self.model = model
+        weight = model.get_input_embeddings().weight
+        self.device = weight.device
+        self.dtype = weight.dtype
+        self.vocab_size = weight.shape[0]
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+        # fp32 / bf16 / fp16 matmuls and GPU kernels pick other reduction orders for other row counts: a tree row's
+        # logits equal a plain step's up to rounding (greedy output up to near-ties), never bit for bit
+        self.bitwise = False
+
+    def new_cache(self) -> Cache:
+        return new_cache(self.model)
+
+    def cache_length(self, cache: Cache) -> int:
+        return cache.length
+
+    @torch.inference_mode()
+    def prefill(self, cache: Cache, token_ids: Sequence[int]) -> StepLogits:
+        past = cache.length
+        ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)  # [P]
+        positions = torch.arange(past, past + len(ids), device=self.device)  # [P]
+        hidden = forward_hidden(self.model, cache, self.model.get_input_embeddings()(ids), positions, None)
+        return self._step_logits(logits_of(self.model, hidden[-1:]))  # [1, vocab]
+
+    @torch.inference_mode()
+    def tree_logits(self, cache: Cache, tree: Tree, node_tokens: np.ndarray, prompt_rows: np.ndarray | None) -> StepLogits:
+        cached = cache.length
+        tokens = torch.from_numpy(node_tokens).to(self.device)  # [N]
+        embeds = self.model.get_input_embeddings()(tokens)  # [N, hidden]
+        if prompt_rows is not None:
+            rows = torch.from_numpy(prompt_rows).to(self.device, embeds.dtype)  # [T - N, hidden]
+            embeds = torch.cat([embeds, rows])  # [T, hidden]
+        positions = torch.from_numpy(tree.position_offsets).to(self.device) + cached  # [T]
+        mask = additive_mask(tree, cached, embeds.dtype, self.device) if tree.num_tokens > 1 else None
+        # one LM-head call over all rows: on a CPU a matmul of 2..16 rows costs about what one of 2 does
+        hidden = forward_hidden(self.model, cache, embeds, positions, mask)  # [T, hidden]
+        return self._step_logits(logits_of(self.model, hidden))  # [T, vocab]
+
+    def _step_logits(self, logits: torch.Tensor) -> StepLogits:
+        """[rows, vocab] float32: NumPy on the CPU (no copy), left on a GPU."""
+        return HostLogits(logits.numpy()) if logits.device.type == "cpu" else DeviceLogits(logits)
+
+    def keep(self, cache: Cache, start: int, path: Sequence[int]) -> None:
+        cache.keep(start, path)
+
+    def truncate(self, cache: Cache, length: int) -> None:
+        cache.truncate(length)
+
+    @torch.inference_mode()
+    def embedding_rows(self, token_ids: np.ndarray) -> np.ndarray:
+        ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64)).to(self.device)  # [k]
+        return self.model.get_input_embeddings()(ids).float().cpu().numpy()  # [k, hidden]
+
+    def close(self) -> None:
+        """Nothing outside Python: the weights go with the last reference."""
+
+    @property
+    def forward(self) -> str:
+        return forward_of(self.model)
+
+    @property
+    def threads(self) -> int:
+        """torch's CPU threads (process-wide)."""
+        return torch_device.num_threads()
+
+    def set_threads(self, threads: int) -> None:
+        """torch's CPU threads, for the whole process."""
+        torch_device.set_threads(threads)
+
+    def pad_steps(self, rows: int | None) -> None:
+        """Nothing: a torch step is as many rows as its tree."""
+
+    def grammar(self, text: str):
+        raise PpdError("a grammar or JSON schema needs a GGUF model (llama.cpp's grammar engine)")
+
+    def describe(self) -> dict:
+        kernels = self.model.kernels if self.forward == "lean" else {"linear": "transformers modules", "compiled": False}
+        return {"backend": self.name, "forward": self.forward, **kernels}
+
+
+def additive_mask(tree: Tree, cache_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The tree's float mask [1, 1, T, cache_length + T]: 0 where allowed, the dtype's minimum elsewhere."""
+    key = ("torch", dtype, device)
+    if key not in tree._masks:  # the tree block once per tree, dtype and device
+        block = torch.zeros(tree.num_tokens, tree.num_tokens, dtype=dtype)
+        block.masked_fill_(~torch.from_numpy(tree.attention_mask), torch.finfo(dtype).min)
+        tree._masks[key] = block.to(device)
+    block = tree._masks[key]
+    context = torch.zeros(tree.num_tokens, cache_length, dtype=dtype, device=device)
+    return torch.cat([context, block], dim=1)[None, None]
+
+
+class DeviceLogits:
+    """``StepLogits`` kept on a GPU: answers are computed there and only they cross to the host."""
+
+    def __init__(self, values: torch.Tensor):
+        self.values = values  # [rows, vocab] float32
+        self.num_rows = values.shape[0]
+
+    def argmax(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        return self.values[rows].argmax(-1).cpu().numpy().astype(np.int64)
+
+    def rows(self, rows: slice | np.ndarray) -> np.ndarray:
+        return self.values[rows].cpu().numpy()
+
+    def top_of_mean(self, slots: np.ndarray, k: int) -> np.ndarray:
+        index = torch.from_numpy(slots.reshape(-1)).to(self.values.device)
+        mean = self.values[index].view(*slots.shape, -1).mean(1)  # [m, vocab]
+        return mean.topk(min(k, mean.shape[-1]), dim=-1).indices.cpu().numpy().astype(np.int64)  # [m, k]

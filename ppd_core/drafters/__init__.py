@@ -1,0 +1,3 @@
+"""Guess sources as drafters, each with one protocol (``base.Drafter``): ``propose`` adds its guesses to a step's
+draft, ``observe`` learns what the step accepted. The prompt tokens' tree (``prompt_tokens``), chains copied from the
+conversation (``lookup``, their lengths from ``chain_policy``) and text a grammar forces (``forced``)."""
