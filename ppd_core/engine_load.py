@@ -15,8 +15,7 @@ import numpy as np
 import platformdirs
 
 from ppd_core.backends.llamacpp.library import LIVE_MODELS
-from ppd_core.calibration.calibrate import calibrate, find_profile
-from ppd_core.calibration.profiles import save_profile
+from ppd_core.calibration.calibrate import calibrate_and_save, find_profile
 from ppd_core.errors import PpdError
 from ppd_core.faults import fault
 from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
@@ -176,9 +175,7 @@ def settle_plan(parts: EngineParts, tree: str, auto_calibrate: bool, progress: P
         return plan
     profile = find_profile(parts.loaded, parts.prompt_tokens)
     if profile is None and auto_calibrate:
-        log.warning("calibrating the guess tree for this device")
-        profile = calibrate(parts.loaded, parts.prompt_tokens, progress)
-        save_profile(profile)
+        profile = calibrate_and_save(parts.loaded, parts.prompt_tokens, progress)
     if profile is None and tree != "auto":
         raise PpdError(f"--tree {tree} needs a calibration profile (run `ppd calibrate`)")
     return make_plan(profile, replace(plan.options, tree=tree), plan.guesses)

@@ -23,7 +23,7 @@ from ppd_core.calibration.acceptance import (
 from ppd_core.calibration.latency import (
     CONTEXTS, CPU_SIZES, GPU_SIZES, measure_fixed, measure_latency,
 )
-from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile
+from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import AcceptanceRecord, AcceptanceStats, candidate_files, find_record, now, save_record
 from ppd_core.calibration.step_policy import FIXED_LADDER, StepPolicy
 from ppd_core.calibration.tree_search import (
@@ -290,3 +290,12 @@ def find_profile(loaded: LoadedModel, prompt_tokens: PromptTokens) -> DeviceProf
     except ProfileError as error:
         log.warning("ignoring the saved calibration: %s; recalibrating", error)
         return None
+
+
+def calibrate_and_save(loaded: LoadedModel, prompt_tokens: PromptTokens, progress: Progress | None = None,
+                       **options) -> DeviceProfile:
+    """``calibrate`` this device, and save the profile where ``find_profile`` finds it next time."""
+    log.warning("calibrating the guess tree for this device")
+    profile = calibrate(loaded, prompt_tokens, progress, **options)
+    save_profile(profile)
+    return profile

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ppd_core.calibration.calibrate import acceptance_key, calibrate, find_profile, measure_record
+from ppd_core.calibration.calibrate import acceptance_key, calibrate, calibrate_and_save, find_profile, measure_record
 from ppd_core.calibration.curves import LatencyCurve, read_curve
 from ppd_core.calibration.latency import measure_latency
-from ppd_core.calibration.profiles import DeviceProfile, save_profile
+from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.calibration.records import beside, copy_records, save_record
 from ppd_core.errors import PpdError
 from ppd_core.progress import Progress
@@ -38,9 +38,7 @@ def saved_profile(engine: Engine) -> DeviceProfile | None:
 
 def calibrate_engine(engine: Engine, progress: Progress | None = None, **options) -> DeviceProfile:
     """Measure this device, save the profile (at ``profiles.profile_path(profile.key)``), and decode with its trees."""
-    log.warning("calibrating the guess tree for this device")
-    profile = calibrate(engine.loaded, engine.prompt_tokens, progress, **options)
-    save_profile(profile)
+    profile = calibrate_and_save(engine.loaded, engine.prompt_tokens, progress, **options)
     engine.replan(profile, tree="auto")
     return profile
 
