@@ -167,8 +167,8 @@ def training_offer(name: str, quick: TrainingCost, full: TrainingCost) -> str:
     """What a training of ``name``'s PPD tokens costs, said before it starts: its size, its time at this device's
     measured speed, its memory and disk; and the smaller run."""
     if full.seconds is None:
-        speed = ("How long it takes is not measured yet: send a message or calibrate this device (Calibration) and "
-                 "this says it.")
+        speed = ("How long it takes is not measured yet for this model here: calibrate this device (Calibration), or "
+                 "ask something in a new chat, and this says it.")
     else:
         speed = (f"It takes **{time_words(full)}** at this device's speed (measured by {full.source}; the training's "
                  "own rate shows once it runs).")

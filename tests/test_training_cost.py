@@ -62,6 +62,8 @@ def test_a_calibration_and_an_answer_are_measurements_of_the_step_cost():
     step = answered_step(stats)
     assert step.points == pytest.approx({1: 50.0, 100: 200.0}) and step.source == "its last answer"
     assert answered_step(None) is None and calibrated_step(None, TrainSize()) is None
+    short = GenerationStats(prompt_tokens=40, reused_tokens=30, steps=10, decode_seconds=0.5, prefill_seconds=0.01)
+    assert answered_step(short) is None  # 10 new prompt rows: too few to time many rows at once
 
 
 def test_the_default_models_cost_names_its_size_memory_and_disk(llama_default):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 PROMPT_TOKENS = 3  # prompt tokens a training learns (``TrainConfig.num_prompt_tokens``; tests/test_training_cost.py)
 BACKWARD = 2  # a forward and its backward: the weights are frozen, so no weight gradients (about one forward)
 FLOAT32 = 4
+MIN_PREFILL_ROWS = 16  # an answer's prompt processing this long at least times many rows at once
 ANSWER_ID_BYTES = 7  # an answer cache's token id as JSON text ("12345, "), about
 
 
@@ -134,14 +135,15 @@ def calibrated_step(profile, size: TrainSize) -> StepCost | None:
 
 def answered_step(stats) -> StepCost | None:
     """The step cost an answer's ``GenerationStats`` measured: its prompt processing (many rows at once) and its mean
-    step (taken as one row: a tree step's extra rows make it an upper bound); None where it has neither."""
-    points = {}
-    if stats is not None and stats.steps and stats.decode_seconds > 0:
-        points[1] = stats.decode_seconds * 1000 / stats.steps
+    step (taken as one row: a tree step's extra rows make it an upper bound); None where its prompt processing had
+    fewer than ``MIN_PREFILL_ROWS`` new rows (a step alone says nothing of what many rows at once cost)."""
     rows = stats.prompt_tokens - stats.reused_tokens if stats is not None else 0
-    if rows > 1 and stats.prefill_seconds > 0:
-        points[rows] = stats.prefill_seconds * 1000
-    return StepCost(points, "its last answer") if points else None
+    if rows < MIN_PREFILL_ROWS or stats.prefill_seconds <= 0:
+        return None
+    points = {rows: stats.prefill_seconds * 1000}
+    if stats.steps and stats.decode_seconds > 0:
+        points[1] = stats.decode_seconds * 1000 / stats.steps
+    return StepCost(points, "its last answer")
 
 
 def model_shape(loaded) -> ModelShape:
