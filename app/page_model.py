@@ -118,9 +118,15 @@ class ModelHandlers:
         offer = self.page.model.offer
         if not self.host.ready:
             return {offer.box: gr.update(visible=False)}
-        quick, full = training_costs(self.host)
-        return {offer.box: gr.update(visible=True),
-                offer.cost: training_offer(self.host.engine.loaded.name, quick, full),
+        name = self.host.engine.loaded.name
+        try:
+            quick, full = training_costs(self.host)
+        except (PpdError, OSError, ValueError) as error:  # the runs are still offered, by their size alone
+            sizes = self.host.training().choices()
+            return {offer.box: gr.update(visible=True), offer.quick: gr.update(value=f"Quick: {sizes[0]:,}"),
+                    offer.cost: f"**Train PPD tokens for {name}?** Its cost could not be estimated ({one_line(error)}).",
+                    offer.full: gr.update(value=f"Full: {sizes[1]:,}")}
+        return {offer.box: gr.update(visible=True), offer.cost: training_offer(name, quick, full),
                 offer.quick: gr.update(value=training_choice("Quick", quick)),
                 offer.full: gr.update(value=training_choice("Full", full))}
 
