@@ -56,6 +56,7 @@ class ModelHost:
         self.background: str | None = None  # what runs in the background (a first launch's calibration), for the page
         self._background_thread: threading.Thread | None = None
         self._stopping = threading.Event()  # set by ``shutdown``
+        self.last_answer: tuple[Engine, object] | None = None  # (engine, its last answer's stats): a measured speed
 
     @property
     def ready(self) -> bool:
@@ -302,6 +303,7 @@ class ModelHost:
                                    logprobs=logprobs, grammar=grammar)
             try:
                 for event in stream:
+                    self.last_answer = (engine, event.stats)
                     yield event
                     if (stop is not None and stop()) or self._stopping.is_set():  # the user, or ppd quitting
                         return

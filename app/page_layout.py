@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from app.history import Conversation
-from app.page_text import SAMPLING_LABELS
+from app.page_text import REPEAT_WINDOW_DETAILS, SAMPLING_LABELS
 from app.plots import COLUMNS
 from app.readout import SPEED_DEFINITION
 from ppd_core import default_sampling
 
 # The page's own status lines say what is going on; Gradio 6 draws its progress overlay and elapsed-time counter
 # ("0.1s") on every output of a running event whatever ``show_progress`` says (gradio-app/gradio#12406): not on these.
-OWN_LINES = ("startup", "device", "training", "model-note", "calibration", "verdict", "readout", "note", "context")
+OWN_LINES = ("startup", "device", "training", "train-cost", "model-note", "calibration", "verdict", "readout", "note", "context")
 PAGE_STYLE = "<style>" + ", ".join(f'#{line} [data-testid="status-tracker"]' for line in OWN_LINES) + \
     " { display: none !important; }</style>"
 TRAIN, RESUME_TRAINING, STOP_TRAINING = "Train PPD tokens for this model", "Resume training", "Stop training"
@@ -84,11 +84,23 @@ def chat_panel() -> ChatPanel:
 
 
 @dataclass
+class TrainingOffer:
+    """Shown when Train is clicked, before anything starts: the run's size, time and cost, and the runs to choose."""
+
+    box: gr.Column
+    cost: gr.Markdown
+    quick: gr.Button
+    full: gr.Button
+    cancel: gr.Button
+
+
+@dataclass
 class ModelPanel:
     choice: gr.Dropdown
     load: gr.Button
     training: gr.Markdown
     train: gr.Button
+    offer: TrainingOffer
 
 
 def model_panel() -> ModelPanel:
@@ -101,7 +113,13 @@ def model_panel() -> ModelPanel:
     with gr.Row():
         training = gr.Markdown("", elem_id="training")
         train = gr.Button(TRAIN, visible=False, size="sm", elem_id="train")  # or Resume, or Stop
-    return ModelPanel(choice, load, training, train)
+    with gr.Column(visible=False, elem_id="train-offer") as box:
+        cost = gr.Markdown("", elem_id="train-cost")
+        with gr.Row():
+            quick = gr.Button("Quick run", size="sm", variant="primary", elem_id="train-quick")
+            full = gr.Button("Full run", size="sm", elem_id="train-full")
+            cancel = gr.Button("Cancel", size="sm", elem_id="train-cancel")
+    return ModelPanel(choice, load, training, train, TrainingOffer(box, cost, quick, full, cancel))
 
 
 @dataclass
@@ -174,6 +192,7 @@ def settings_panel() -> SettingsPanel:
                                       label=f"{SAMPLING_LABELS['repeat_last_n']} · {start.sources['repeat_last_n']}",
                                       elem_id="repeat-last-n")
             presence_penalty, frequency_penalty = slider("presence_penalty"), slider("frequency_penalty")
+            gr.Markdown(REPEAT_WINDOW_DETAILS, elem_id="penalty-details")
         acceptance = gr.Radio(
             [("Lossless (exact model distribution)", "lossless"), ("Typical (faster, not distribution-preserving)", "typical")],
             value="lossless", label="Acceptance when sampling",

@@ -11,12 +11,14 @@ from collections.abc import Iterator
 import gradio as gr
 
 from app.calibration_progress import followed
-from app.model_catalog import available
+from app.model_catalog import choices
 from app.model_host import ModelHost
 from app.page_layout import RESUME_TRAINING, STOP_TRAINING, TRAIN, Page, Session
-from app.page_text import calibration_summary, chosen_label, model_note, one_line, sampling_defaults
+from app.page_text import (calibration_summary, chosen_label, model_note, one_line, sampling_defaults, training_choice,
+                           training_offer)
 from app.plots import latency_points
 from app.system_info import device_panel
+from ppd_core import TrainingCost, answered_step, calibrated_step, model_shape, training_cost
 from ppd_core.errors import PpdError
 
 
@@ -53,7 +55,7 @@ class ModelHandlers:
         if fresh_page or new_model:
             widgets = page.settings.by_name
             panels.update({widgets[name]: update for name, update in sampling_defaults(model.sampling_defaults).items()})
-            panels[page.model.choice] = gr.update(choices=available(host.spec), value=host.spec, interactive=True)
+            panels[page.model.choice] = gr.update(choices=choices(host.spec), value=host.spec, interactive=True)
         return panels
 
     def training_panel(self) -> tuple[dict, bool]:
@@ -101,15 +103,46 @@ class ModelHandlers:
 
     def training_button(self, label: str | None) -> dict:
         """The training button clicked: ``label`` is what it said (Stop while a training ran), so a click never
-        does what the page did not show. The page's timer is left on: clicks are answered concurrently (a Stop waits
-        for its trainer to end), so an answer can arrive after a later one, and the next tick puts the page right."""
+        does what the page did not show: Train offers the runs with their cost (nothing starts before one is chosen),
+        Resume goes on with the run chosen, Stop stops it. The page's timer is left on: clicks are answered
+        concurrently (a Stop waits for its trainer to end), so an answer can arrive after a later one, and the next
+        tick puts the page right."""
+        if label == TRAIN:
+            return self.offer_training()
         panels = self.stop_training() if label == STOP_TRAINING else self.train()
         return {**panels, self.page.timer: gr.Timer(active=True)}
 
-    def train(self) -> dict:
-        """Start (or resume) training PPD tokens for the loaded model in a background process."""
+    def offer_training(self) -> dict:
+        """The training's size, its time at this device's measured speed, its memory and disk, and a quick run beside
+        the full one; nothing starts until one is chosen."""
+        offer = self.page.model.offer
+        if not self.host.ready:
+            return {offer.box: gr.update(visible=False)}
+        name = self.host.engine.loaded.name
         try:
-            self.host.training().start()
+            quick, full = training_costs(self.host)
+        except (PpdError, OSError, ValueError) as error:  # the runs are still offered, by their size alone
+            sizes = self.host.training().choices()
+            return {offer.box: gr.update(visible=True), offer.quick: gr.update(value=f"Quick: {sizes[0]:,}"),
+                    offer.cost: f"**Train PPD tokens for {name}?** Its cost could not be estimated ({one_line(error)}).",
+                    offer.full: gr.update(value=f"Full: {sizes[1]:,}")}
+        return {offer.box: gr.update(visible=True), offer.cost: training_offer(name, quick, full),
+                offer.quick: gr.update(value=training_choice("Quick", quick)),
+                offer.full: gr.update(value=training_choice("Full", full))}
+
+    def start_training(self, run: str) -> dict:
+        """A run chosen in the offer (``run``: "quick" or "full"): it starts, and the offer closes."""
+        panels = {self.page.model.offer.box: gr.update(visible=False), self.page.timer: gr.Timer(active=True)}
+        if not self.host.ready:
+            return panels
+        quick, full = self.host.training().choices()
+        return {**self.train(quick if run == "quick" else full), **panels}
+
+    def train(self, samples: int | None = None) -> dict:
+        """Start (or resume) training PPD tokens for the loaded model in a background process, on ``samples``
+        conversations (None: a resume's)."""
+        try:
+            self.host.training().start(samples)
         except (PpdError, OSError) as error:
             gr.Warning(one_line(error))
         return self.model_panels()
@@ -153,6 +186,20 @@ class ModelHandlers:
             return
         yield {self.page.calibration.curve: latency_points(profile), summary: calibration_summary(profile),
                self.page.device: device_panel(self.host.snapshot())}
+
+
+def training_costs(host: ModelHost) -> tuple[TrainingCost, TrainingCost]:
+    """The quick and the full run's costs for the loaded model, timed by this device's measurement of it: its
+    calibration, else its last answer (none: no time)."""
+    engine, job = host.engine, host.training()
+    shape = model_shape(engine.loaded)
+    last = host.last_answer[1] if host.last_answer and host.last_answer[0] is engine else None
+
+    def cost(samples: int) -> TrainingCost:
+        size = job.size(samples)
+        return training_cost(size, shape, calibrated_step(host.snapshot().profile, size) or answered_step(last))
+
+    return tuple(cost(samples) for samples in job.choices())
 
 
 def training_button(label: str, variant: str = "secondary") -> dict:

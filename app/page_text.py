@@ -11,8 +11,10 @@ import gradio as gr
 
 from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK
 from app.history import Conversation, ConversationStore
+from app.model_catalog import size_words
 from app.model_host import DEFAULT_SPEC
-from ppd_core import ChosenSampling, chains_text
+from app.training_job import duration
+from ppd_core import ChosenSampling, TrainingCost, chains_text
 
 INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
 
@@ -56,8 +58,12 @@ def one_line(error: BaseException) -> str:
 
 SAMPLING_LABELS = {"temperature": "Temperature (0 = greedy)", "top_p": "Top-p", "top_k": "Top-k (0 = off)",
                    "repeat_penalty": "Repeat penalty (1 = off)",
-                   "repeat_last_n": "Repeat window (the last N tokens; -1 = all, 0 = no penalties)",
+                   "repeat_last_n": "Repeat window: how many recent tokens the penalties look at",
                    "presence_penalty": "Presence penalty", "frequency_penalty": "Frequency penalty"}
+# the window's special values, behind the penalties' Details toggle
+REPEAT_WINDOW_DETAILS = ("<details><summary>Details</summary>\n\nRepeat window: -1 looks at the whole conversation, 0 "
+                         "turns the penalties off, N looks at the last N tokens (llama.cpp's `repeat_last_n`).\n\n"
+                         "</details>")
 
 
 def sampling_defaults(chosen: ChosenSampling) -> dict[str, dict]:
@@ -147,3 +153,33 @@ def lookup_summary(profile) -> str:
     return (f"; with chains copied from the conversation ({chains_text(profile.lookup_lengths)}): "
             f"**{profile.expected_speedup_with_lookup:.2f}x**, "
             f"{profile.expected_tokens_per_step_with_lookup:.2f} tokens per step" + (f" ({parts})" if parts else ""))
+
+
+def conversations(count: int) -> str:
+    return f"{count:,} conversation{'' if count == 1 else 's'}"
+
+
+def time_words(cost: TrainingCost) -> str:
+    return f"about {duration(cost.seconds)}" if cost.seconds is not None else "time not measured yet"
+
+
+def training_offer(name: str, quick: TrainingCost, full: TrainingCost) -> str:
+    """What a training of ``name``'s PPD tokens costs, said before it starts: its size, its time at this device's
+    measured speed, its memory and disk; and the smaller run."""
+    if full.seconds is None:
+        speed = ("How long it takes is not measured yet for this model here: calibrate this device (Calibration), or "
+                 "ask something in a new chat, and this says it.")
+    else:
+        speed = (f"It takes **{time_words(full)}** at this device's speed (measured by {full.source}; the training's "
+                 "own rate shows once it runs).")
+    return (f"**Train PPD tokens for {name}?** The model answers {conversations(full.conversations)}, then learns "
+            f"from its answers. {speed} It uses about {size_words(full.memory_bytes)} of memory while it runs and "
+            f"{size_words(full.disk_bytes)} of disk.\n\nA quick run of {conversations(quick.conversations)} takes "
+            f"{time_words(quick)} ({size_words(quick.disk_bytes)} of disk); its guesses are right less often. The chat "
+            "stays usable meanwhile, and Stop keeps what is done.")
+
+
+def training_choice(kind: str, cost: TrainingCost) -> str:
+    """A start button's label: "Quick: 200 conversations, about 19 min"."""
+    time = f", {time_words(cost)}" if cost.seconds is not None else ""
+    return f"{kind}: {conversations(cost.conversations)}{time}"

@@ -64,27 +64,60 @@ def policy_line(model: ModelSnapshot) -> str:
 
 
 def device_panel(model: ModelSnapshot) -> str:
-    """Markdown for the device panel, from a snapshot of the loaded model."""
+    """Markdown for the device panel, from a snapshot of the loaded model: what runs where and what PPD does, in plain
+    words; the figures (backend settings, tree sizes, step costs, chain lengths, policy) behind a Details toggle."""
     device = model.device if model.device_kind == "cuda" else "cpu"
     info = describe(device if device == "cpu" else _torch_device(device), model.threads)
     memory = memory_of(device if device == "cpu" else _torch_device(device))
-    lines = [
+    surface = [
         f"**Device:** {info.name} ({info.kind}, {info.threads} threads)" + (f", driver {info.driver}" if info.driver else ""),
         f"**{memory.label}:** {gib(memory.used_bytes)} used of {gib(memory.total_bytes)}",
-        f"**Model:** {model.name}, {gib(model.weights_bytes)} ({weights_label(model)}, {model.dtype}, "
-        f"{model.forward} forward)",
+        f"**Model:** {model.name}, {gib(model.weights_bytes)} ({weights_label(model)})",
+        f"**PPD guesses:** {guess_words(model)}",
+        f"**Steps:** {step_words(model)}",
+        f"**Answers:** the same as plain decoding, {'token for token' if model.bitwise else 'but for rare near-ties'}",
+    ]
+    if model.device_kind == "cpu" and not model.kernels.get("gpu_layers"):
+        surface.append("*Running on the CPU.*")
+    details = [
         backend_line(model),
+        f"**Weights:** {model.dtype}, {model.forward} forward",
         prompt_tokens_line(model.prompt_tokens),
         f"**Chat template:** {model.template_note or 'the model' + chr(39) + 's own'}",
         "**Tree:** {name}, {tokens_per_step} tokens per step".format(**model.tree),
-        f"**Steps:** {model.tree.get('step_policy', 'each its own shape')}",
+        f"**Step policy:** {model.tree.get('step_policy', 'each its own shape')}",
         f"**Guesses from:** {guess_sources(model)}",
         f"**Exactness:** {model.exactness}",
         policy_line(model),
     ]
-    if model.device_kind == "cpu" and not model.kernels.get("gpu_layers"):
-        lines.append("*Running on the CPU.*")
-    return "  \n".join(lines)
+    return "  \n".join(surface) + "\n\n<details><summary>Details</summary>\n\n" + "  \n".join(details) + "\n\n</details>"
+
+
+def guess_words(model: ModelSnapshot) -> str:
+    """``guess_sources`` in plain words, no figures."""
+    if model.plain_only:
+        return "none: this model decodes one token per step"
+    summary = model.tree
+    sources = ["the model's prompt tokens"] if summary["candidates"] or summary["prompt_tokens"] else []
+    if summary.get("lookup_policy") == "adaptive" or any(summary["lookup_chain_by_match_length"]):
+        sources.append("text repeated from the conversation")
+    if sources:
+        return " and ".join(sources)
+    return "none: calibration found that guessing does not pay off here" if model.profile is not None else \
+        "none until this device is calibrated"
+
+
+def step_words(model: ModelSnapshot) -> str:
+    """How decoding shapes its steps, in plain words (the step policy's costs are in Details)."""
+    if model.profile is None:
+        return ("one token at a time until this device is calibrated" if model.tree["name"] == "vanilla" else
+                "a built-in tree of guesses checked with each next token (not calibrated for this device)")
+    kind = getattr(model.profile.policy, "kind", "trees")
+    if kind == "fixed":
+        return "every step the same size, the fastest way on this GPU"
+    if kind == "plain":
+        return "one token at a time: checking guesses does not pay off on this device"
+    return "guesses checked together with the next token, each step as large as pays off on this device"
 
 
 def _torch_device(name: str):

@@ -5,6 +5,7 @@ A trainer still running from an earlier app (or started by hand on the same fold
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import subprocess
@@ -16,6 +17,8 @@ from pathlib import Path
 import platformdirs
 
 from app.trainer_lock import Trainer, describe, live_trainer
+from ppd_core import TrainSize
+from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,7 @@ PHASES = {"load": "loading the model", "data": "reading conversations", "network
           "answers": "answering", "held-out answers": "held-out answers", "train": "step", "evaluate": "evaluating",
           "acceptance": "measuring acceptance"}
 ERROR_CHARACTERS = 60  # of the log's last line shown on the page (the whole of it is in train.log)
+QUICK_SAMPLES = 200  # the smaller run the page offers: a tenth of the full run's conversations, at most this many
 
 
 @dataclass
@@ -56,11 +60,37 @@ class TrainingJob:
         return self.folder / "status.json"
 
     @property
+    def size_file(self) -> Path:
+        """The conversations asked for when the training started: a resume keeps them."""
+        return self.folder / "size.json"
+
+    def size(self, samples: int | None = None) -> TrainSize:
+        """The run's size: ``ppd train``'s defaults and this job's options, with ``samples`` conversations if given."""
+        return train_size([*self.options, *(["--samples", str(samples)] if samples else [])])
+
+    def choices(self) -> tuple[int, int]:
+        """(quick, full): the conversations of the smaller run the page offers, and of the full one."""
+        full = self.size().samples
+        return max(1, min(QUICK_SAMPLES, full // 10)), full
+
+    def _chosen_samples(self, samples: int | None) -> list[str]:
+        """``--samples`` for a start: ``samples``, kept in the folder; on a resume, those kept."""
+        if samples is not None:
+            atomic_write(self.size_file, json.dumps({"samples": samples}) + "\n")
+            return ["--samples", str(samples)]
+        try:
+            kept = int(json.loads(self.size_file.read_text())["samples"])
+        except (OSError, ValueError, TypeError, KeyError):
+            return []
+        return ["--samples", str(kept)] if kept > 0 else []
+
+    @property
     def log_file(self) -> Path:
         return self.folder / "train.log"
 
-    def start(self) -> None:
-        """Start (or resume: the work directory keeps what was done) `ppd train` for the model; PpdError (one line)
+    def start(self, samples: int | None = None) -> None:
+        """Start (or resume: the work directory keeps what was done) `ppd train` for the model, on ``samples``
+        conversations (None: as many as when it started, else the options' or ``ppd train``'s); PpdError (one line)
         where another trainer works in the folder (it goes on, and ``status`` follows it)."""
         if self._own_running:
             return
@@ -71,7 +101,7 @@ class TrainingJob:
         self.status_file.unlink(missing_ok=True)
         self.stopped = False
         command = [sys.executable, "-m", "app.cli", "train", "--model", self.spec, "--work-dir", str(self.folder),
-                   "--status", str(self.status_file), *self.options]
+                   "--status", str(self.status_file), *self.options, *self._chosen_samples(samples)]
         with self.log_file.open("a") as log:  # a resume keeps the earlier runs' lines, after a separator line
             resumed = log.tell() > 0
             if resumed:
@@ -199,3 +229,19 @@ def duration(seconds: float) -> str:
     if seconds >= 5400:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def train_size(options: list[str]) -> TrainSize:
+    """The size of a `ppd train` run given ``options``, read by ``ppd train``'s own parser (its defaults included)."""
+    from app.commands.train import register
+
+    parser = argparse.ArgumentParser(add_help=False)
+    register(parser.add_subparsers(dest="command"))
+    try:
+        args = parser.parse_known_args(["train", *options])[0]
+    except SystemExit:  # an option ``ppd train`` refuses: it says so when it runs
+        args = parser.parse_known_args(["train"])[0]
+    return TrainSize(samples=args.samples, epochs=args.epochs, cuts=args.cuts, ensemble=args.ensemble,
+                     max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+                     generation_batch=args.generation_batch, eval_limit=args.eval_limit,
+                     acceptance_prompts=args.acceptance_prompts)

@@ -104,8 +104,15 @@ def wire_model(handlers: Handlers, page: Page) -> None:
     page.model.load.click(lambda spec, s: model.page_panels(s, model.switch_model(spec)), [page.model.choice, session],
                           panels, queue=False, api_name=False, show_progress="hidden")
     # the button's label says what the click does: train, resume, or stop the training
+    offer = page.model.offer  # Train shows the run's cost and the runs to choose; nothing starts before a choice
     page.model.train.click(lambda label, s: model.page_panels(s, model.training_button(label)), [page.model.train, session],
-                           panels, queue=False, api_name=False, show_progress="hidden")
+                           [*panels, offer.box, offer.cost, offer.quick, offer.full], queue=False, api_name=False,
+                           show_progress="hidden")
+    for button, run in ((offer.quick, "quick"), (offer.full, "full")):
+        button.click(lambda s, run=run: model.page_panels(s, model.start_training(run)), [session],
+                     [*panels, offer.box], queue=False, api_name=False, show_progress="hidden")
+    offer.cancel.click(lambda: gr.update(visible=False), None, offer.box, queue=False, api_name=False,
+                       show_progress="hidden")
     calibration = page.calibration
     calibration.button.click(model.calibrate, None, [calibration.curve, calibration.summary, page.device],
                              **MODEL, api_name="calibrate", show_progress="hidden")  # the summary's place says it

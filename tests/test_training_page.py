@@ -21,6 +21,7 @@ from app.page_layout import TRAIN
 from app.trainer_lock import live_trainer
 from app.training_job import TrainingJob
 from app.ui import build, build_app
+from ppd_core.training.answers import read_cache
 from conftest import tiny_llama
 from page_lines import shown_lines
 from ppd_core import Engine, EngineConfig
@@ -127,13 +128,15 @@ def test_a_training_started_on_the_page_shows_its_stage_steps_loss_and_time_left
             train, line = page.locator("#train"), page.locator("#training")
             expect(train).to_have_text(TRAIN, timeout=60_000)
             assert shown_lines(line) <= 2, line.inner_text()  # the offer to train
-            train.click()
+            offer_training_then_choose_the_quick_run(page, job)
             # the trainer's first stage, numbered, within seconds of the click (the model has not loaded yet)
             expect(line).to_have_text(re.compile(r"Training PPD tokens \(\d/\d\): "), timeout=10_000)
             assert shown_lines(line) <= 2, line.inner_text()
             stepping = re.compile(r"\(\d/\d\): step \d+/\d+, loss \d+\.\d{3}, ~\d+ (s|min) left")
             expect(line).to_have_text(stepping, timeout=180_000)
             assert shown_lines(line) <= 2, line.inner_text()
+            # the quick run: the trainer answered its one conversation (of the 4 the options give the full run)
+            assert len(read_cache(job.folder / "answers.jsonl")) == 1
             train.click()  # Stop
             expect(train).to_have_text(RESUME, timeout=60_000)
             browser.close()
@@ -142,6 +145,38 @@ def test_a_training_started_on_the_page_shows_its_stage_steps_loss_and_time_left
         app.close()
         kill_left_over(job.folder)
         service.shutdown()
+
+
+def offer_training_then_choose_the_quick_run(page, job: TrainingJob) -> None:
+    """Issue 50, page item 6: Train says the run's size, its time at this device's measured speed (here the last
+    answer's), its memory and disk, and offers a quick run beside the full one; nothing starts before a run is chosen
+    (Cancel starts nothing either); the quick run then starts."""
+    from playwright.sync_api import expect
+
+    page.locator("#message textarea").fill("Hello")  # an answer: this device's speed for this model, measured
+    page.locator("#send").click()
+    expect(page.locator("#readout")).to_contain_text("tokens/s", timeout=120_000)
+    expect(page.locator("#readout")).not_to_contain_text("(streaming)", timeout=120_000)
+    train, offer, cost = page.locator("#train"), page.locator("#train-offer"), page.locator("#train-cost")
+    expect(offer).to_be_hidden()
+    train.click()
+    expect(cost).to_contain_text("The model answers 4 conversations", timeout=10_000)
+    expect(cost).to_contain_text(re.compile(r"It takes about \d+(\.\d)? (s|min|h) at this device's speed \(measured by "
+                                            r"its last answer"))
+    expect(cost).to_contain_text(re.compile(r"about \d+ MB of memory while it runs and \d+ MB of disk"))
+    expect(cost).to_contain_text(re.compile(r"A quick run of 1 conversation takes about \d+"))
+    expect(page.locator("#train-quick")).to_have_text(re.compile(r"Quick: 1 conversation, about \d+"))
+    expect(page.locator("#train-full")).to_have_text(re.compile(r"Full: 4 conversations, about \d+"))
+    time.sleep(2)  # nothing has started: no trainer, no status
+    assert job.process is None and live_trainer(job.folder) is None and not job.status_file.exists()
+    assert train.inner_text() == TRAIN
+    page.locator("#train-cancel").click()
+    expect(offer).to_be_hidden()
+    time.sleep(1)
+    assert job.process is None and live_trainer(job.folder) is None
+    train.click()
+    page.locator("#train-quick").click()
+    expect(offer).to_be_hidden()
 
 
 FINISHING_TRAINER = """

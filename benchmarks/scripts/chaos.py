@@ -392,6 +392,8 @@ class Chaos:
         check(label in (TRAIN, RESUME, STOP), "training starts", f"the training button says {label!r}")
         if label != STOP:
             self.page.page.locator("#train").click()
+        if label == TRAIN:  # Train first says what the run costs: the full run (the tiny options' size) is chosen
+            self.page.page.locator("#train-full").click()
         return self.running_training()
 
     def running_training(self, invariant: str = "training runs") -> psutil.Process:
