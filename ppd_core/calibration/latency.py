@@ -113,24 +113,30 @@ def measure_fixed(
     warmup: int = 2,
     ceiling: float | None = None,
     between: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[int, float]:
     """Median milliseconds of a step of R rows repeated (R, R, R, ...), as decoding runs every step when it pads them
     all to R rows (``Decoder.pad_steps``): ``{R: ms}``, 1 (a plain step repeated) included. Past two rungs in a row
-    that cost more than ``ceiling`` plain steps, no larger one can win: not measured."""
+    that cost more than ``ceiling`` plain steps, no larger one can win: not measured (``progress(done, total)`` after
+    each rung then counts them done)."""
     generator = np.random.default_rng(1)
     context = min(context, decoder.max_context - max(ladder) - 4)
     cache = decoder.new_cache()
     prefill(decoder, cache, generator.integers(decoder.vocab_size, size=context).tolist())
     measured: dict[int, float] = {}
+    rungs = sorted(set(ladder) | {1})
     try:
-        for rows in sorted(set(ladder) | {1}):
+        for rows in rungs:
             decoder.pad_steps(rows)
             tree = probe_tree(rows, num_prompt_tokens, ensemble_size)
             guesses = generator.integers(decoder.vocab_size, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))
             speculator = Speculator(decoder, TreeFamily(f"fixed-{rows}", (tree,)), prompt_table)
             measured[rows] = round(step_ms(speculator, cache, tree, guesses, context, warmup, repeats, between), 3)
             over = [r for r in measured if ceiling is not None and r > 1 and measured[r] > ceiling * measured[1]]
-            if len(over) >= 2 and sorted(measured)[-2:] == sorted(over)[-2:]:
+            beyond = len(over) >= 2 and sorted(measured)[-2:] == sorted(over)[-2:]
+            if progress:
+                progress(len(rungs) if beyond else len(measured), len(rungs))
+            if beyond:
                 break
     finally:
         decoder.pad_steps(None)
