@@ -85,3 +85,24 @@ def test_a_real_calibration_pauses_in_every_phase(calibration_seen):
     assert {"lookup", "acceptance", "latency", "tree search"} <= set(paused), set(paused)
     answered = sum(1 for phase, _, _ in told if phase == "lookup")
     assert paused.count("lookup") > answered  # within answers, not only between them
+
+
+def test_the_probes_context_is_decoded_in_chunks_with_a_pause_point_before_each(monkeypatch):
+    """The latency probes' 640-token context was decoded in one call, before the first probe and again after every
+    answer the calibration paused for: an answer asked for meanwhile waited behind it (13-19 s on the busy 2-core CPU
+    here, queued behind a first launch's calibration). Now a pause point comes before every ``CHUNK`` tokens, and a
+    context the model was lent away from is decoded again from its start."""
+    from conftest import tiny_llama
+    from ppd_core.backends.torch.decoder import TorchDecoder
+    from ppd_core.backends.torch.lean.model import LeanDecoder
+    from ppd_core.calibration.latency import CHUNK, ProbeContext
+
+    decoder = TorchDecoder(LeanDecoder(tiny_llama(seed=1)))
+    decoded, real_prefill = [], decoder.prefill
+    monkeypatch.setattr(decoder, "prefill", lambda cache, ids: decoded.append(len(ids)) or real_prefill(cache, ids))
+    lent = iter([False, False, True])  # the third pause point lends the model to an answer
+    pauses = []
+    probe = ProbeContext(decoder, [index % 50 for index in range(5 * CHUNK - 7)], lambda: pauses.append(1) or next(lent, False))
+    cache = probe.ready()
+    assert decoded == [CHUNK, CHUNK] + [CHUNK] * 4 + [CHUNK - 7]  # two chunks, lent, then the whole context anew
+    assert len(pauses) == 3 + 5 and decoder.cache_length(cache) == 5 * CHUNK - 7
