@@ -126,7 +126,7 @@ def selection_line(messages: list[dict], index: int) -> str:
     return f"**Selected:** {about}; Delete removes it with its question."
 
 
-SPEEDUP_FIGURE = r"\d+\.\d+x\b"  # how a speedup is written on the page: the readout shows one; the others wait in Details
+SPEEDUP_FIGURE = r"\b\d+\.\d\dx\b"  # a speedup as the page writes it ("1.42x"): the readout's is the one shown
 
 
 def calibration_summary(profile, tree_name: str = "") -> str:
