@@ -208,7 +208,7 @@ def calibrate(
     turns = 0 if found is not None else prompt_turns(prompts)[1]
     count = CalibrationCount(progress or (lambda phase, done, total: None),
                              plan(turns, bool(n), len(contexts) * len(sizes), len(fixed_ladder(sizes)) if pads else 0))
-    count("lookup" if turns else "latency", 0, 1)  # the whole count from the start
+    count("lookup" if turns else "latency" if sizes else "tree search", 0, 1)  # the whole count from the start
     record, source = acceptance_record(loaded, prompt_tokens, key, found, prompts, max_new_tokens, count, curve, between)
     stats, lookup = record.acceptance, record.lookup
     if curve is not None:
