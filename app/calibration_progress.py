@@ -1,17 +1,21 @@
-"""Work run from the page, followed as it goes: one line with numbers ("Calibrating: timing trees 3/12…", "Comparing:
-PPD, 2 of 2: 40 of at most 256 tokens…"), shown where the result goes until it replaces it (not Gradio's progress
-overlay, which covered the old summary with a bare "processing" before the first report and then overlapped it)."""
+"""Work run from the page, followed as it goes: one line with numbers ("Calibrating: timing trees 23/58, about 40 s
+left…", "Comparing: PPD, 2 of 2: 40 of at most 256 tokens…"), shown where the result goes until it replaces it (not
+Gradio's progress overlay, which covered the old summary with a bare "processing" before the first report and then
+overlapped it). A calibration's count is one over all its phases (``ppd_core.calibration.count``)."""
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 # ppd_core.calibration's progress phases, in words
 STEPS = {"lookup": "answering the calibration prompts", "acceptance": "measuring the guesses' acceptance",
-         "latency": "timing trees", "tree search": "choosing the tree"}
+         "latency": "timing trees", "fixed": "timing fixed step shapes", "tree search": "choosing the tree"}
+SETTLE = 0.1  # the share of the count done before the time left is told (the first items say little of the rest)
 # before the first report: what it does first (the acceptance, unless measured before for this model and its tokens)
 FIRST = "Calibrating: measuring how often the guesses are right, then timing trees…"
 POLL_SECONDS = 0.25  # how often the page's line is brought up to date
@@ -21,20 +25,39 @@ T = TypeVar("T")
 
 @dataclass
 class CalibrationProgress:
-    """The latest report of a calibration (``Progress``: phase, done, total), as a line for the page."""
+    """The latest report of a calibration (``Progress``: phase, and one count over every phase), as a line for the
+    page, with the time left at the pace so far."""
 
     phase: str = ""
     done: int = 0
     total: int = 0
+    started: float | None = None  # the first report's time
 
     def __call__(self, phase: str, done: int, total: int) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
         self.phase, self.done, self.total = phase, done, total
 
     def line(self) -> str:
+        return f"Calibrating: {self.count_line()}…" if self.phase else FIRST
+
+    def count_line(self) -> str:
+        """"timing trees 23/58, about 40 s left" ("" before the first report)."""
         if not self.phase:
-            return FIRST
+            return ""
         count = f" {self.done}/{self.total}" if self.total else ""
-        return f"Calibrating: {STEPS.get(self.phase, self.phase)}{count}…"
+        left = self.time_left()
+        return f"{STEPS.get(self.phase, self.phase)}{count}" + (f", {left}" if left else "")
+
+    def time_left(self) -> str:
+        """"about 40 s left", "about 3 min left": the time so far over the count done, times the count left; "" while
+        too little is done to tell."""
+        if self.started is None or not self.total or self.done < max(1, SETTLE * self.total) or self.done >= self.total:
+            return ""
+        seconds = (time.monotonic() - self.started) / self.done * (self.total - self.done)
+        if seconds < 60:
+            return f"about {max(5, 5 * math.ceil(seconds / 5))} s left"
+        return f"about {math.ceil(seconds / 60)} min left"
 
 
 @dataclass

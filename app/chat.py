@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from app.chat_settings import ChatSettings
 from app.highlight import Highlighter
 from app.model_host import ModelHost
-from app.model_queue import Queued
+from app.model_queue import COMPARISON, Queued
 from app.readout import SPEED_DEFINITION, AnswerSpeed, compare_verdict, penalties_line
 from ppd_core import (Engine, GenerationEvent, GenerationResult, GenerationStats, LiveEstimate, SamplingParams,
                              StepPrices)
@@ -151,8 +151,7 @@ class Chat:
         with closing(events):
             for event in events:
                 if isinstance(event, Queued):
-                    yield AnswerUpdate("", "", "", f"Waiting for the model: {_answers(event.ahead)} ahead.", None,
-                                       queued=event.ahead)
+                    yield AnswerUpdate("", "", "", event.line(), None, queued=event.ahead)
                     continue
                 note, step = notes[0], event.step
                 if reading is None or event.stats.new_tokens == len(step.tokens):  # the first event: the model that
@@ -209,7 +208,7 @@ class Chat:
         ids, _ = self.prepare(messages, settings, engine)  # refused before waiting where it does not fit
         order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
         self._comparisons += 1
-        with self.host.turn():
+        with self.host.turn(COMPARISON):
             if self.host.engine is not engine:  # another model was switched in before this turn: its own ids
                 engine = self.host.engine
                 grammar = self.checked_grammar(settings, engine)
@@ -241,7 +240,3 @@ def generated(events: Iterator[GenerationEvent], step: Callable[[int], object]) 
         steps.append(event.step)
         step(event.stats.new_tokens)
     return GenerationResult(event.text, event.tokens, event.stats, event.stop_reason, steps)
-
-
-def _answers(count: int) -> str:
-    return f"{count} answer{'s' if count != 1 else ''}"

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
+from app.background_calibration import Abandoned, BackgroundCalibration
 from app.model_catalog import remember
-from app.model_queue import ModelQueue, Queued
+from app.model_queue import ANSWER, CALIBRATION, QUITTING, SWITCH, ModelQueue, Queued
 from app.startup import Progress, Startup, failure_line
 from app.training_job import TrainingJob
 from ppd_core import Engine, GenerationEvent, ModelSnapshot, SamplingParams, calibrate_engine
@@ -53,7 +54,8 @@ class ModelHost:
         self.calibrations = 0  # calibrations finished: a comparison measured before one is stale
         self.queue = ModelQueue(max_waiting, stamp=lambda: self._latest)  # each ticket: the model loaded as it joined
         self.calibrates_in_background = calibrate_in_background  # a model without a profile: calibrate beside answers
-        self.background: str | None = None  # what runs in the background (a first launch's calibration), for the page
+        self._calibration: BackgroundCalibration | None = None  # a first launch's, while it runs
+        self._background_note: str | None = None  # why the last one failed
         self._background_thread: threading.Thread | None = None
         self._stopping = threading.Event()  # set by ``shutdown``
         self.last_answer: tuple[Engine, object] | None = None  # (engine, its last answer's stats): a measured speed
@@ -61,6 +63,19 @@ class ModelHost:
     @property
     def ready(self) -> bool:
         return self._engine is not None
+
+    @property
+    def background(self) -> str | None:
+        """What runs in the background (a first launch's calibration, with its progress), for the page; or why it
+        failed; None when nothing does."""
+        job = self._calibration
+        return job.line() if job is not None else self._background_note
+
+    @property
+    def calibration_paused_for(self) -> int:
+        """Calls the background calibration running now gave the model to (0 when none runs)."""
+        job = self._calibration
+        return job.paused_for if job is not None else 0
 
     @property
     def engine(self) -> Engine:
@@ -77,7 +92,7 @@ class ModelHost:
         """The model (``spec``) is loaded: answers may start (and, where asked, its calibration runs beside them)."""
         calibrates = self.calibrates_in_background and needs_calibration(engine)
         if calibrates:  # said before the page can see the model, so its timer keeps ticking until the calibration ends
-            self.background = BACKGROUND_CALIBRATION.format(progress="")
+            self._calibration = self._background_job(engine)
         self._engine = self._latest = engine
         self.startup.ready = True
         remember(self.spec)
@@ -86,60 +101,36 @@ class ModelHost:
 
     def calibrate_in_background(self) -> threading.Thread | None:
         """A model with no profile for this device: answers start at once, decoding plainly, while its calibration
-        runs between them (between two latency probes it gives the model to any answer waiting); the page says so
-        until it is done. None where there is nothing to calibrate."""
+        runs between them (``BackgroundCalibration``: at each of its pause points it gives the model to any call
+        waiting); the page says so until it is done. None where there is nothing to calibrate."""
         engine = self._engine
         if engine is None or not needs_calibration(engine):
             return None
-        self.background = BACKGROUND_CALIBRATION.format(progress="")
+        if self._calibration is None or self._calibration.engine is not engine:
+            self._calibration = self._background_job(engine)
         thread = self._background_thread = threading.Thread(
-            target=self._calibrate_beside_answers, args=(engine,), daemon=True, name="ppd-background-calibration")
+            target=self._calibrate_beside_answers, args=(self._calibration,), daemon=True,
+            name="ppd-background-calibration")
         thread.start()
         return thread
 
-    def _calibrate_beside_answers(self, engine: Engine) -> None:
-        # a first answer is usually asked for as soon as the page opens: let it go first, then calibrate
-        if not self._idle_for(IDLE_BEFORE_CALIBRATION, engine):
-            self.background = None
-            return
-        ticket = [self.queue.hold()]
+    def _background_job(self, engine: Engine) -> BackgroundCalibration:
+        self._background_note = None
+        return BackgroundCalibration(engine, self.queue, lambda: self._engine, self._stopping, calibrate_engine,
+                                     self.calibration_options, IDLE_BEFORE_CALIBRATION)
 
-        def between() -> bool:
-            """Before each timed step: an answer waiting goes first (True: the timing starts over)."""
-            lent = False
-            if self.queue.waiting:
-                self.queue.leave(ticket[0])
-                ticket[0] = self.queue.hold()
-                lent = True
-            if self._engine is not engine or self._stopping.is_set():  # another model, or ppd is quitting
-                raise _Abandoned
-            return lent
-
-        def progress(phase: str, done: int, total: int) -> None:
-            between()
-            self.background = BACKGROUND_CALIBRATION.format(progress=f" ({phase} {done}/{total})" if total else "")
-
+    def _calibrate_beside_answers(self, job: BackgroundCalibration) -> None:
         try:
-            calibrate_engine(engine, progress, between=between, **self.calibration_options)
+            job.run()
             self.calibrations += 1  # comparisons were measured with the previous tree
-            self.background = None
-        except _Abandoned:
-            pass  # the switch cleared the line
+        except Abandoned:
+            pass  # the switch cleared the line, or ppd quits
         except BaseException as error:  # noqa: BLE001 - any failure (an interruption too): one line on the page;
             # answers go on decoding plainly
-            self.background = f"The calibration failed ({failure_line(error)}); answers decode plainly."
+            self._background_note = f"The calibration failed ({failure_line(error)}); answers decode plainly."
         finally:
-            self.queue.leave(ticket[0])
-
-    def _idle_for(self, seconds: float, engine: Engine) -> bool:
-        """Wait until the model has had nothing to do for ``seconds``; False if ppd quits or the model changes first."""
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < seconds:
-            if self._stopping.wait(0.1) or self._engine is not engine:
-                return False
-            if self.queue.busy or self.queue.waiting:
-                quiet_since = time.monotonic()
-        return True
+            if self._calibration is job:
+                self._calibration = None
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """ppd is quitting, within ``timeout`` seconds: answers end at their next step (streams get their last
@@ -154,7 +145,7 @@ class ModelHost:
             job.wait(max(deadline - time.monotonic(), 0.0))
         if self._background_thread is not None:
             self._background_thread.join(max(deadline - time.monotonic(), 0.0))
-        ticket = self.queue.hold(stop=lambda: time.monotonic() > deadline)
+        ticket = self.queue.hold(stop=lambda: time.monotonic() > deadline, what=QUITTING)
         if ticket is None:
             log.warning("quitting while the model is still busy")
             return
@@ -230,9 +221,10 @@ class ModelHost:
                 self._switch_done.notify_all()
 
     def _switch(self, spec: str) -> None:
-        with self.turn():
+        with self.turn(SWITCH):
             previous, old = self.spec, self._engine
-            self._engine, self.startup, self.switch_note, self.background = None, Startup(), "", None
+            self._engine, self.startup, self.switch_note = None, Startup(), ""
+            self._calibration = self._background_note = None
             try:
                 if old is not None:
                     old.close()
@@ -313,16 +305,17 @@ class ModelHost:
             self.queue.leave(ticket)
 
     @contextmanager
-    def turn(self):
-        """Hold the model for a call that does not stream (Compare, Calibrate); ``Busy`` if the line is full."""
-        ticket = self.queue.hold()
+    def turn(self, what: str = ANSWER):
+        """Hold the model for a call of kind ``what`` that does not stream (Compare, Calibrate, a switch); ``Busy`` if
+        the line is full."""
+        ticket = self.queue.hold(what=what)
         try:
             yield
         finally:
             self.queue.leave(ticket)
 
     def calibrate(self, progress: Callable[[str, int, int], None] | None = None):
-        with self.turn():
+        with self.turn(CALIBRATION):
             profile = calibrate_engine(self.engine, progress, **self.calibration_options)
         self.calibrations += 1  # comparisons were measured with the previous tree
         return profile
@@ -335,8 +328,6 @@ def needs_calibration(engine: Engine) -> bool:
 
 
 IDLE_BEFORE_CALIBRATION = 2.0  # seconds with no answer asked for before a background calibration starts
-BACKGROUND_CALIBRATION = ("Calibrating this device in the background{progress}: answers decode plainly until it is "
-                          "done.")
 
 
 class ModelChanged(PpdError):
@@ -349,9 +340,5 @@ class SwitchBusy(PpdError):
 
 class SwitchFailed(PpdError):
     """A model failed to load; the line says which model is loaded instead (or that none is)."""
-
-
-class _Abandoned(Exception):
-    """The model being calibrated in the background was replaced."""
 
 

@@ -3,6 +3,7 @@
 Every model call (a page's answer, Compare, Calibrate, an API request) takes a ticket, waits its
 turn and leaves; beyond ``max_waiting`` waiters a new ticket is refused with ``Busy``. A waiter whose
 ``stop()`` turns true gives up its place (Stop pressed while queued, a client that went away).
+Each ticket says what it is (``ANSWER``, ``BACKGROUND_CALIBRATION``, ...), so a waiter is told what is ahead of it.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import itertools
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ppd_core.errors import PpdError
 
 POLL_SECONDS = 0.05  # how often a waiter checks its stop flag
+# what a ticket is, as a waiter is told of it
+ANSWER, COMPARISON, CALIBRATION, SWITCH, QUITTING = "answer", "comparison", "calibration", "model switch", "quit"
+BACKGROUND_CALIBRATION = "background calibration"  # a first launch's: it pauses between its measurements for any waiter
 
 
 class Busy(PpdError):
@@ -32,9 +36,31 @@ class Busy(PpdError):
 
 @dataclass
 class Queued:
-    """Waiting for the model: ``ahead`` calls before this one (the one holding it included)."""
+    """Waiting for the model: ``ahead`` calls before this one (the one holding it included); ``what`` they are, the
+    holder first."""
 
     ahead: int
+    what: tuple[str, ...] = field(default=(), compare=False)
+
+    def line(self) -> str:
+        """What the waiter is told: "Waiting for the model: 1 answer and 1 comparison ahead.", or, where only a
+        background calibration holds it, that it pauses for this call (it does so at its next measurement)."""
+        held_by, others = (self.what[0], self.what[1:]) if self.what else ("", ())
+        if held_by == BACKGROUND_CALIBRATION:
+            if not others:
+                return "Calibrating this device: pausing it for your answer…"
+            return f"Waiting for the model: {counted(others)} ahead (the calibration pauses for them)."
+        return f"Waiting for the model: {counted(self.what) if self.what else plural(self.ahead, ANSWER)} ahead."
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
+
+
+def counted(what: tuple[str, ...]) -> str:
+    """"2 answers and 1 comparison", in the order first met."""
+    parts = [plural(count, noun) for noun, count in Counter(what).items()]
+    return ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
 
 
 class ModelQueue:
@@ -52,6 +78,7 @@ class ModelQueue:
         self._hold_seconds: deque[float] = deque(maxlen=16)  # recent holds, for Retry-After
         self._stamp = stamp or (lambda: None)  # what each ticket records when it joins (``stamp_of``)
         self._stamps: dict[int, object] = {}
+        self._what: dict[int, str] = {}  # each ticket's kind of call (``ANSWER``...)
 
     @property
     def busy(self) -> bool:
@@ -71,14 +98,22 @@ class ModelQueue:
         with self._changed:
             self._refuse_if_full()
 
-    def join(self) -> int:
-        """A place in line (``Busy`` when the line is full); pass it to ``wait``, and ``leave`` it in every case."""
+    def join(self, what: str = ANSWER) -> int:
+        """A place in line for a call of kind ``what`` (``Busy`` when the line is full); pass it to ``wait``, and
+        ``leave`` it in every case."""
         with self._changed:
             self._refuse_if_full()
             ticket = next(self._tickets)
             self._line.append(ticket)
             self._stamps[ticket] = self._stamp()
+            self._what[ticket] = what
             return ticket
+
+    @property
+    def holder(self) -> str | None:
+        """What holds the model now (``ANSWER``...); None when nothing does."""
+        with self._changed:
+            return None if self._holder is None else self._what.get(self._holder)
 
     def stamp_of(self, ticket: int) -> object:
         """What ``stamp()`` said when ``ticket`` joined (ModelHost: the model loaded then); None once it left."""
@@ -96,10 +131,12 @@ class ModelQueue:
                         self._line.popleft()
                         self._holder, self._held_since, held = ticket, time.monotonic(), True
                         return True
-                    ahead = self._line.index(ticket) + 1
+                    before = list(self._line)[: self._line.index(ticket)]
+                    ahead = ([] if self._holder is None else [self._holder]) + before
+                    what = tuple(self._what.get(other, ANSWER) for other in ahead)
                 if stop is not None and stop():
                     return False
-                yield Queued(ahead)
+                yield Queued(max(len(ahead), 1), what)
                 with self._changed:
                     self._changed.wait(POLL_SECONDS)
         finally:
@@ -115,11 +152,12 @@ class ModelQueue:
             elif ticket in self._line:
                 self._line.remove(ticket)
             self._stamps.pop(ticket, None)
+            self._what.pop(ticket, None)
             self._changed.notify_all()
 
-    def hold(self, stop: Callable[[], bool] | None = None) -> int | None:
+    def hold(self, stop: Callable[[], bool] | None = None, what: str = ANSWER) -> int | None:
         """Join and wait without progress: the ticket holding the model, or None when ``stop()`` turned true."""
-        ticket = self.join()
+        ticket = self.join(what)
         waiting = self.wait(ticket, stop)
         while True:
             try:

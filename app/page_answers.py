@@ -58,12 +58,12 @@ class AnswerHandlers:
         self.conversations.save(conversation)
         waiting = [{"role": "assistant", "content": ""}]
         yield {chat.chatbot: chat_messages(conversation) + waiting, chat.note: "", chat.marked: ""}
-        update, sent, saved, ahead = None, 0.0, time.monotonic(), 0
+        update, sent, saved, ahead = None, 0.0, time.monotonic(), ""
         try:
             for update in updates:
-                if update.queued:  # waiting for the model: say so when the number of answers ahead changes
-                    if update.queued != ahead:
-                        ahead = update.queued
+                if update.queued:  # waiting for the model: say so when what is ahead changes
+                    if update.note != ahead:
+                        ahead = update.note
                         yield {chat.chatbot: chat_messages(conversation) + waiting, chat.note: update.note}
                     continue
                 answer["content"] = update.text

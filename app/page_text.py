@@ -132,25 +132,33 @@ def selection_line(messages: list[dict], index: int) -> str:
     return f"**Selected:** {about}; Delete removes it with its question."
 
 
+SPEEDUP_FIGURE = r"\b\d+\.\d\dx\b"  # a speedup as the page writes it ("1.42x"): the readout's is the one shown
+
+
 def calibration_summary(profile, tree_name: str = "") -> str:
+    """The calibration panel: what calibration chose, in words, on one line; its forecasts (speedups for the chosen
+    tree, alone and with chains) behind Details, named as forecasts: the page shows one speedup figure, the readout's
+    estimate for the answer just given (Compare measures it)."""
     if profile is None:  # --tree auto decodes plainly until calibrated; a named static tree is used as asked
         return ("Not calibrated yet: decoding plainly until it is." if tree_name == "vanilla" else
                 "Not calibrated yet: using a built-in tree.")
-    chains = " (more with copied chains: Details)" if any(profile.lookup_lengths) else ""
+    chains = ", and chains copied from the conversation" if any(profile.lookup_lengths) else ""
+    chosen = "plain 1-token steps" if profile.budget == 1 and not chains else f"trees of up to {profile.budget} tokens"
     return (  # one line at 1400 px, the rest behind a toggle
-        f"**Expected speedup {profile.expected_speedup:.2f}x** with {profile.budget} tokens per step "
-        f"({profile.expected_tokens_per_step:.2f} expected){chains}.\n\n<details><summary>Details</summary>\n\n"
-        f"Trees of {', '.join(map(str, profile.tree_sizes))} tokens by guess depth{lookup_summary(profile)}. "
+        f"**Calibrated for this device:** {chosen}{chains}. Each answer's speedup is under the chat.\n\n"
+        f"<details><summary>Details</summary>\n\nExpected speedup, calibration's forecast for the chosen tree alone: "
+        f"{profile.expected_speedup:.2f}x ({profile.expected_tokens_per_step:.2f} tokens per step expected)"
+        f"{lookup_summary(profile)}. Trees of {', '.join(map(str, profile.tree_sizes))} tokens by guess depth. "
         f"Measured {profile.created}, took {profile.calibration_seconds:.0f} s.\n\n</details>"
     )
 
 
 def lookup_summary(profile) -> str:
-    """The calibrated lookup chains and what they are expected to add, first turns and follow-ups apart."""
+    """The calibrated lookup chains and what they are forecast to add, first turns and follow-ups apart."""
     if not any(profile.lookup_lengths):
         return ""
     parts = ", ".join(f"{name} {part['speedup']:.2f}x" for name, part in profile.expected_with_lookup_by_turn.items())
-    return (f"; with chains copied from the conversation ({chains_text(profile.lookup_lengths)}): "
+    return (f"; calibration's forecast with chains copied from the conversation ({chains_text(profile.lookup_lengths)}): "
             f"**{profile.expected_speedup_with_lookup:.2f}x**, "
             f"{profile.expected_tokens_per_step_with_lookup:.2f} tokens per step" + (f" ({parts})" if parts else ""))
 

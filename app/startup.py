@@ -75,4 +75,4 @@ def failure_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
-CALIBRATION_PHASES = ("latency", "lookup", "acceptance", "tree search")  # ppd_core.calibration's progress phases
+CALIBRATION_PHASES = ("latency", "lookup", "acceptance", "fixed", "tree search")  # ppd_core.calibration's phases

@@ -22,6 +22,7 @@ _MODULES = {  # module -> its public names ("name:attribute" where the module ca
     "ppd_core.calibration.profiles": "DeviceProfile profile_path",
     "ppd_core.calibration.curves": "LatencyCurve read_curve",
     "ppd_core.calibration.prices": "DRIFT LiveEstimate StepPrices",
+    "ppd_core.calibration.tree_search": "step_seconds",
     "ppd_core.calibration.type_curves": "TYPE_CURVE_CONTEXT TYPE_CURVE_SIZES other_type_curves",
     "ppd_core.training.trainer": "TrainConfig",
     "ppd_core.training.pipeline": "TrainRun run_training",

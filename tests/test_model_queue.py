@@ -98,3 +98,24 @@ def test_retry_after_follows_the_recent_hold_times():
     assert refused.value.retry_after == 4  # 1.6 s per hold, two holds ahead: 3.2 s, rounded up
     queue.leave(waiter)
     queue.leave(holder)
+
+
+def test_a_waiter_is_told_what_is_ahead_and_a_background_calibration_says_it_pauses_for_it():
+    """Issue 50: behind a first launch's calibration the page said "1 answer ahead" where no answer was."""
+    from app.model_queue import BACKGROUND_CALIBRATION, COMPARISON
+
+    queue = ModelQueue(max_waiting=8)
+    calibration = queue.hold(what=BACKGROUND_CALIBRATION)
+    mine = queue.wait(queue.join())
+    told = next(mine)
+    assert told == Queued(1) and told.what == (BACKGROUND_CALIBRATION,) and queue.holder == BACKGROUND_CALIBRATION
+    assert told.line() == "Calibrating this device: pausing it for your answer…"
+    behind = queue.wait(queue.join(COMPARISON))
+    assert next(behind).line() == "Waiting for the model: 1 answer ahead (the calibration pauses for them)."
+    last = queue.wait(queue.join())
+    assert next(last).line() == ("Waiting for the model: 1 answer and 1 comparison ahead (the calibration pauses for "
+                                 "them).")
+    queue.leave(calibration)
+    assert drain(mine) == (0, True)  # the calibration gave the model up: this answer holds it
+    assert next(behind).line() == "Waiting for the model: 1 answer ahead." and queue.holder == "answer"
+    assert next(last).line() == "Waiting for the model: 1 answer and 1 comparison ahead."

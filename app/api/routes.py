@@ -138,9 +138,10 @@ async def health(state: ApiState, _: Request) -> JSONResponse:
         return JSONResponse({"status": "error" if startup.error else "loading", "detail": startup.line()},
                             status_code=503, headers=retry_header(service))
     queue = service.queue
-    return JSONResponse({"status": "ok", "model": model, "busy": queue.busy, "waiting": queue.waiting,
-                         "max_waiting": queue.max_waiting, "running": state.running,
-                         "background": service.background,  # e.g. a first launch's calibration
+    return JSONResponse({"status": "ok", "model": model, "busy": queue.busy, "held_by": queue.holder,
+                         "waiting": queue.waiting, "max_waiting": queue.max_waiting, "running": state.running,
+                         "background": service.background,  # e.g. a first launch's calibration, with its progress
+                         "calibration_paused_for": service.calibration_paused_for,  # calls it gave the model to
                          "llama_cpp_models": live_llama_cpp_models()})  # one while a GGUF is loaded: none leaked
 
 

@@ -21,11 +21,14 @@ class ProgressBars:
             self.also(phase, done, total)
         if phase == "downloading":  # the Hub's own bars show the download here
             return
-        bar = self.bars.get(phase) or self.bars.setdefault(phase, tqdm(total=total, desc=f"calibrating: {phase}", leave=False))
-        bar.n = done
+        # a calibration's phases share one count (ppd_core.calibration.count): one bar, named by the phase running
+        bar = self.bars.get("calibrating") or self.bars.setdefault("calibrating", tqdm(total=total, leave=False))
+        bar.set_description(f"calibrating: {phase}", refresh=False)
+        bar.total, bar.n = total, done
         bar.refresh()
         if done >= total:
             bar.close()
+            self.bars.pop("calibrating")
 
 
 def load_engine(args: argparse.Namespace, auto_calibrate: bool = True, progress=None):

@@ -55,10 +55,11 @@ def conversation_answers(tokenizer, conversations: Sequence[Sequence[str]], answ
 
 
 def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int],
-                    progress: Callable[[int], None] | None = None) -> Answerer:
+                    progress: Callable[[int], None] | None = None,
+                    between: Callable[[], object] | None = None) -> Answerer:
     """Greedy answers from the decoding backend itself, plain decoding, one prompt at a time (``progress`` gets
-    the number answered so far): lookup is replayed on exactly the text decoding will see (llama.cpp's answers
-    differ from transformers' fp32 ones)."""
+    the number answered so far; ``between()`` runs before each step, a pause point): lookup is replayed on exactly
+    the text decoding will see (llama.cpp's answers differ from transformers' fp32 ones)."""
     speculator = Speculator(decoder, vanilla_family())
     answered = itertools.count(1)
 
@@ -66,7 +67,12 @@ def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int
         replies = []
         for prompt in prompts:
             request = Request(prompt, max_new_tokens, frozenset(eos_ids), decoder.max_context)
-            replies.append([token for step in generate(speculator, request) for token in step.tokens])
+            reply = []
+            for step in generate(speculator, request):  # the next step runs once asked for: after ``between``
+                reply += step.tokens
+                if between is not None:
+                    between()
+            replies.append(reply)
             if progress:
                 progress(next(answered))
         return replies
@@ -124,13 +130,16 @@ def answer_ranks(decoder: Decoder, prompt_table: np.ndarray, num_prompt_tokens: 
 
 def decoder_acceptance(decoder: Decoder, prompt_table: np.ndarray, num_prompt_tokens: int, ensemble_size: int,
                        answers: Sequence[tuple[int, list[int], list[int]]], top_k: int = TOP_K,
-                       progress: Callable[[int, int], None] | None = None) -> AcceptanceStats:
+                       progress: Callable[[int, int], None] | None = None,
+                       between: Callable[[], object] | None = None) -> AcceptanceStats:
     """p_d(r) through the decoding backend itself (llama.cpp on a GGUF: its kernels, quantization and masks) on its own
     greedy ``answers`` (``conversation_answers``): ``answer_ranks`` of each, counted as ``ppd train``'s evaluation
-    counts them on the transformers model."""
+    counts them on the transformers model. ``between()`` before each answer: a pause point."""
     stats = AcceptanceStats(hits=[[0] * top_k for _ in range(num_prompt_tokens)], trials=[0] * num_prompt_tokens)
     trees: dict[int, Tree] = {}
     for done, (_, prompt, answer) in enumerate(answers, 1):
+        if between is not None:
+            between()
         stats.add(answer_ranks(decoder, prompt_table, num_prompt_tokens, ensemble_size, prompt, answer, top_k, trees))
         if progress:
             progress(done, len(answers))

@@ -23,6 +23,7 @@ from ppd_core.calibration.acceptance import (
 from ppd_core.calibration.latency import (
     CONTEXTS, CPU_SIZES, GPU_SIZES, measure_fixed, measure_latency,
 )
+from ppd_core.calibration.count import CalibrationCount, Pace, plan
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
 from ppd_core.calibration.records import AcceptanceRecord, AcceptanceStats, candidate_files, find_record, now, save_record
 from ppd_core.calibration.step_policy import FIXED_LADDER, StepPolicy
@@ -73,22 +74,28 @@ def acceptance_key(loaded: LoadedModel, prompt_tokens: PromptTokens, prompts: in
 
 
 def measure_record(loaded: LoadedModel, prompt_tokens: PromptTokens, key: dict, prompts: int, max_new_tokens: int,
-                   report: Progress) -> AcceptanceRecord:
+                   report: Progress, between: Callable[[], object] | None = None) -> AcceptanceRecord:
     """Answer the calibration prompts greedily with the decoding backend and count how often the guesses (prompt
-    tokens' and lookup's) were right on those answers, through the same backend's tree rows."""
+    tokens' and lookup's) were right on those answers, through the same backend's tree rows. ``between()`` before
+    each of those answers' steps: a pause point (an answer to the chat may run there)."""
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
-    conversations = calibration_prompts()[:prompts]
     eos = sorted(loaded.eos_token_ids)
-    turns = sum(map(len, conversations))
+    conversations, turns = prompt_turns(prompts)
     report("lookup", 0, turns)  # the count from the start: the first answer can take a while
-    answer = decoder_answers(loaded.backend, max_new_tokens, eos, lambda done: report("lookup", done, turns))
+    answer = decoder_answers(loaded.backend, max_new_tokens, eos, lambda done: report("lookup", done, turns), between)
     answers = conversation_answers(loaded.tokenizer, conversations, answer)
     lookup = lookup_stats(answers)
     stats = AcceptanceStats([], [])
     if n:
         stats = decoder_acceptance(loaded.backend, prompt_tokens.table(), n, V, answers,
-                                   progress=lambda d, t: report("acceptance", d, t))
+                                   progress=lambda d, t: report("acceptance", d, t), between=between)
     return AcceptanceRecord(key, stats, lookup, now())
+
+
+def prompt_turns(prompts: int) -> tuple[list[list[str]], int]:
+    """The first ``prompts`` calibration conversations, and their turns in all (the answers calibration asks for)."""
+    conversations = calibration_prompts()[:prompts]
+    return conversations, sum(map(len, conversations))
 
 
 def tokens_per_step_ceiling(stats: AcceptanceStats, lookup: LookupStats, n: int, V: int, largest: int) -> float:
@@ -118,26 +125,28 @@ class TreeAndChains:
 
 
 def choose_tree_and_chains(probs: Probs, lookup: LookupStats, n: int, V: int,
-                           latency_ms: dict[int, dict[int, float]]) -> TreeAndChains:
+                           latency_ms: dict[int, dict[int, float]], pace: Pace | None = None) -> TreeAndChains:
     """The budget and chain lengths with the most expected tokens/s on ``latency_ms`` (context -> size -> ms),
-    measured here or read from a curve file: every small tree, and the curve's sizes beyond; none past its largest."""
+    measured here or read from a curve file: every small tree, and the curve's sizes beyond; none past its largest.
+    ``pace``: the search's progress and pause points."""
     curve = mean_curve(latency_ms)
     budgets = sorted(set(range(1, min(32, max(curve)) + 1)) | set(curve))
-    choice = choose_family(probs, curve, n, V, budgets)
+    choice = choose_family(probs, curve, n, V, budgets, tick=pace.part(0, 0.3).tick if pace else None)
     seconds = within(step_seconds(latency_ms), max(curve))
     # chains join each budget's full tree: a smaller tree may pay more with them than the best tree alone
     # (budgets ascend: on a tie the smaller tree wins)
     trees = [(choice.by_budget[b].tokens_per_step, choice.by_budget[b].sizes[-1]) for b in budgets]
-    chosen, lengths = best_with_chains(lookup, trees, seconds)
+    chosen, lengths = best_with_chains(lookup, trees, seconds, pace.part(0.3, 1, every=25).tick if pace else None)
     return TreeAndChains(choice, budgets, budgets[chosen], lengths, seconds)
 
 
-def fixed_search(search: TreeAndChains, lookup: LookupStats, rows: int, ms: float) -> TreeAndChains:
+def fixed_search(search: TreeAndChains, lookup: LookupStats, rows: int, ms: float,
+                 pace: Pace | None = None) -> TreeAndChains:
     """The best trees and chains when every step is padded to ``rows`` rows and costs ``ms`` whatever it holds."""
     seconds = StepPolicy("fixed", rows, {rows: ms}).seconds(search.seconds)
     budgets = [b for b in search.budgets if search.choice.by_budget[b].sizes[-1] <= rows]
     trees = [(search.choice.by_budget[b].tokens_per_step, search.choice.by_budget[b].sizes[-1]) for b in budgets]
-    chosen, lengths = best_with_chains(lookup, trees, seconds)
+    chosen, lengths = best_with_chains(lookup, trees, seconds, pace.tick if pace else None)
     return TreeAndChains(search.choice, budgets, budgets[chosen], lengths, seconds)
 
 
@@ -150,8 +159,8 @@ def rate(search: TreeAndChains, lookup: LookupStats) -> float:
 FIXED_MARGIN = 1.05  # how much more tokens/s a fixed shape must promise than the trees to be chosen
 
 
-def choose_step_policy(search: TreeAndChains, lookup: LookupStats,
-                       fixed_ms: dict[int, float]) -> tuple[TreeAndChains, StepPolicy]:
+def choose_step_policy(search: TreeAndChains, lookup: LookupStats, fixed_ms: dict[int, float],
+                       pace: Pace | None = None) -> tuple[TreeAndChains, StepPolicy]:
     """Trees between 1-token steps (``search``: plain steps where its budget is 1 without chains), or every step
     padded to one of ``fixed_ms``' shapes, whichever is expected to give the most tokens per second. A fixed shape
     must beat the trees by ``FIXED_MARGIN``: the two are timed apart, and on a CPU, where padding only adds rows,
@@ -160,10 +169,10 @@ def choose_step_policy(search: TreeAndChains, lookup: LookupStats,
     rates = {"trees": rate(search, lookup)}
     best, policy = search, StepPolicy("trees", 0, fixed_ms)
     bar = rates["trees"] * FIXED_MARGIN  # what a fixed shape must beat: the trees by the margin, then the best one
-    for rows, ms in sorted(fixed_ms.items()):
-        if rows == 1:
-            continue
-        candidate = fixed_search(search, lookup, rows, ms)
+    shapes = sorted(rows for rows in fixed_ms if rows != 1)
+    for index, rows in enumerate(shapes):
+        part = pace.part(index / len(shapes), (index + 1) / len(shapes), every=25) if pace else None
+        candidate = fixed_search(search, lookup, rows, fixed_ms[rows], part)
         rates[f"fixed {rows}"] = value = rate(candidate, lookup)
         if value > bar * (1 + 1e-9):
             best, policy, bar = candidate, StepPolicy("fixed", rows, fixed_ms), value
@@ -187,23 +196,32 @@ def calibrate(
     """Measure this device and these prompt tokens; choose the tree family and lookup chains with the most tokens/s.
 
     ``curve``: another device's step latency (``curves.read_curve``) instead of timing this one; the profile's key
-    then names the curve, not this device. ``between``: called before every timed step (``measure_latency``)."""
+    then names the curve, not this device. ``progress(phase, done, total)``: one count over every phase
+    (``CalibrationCount``). ``between``: the pause point, called before every timed step, every answer's step and
+    every item of the tree search: it may lend the model to other work (the chat's answers), then returns."""
     started = time.perf_counter()
     n, V = prompt_tokens.num_prompt_tokens, prompt_tokens.ensemble_size
     table = prompt_tokens.table() if n else None  # [n * V, hidden]
-    report = progress or (lambda phase, done, total: None)
-    record, source = acceptance_record(loaded, prompt_tokens, prompts, max_new_tokens, report, curve)
+    key = acceptance_key(loaded, prompt_tokens, prompts, max_new_tokens)
+    found = find_record(prompt_tokens.source, prompt_tokens.fingerprint, key)
+    sizes, pads = ([], False) if curve is not None else probe_sizes(loaded)
+    turns = 0 if found is not None else prompt_turns(prompts)[1]
+    count = CalibrationCount(progress or (lambda phase, done, total: None),
+                             plan(turns, bool(n), len(contexts) * len(sizes), len(fixed_ladder(sizes)) if pads else 0))
+    count("lookup" if turns else "latency" if sizes else "tree search", 0, 1)  # the whole count from the start
+    record, source = acceptance_record(loaded, prompt_tokens, key, found, prompts, max_new_tokens, count, curve, between)
     stats, lookup = record.acceptance, record.lookup
     if curve is not None:
         latency, fixed_ms = curve.latency_ms, dict(curve.fixed_ms)  # another device's fixed-shape steps, if it has them
     else:
-        latency, fixed_ms = measure_steps(loaded, table, n, V, stats, lookup, contexts, repeats, report, between)
+        latency, fixed_ms = measure_steps(loaded, table, n, V, stats, lookup, (sizes, pads), contexts, repeats, count,
+                                          between)
     fault("calibrate.tree_search")
-    report("tree search", 0, 1)
-    search = choose_tree_and_chains(stats.probs, lookup, n, V, latency)
+    pace = Pace("tree search", count, between)
+    search = choose_tree_and_chains(stats.probs, lookup, n, V, latency, pace.part(0, 0.6))
     plain_seconds = search.seconds(1)  # a 1-token step between trees: what every speedup is over
-    search, policy = choose_step_policy(search, lookup, fixed_ms)
-    report("tree search", 1, 1)
+    search, policy = choose_step_policy(search, lookup, fixed_ms, pace.part(0.6, 1))
+    count("tree search", 1, 1)
     key = profile_key(loaded, prompt_tokens)
     if curve is not None:
         key["device"] = curve.device_key()
@@ -216,37 +234,49 @@ def calibrate(
     )
 
 
-def acceptance_record(loaded: LoadedModel, prompt_tokens: PromptTokens, prompts: int, max_new_tokens: int,
-                      report: Progress, curve: LatencyCurve | None) -> tuple[AcceptanceRecord, Path]:
-    """The acceptance record for these numerics, and its file: found, else measured (once) and saved."""
+def acceptance_record(loaded: LoadedModel, prompt_tokens: PromptTokens, key: dict,
+                      found: tuple[AcceptanceRecord, Path] | None, prompts: int, max_new_tokens: int, report: Progress,
+                      curve: LatencyCurve | None, between: Callable[[], object] | None) -> tuple[AcceptanceRecord, Path]:
+    """The acceptance record for these numerics (``key``), and its file: ``found`` (``find_record``'s), else measured
+    (once) and saved."""
     fault("calibrate.acceptance")
-    key = acceptance_key(loaded, prompt_tokens, prompts, max_new_tokens)
-    found = find_record(prompt_tokens.source, prompt_tokens.fingerprint, key)
     if found is not None:  # measured before for this model, these prompt tokens and these numerics
         log.warning("guess acceptance: the record in %s (%s, %s); %s", found[1], key["backend"], key["quant"],
                     "the latency curve from " + curve.path if curve else "measuring the latency curve only")
         return found
     log.warning("guess acceptance: no record for %s with %s/%s: measuring it (once)", loaded.name, key["backend"],
                 key["quant"])
-    record = measure_record(loaded, prompt_tokens, key, prompts, max_new_tokens, report)
+    record = measure_record(loaded, prompt_tokens, key, prompts, max_new_tokens, report, between)
     return record, save_record(record, candidate_files(None, prompt_tokens.fingerprint)[-1])
 
 
-def measure_steps(loaded: LoadedModel, table, n: int, V: int, stats: AcceptanceStats, lookup: LookupStats,
-                  contexts: tuple[int, ...], repeats: int, report: Progress,
-                  between: Callable[[], bool] | None) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
-    """This device's step curve (context -> size -> ms, on the forward that decodes; sizes that cannot win skipped)
-    and, where decoding pads steps, each fixed shape's cost (rows -> ms)."""
-    fault("calibrate.latency")
+def probe_sizes(loaded: LoadedModel) -> tuple[list[int], bool]:
+    """The tree sizes this device's curve is timed at (a GPU's reach further), and whether decoding pads steps (the
+    fixed shapes are timed too)."""
     on_gpu = loaded.device_kind == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
     sizes = [size for size in (GPU_SIZES if on_gpu else CPU_SIZES) if size <= loaded.backend.max_tree_rows]
+    return sizes, bool(getattr(loaded.backend, "pads_steps", False))
+
+
+def fixed_ladder(sizes: list[int]) -> list[int]:
+    """The fixed shapes timed (rows), the 1-row step included."""
+    return sorted({1, *(rows for rows in FIXED_LADDER if rows <= max(sizes))})
+
+
+def measure_steps(loaded: LoadedModel, table, n: int, V: int, stats: AcceptanceStats, lookup: LookupStats,
+                  probes: tuple[list[int], bool], contexts: tuple[int, ...], repeats: int, report: Progress,
+                  between: Callable[[], bool] | None) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+    """This device's step curve (context -> size -> ms, on the forward that decodes; sizes that cannot win skipped)
+    and, where decoding pads steps, each fixed shape's cost (rows -> ms): ``probes`` (``probe_sizes``)."""
+    fault("calibrate.latency")
+    sizes, pads = probes
     ceiling = tokens_per_step_ceiling(stats, lookup, n, V, max(sizes))
     latency = measure_latency(loaded.backend, table, n, V, sizes, contexts, repeats,
                               progress=lambda d, t: report("latency", d, t), ceiling=ceiling, between=between)
     fixed_ms = {}
-    if getattr(loaded.backend, "pads_steps", False):  # one shape per step, as decoding would pad it
-        fixed_ms = measure_fixed(loaded.backend, table, n, V, [r for r in FIXED_LADDER if r <= max(sizes)],
-                                 contexts[0], repeats, ceiling=ceiling, between=between)
+    if pads:  # one shape per step, as decoding would pad it
+        fixed_ms = measure_fixed(loaded.backend, table, n, V, fixed_ladder(sizes), contexts[0], repeats,
+                                 ceiling=ceiling, between=between, progress=lambda d, t: report("fixed", d, t))
     return latency, fixed_ms
 
 

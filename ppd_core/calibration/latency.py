@@ -35,6 +35,35 @@ GPU_SIZES = CPU_SIZES + (96, 128, 160, 192, 256)
 CONTEXTS = (640,)
 MIN_RUNS = 4  # timed runs before the median may be taken as settled
 STABLE = 0.02  # settled: one more run moves the median by at most 2%
+CHUNK = 32  # the probes' context is decoded this many tokens at a time, with a pause point before each
+
+
+class ProbeContext:
+    """The cached context the probes run after: ``tokens`` decoded in chunks of ``CHUNK`` with a pause point
+    (``between``) before each, never in one long call an answer lent the model would wait behind (640 tokens took
+    15 s on a busy 2-core CPU: the first answer of a first launch waited that long). An answer given the model
+    meanwhile takes its place in the backend: ``ready()`` decodes it again, in chunks too."""
+
+    def __init__(self, decoder: Decoder, tokens: list[int], between: Callable[[], bool] | None = None):
+        self.decoder, self.tokens, self.between = decoder, tokens, between
+        self.cache = None
+
+    def ready(self):
+        """A cache holding the context, decoded anew (where another call had the model in between: from the start)."""
+        while True:
+            if self.cache is not None:
+                self.decoder.truncate(self.cache, 0)
+            self.cache = self.decoder.new_cache()
+            for start in range(0, len(self.tokens), CHUNK):
+                if self.between is not None and self.between():
+                    break  # the model was lent: what was decoded is gone from it
+                prefill(self.decoder, self.cache, self.tokens[start : start + CHUNK])
+            else:
+                return self.cache
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.decoder.truncate(self.cache, 0)
 
 
 def probe_tree(size: int, num_prompt_tokens: int, ensemble_size: int) -> Tree:
@@ -77,13 +106,13 @@ def measure_latency(
     plain = probe_tree(1, num_prompt_tokens, ensemble_size)
     for first, context in enumerate(contexts):
         context = min(context, max_context - max(sizes) - 4)
-        cache = decoder.new_cache()
-        prefill(decoder, cache, generator.integers(vocab, size=context).tolist())
+        probe = ProbeContext(decoder, generator.integers(vocab, size=context).tolist(), between)
+        probe.ready()
         for size in list(sizes):
             tree = probe_tree(size, num_prompt_tokens, ensemble_size)
             guesses = generator.integers(vocab, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))  # [depth, K]
             speculator = Speculator(decoder, TreeFamily(f"probe-{size}", (tree,)), prompt_table)
-            pair = step_ms(speculator, cache, tree, guesses, context, warmup, repeats, between, then=plain)
+            pair = step_ms(speculator, probe, tree, guesses, context, warmup, repeats, between, then=plain)
             if size == 1:
                 single = pair / 2  # a 1-token step after a 1-token step
             measured[context, size] = max(pair - single, 1e-3)
@@ -95,7 +124,7 @@ def measure_latency(
                 progress(done, total)
             if size == sizes[-1]:
                 break
-        decoder.truncate(cache, 0)
+        probe.close()
     result: dict[int, dict[int, float]] = {}
     for (context, size), ms in measured.items():
         result.setdefault(context, {})[size] = round(ms, 3)
@@ -113,28 +142,34 @@ def measure_fixed(
     warmup: int = 2,
     ceiling: float | None = None,
     between: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[int, float]:
     """Median milliseconds of a step of R rows repeated (R, R, R, ...), as decoding runs every step when it pads them
     all to R rows (``Decoder.pad_steps``): ``{R: ms}``, 1 (a plain step repeated) included. Past two rungs in a row
-    that cost more than ``ceiling`` plain steps, no larger one can win: not measured."""
+    that cost more than ``ceiling`` plain steps, no larger one can win: not measured (``progress(done, total)`` after
+    each rung then counts them done)."""
     generator = np.random.default_rng(1)
     context = min(context, decoder.max_context - max(ladder) - 4)
-    cache = decoder.new_cache()
-    prefill(decoder, cache, generator.integers(decoder.vocab_size, size=context).tolist())
+    probe = ProbeContext(decoder, generator.integers(decoder.vocab_size, size=context).tolist(), between)
+    probe.ready()
     measured: dict[int, float] = {}
+    rungs = sorted(set(ladder) | {1})
     try:
-        for rows in sorted(set(ladder) | {1}):
+        for rows in rungs:
             decoder.pad_steps(rows)
             tree = probe_tree(rows, num_prompt_tokens, ensemble_size)
             guesses = generator.integers(decoder.vocab_size, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))
             speculator = Speculator(decoder, TreeFamily(f"fixed-{rows}", (tree,)), prompt_table)
-            measured[rows] = round(step_ms(speculator, cache, tree, guesses, context, warmup, repeats, between), 3)
+            measured[rows] = round(step_ms(speculator, probe, tree, guesses, context, warmup, repeats, between), 3)
             over = [r for r in measured if ceiling is not None and r > 1 and measured[r] > ceiling * measured[1]]
-            if len(over) >= 2 and sorted(measured)[-2:] == sorted(over)[-2:]:
+            beyond = len(over) >= 2 and sorted(measured)[-2:] == sorted(over)[-2:]
+            if progress:
+                progress(len(rungs) if beyond else len(measured), len(rungs))
+            if beyond:
                 break
     finally:
         decoder.pad_steps(None)
-        decoder.truncate(cache, 0)
+        probe.close()
     return measured
 
 
@@ -152,12 +187,17 @@ def step_ms(speculator: Speculator, cache, tree: Tree, guesses: np.ndarray, cont
             between: Callable[[], bool] | None = None, then: Tree | None = None) -> float:
     """Median milliseconds of a real ``tree_step`` after ``context`` cached tokens (the cache is cut back after each),
     and of a ``then`` step after it where given: at most ``repeats`` runs after the warm-up, fewer once the median
-    holds still (within ``STABLE``)."""
+    holds still (within ``STABLE``). ``between()`` before each run: where it lent the model to other work, the warm-up
+    and the timing start anew, after ``cache`` is decoded again where it is a ``ProbeContext`` (its pause points)."""
+    probe = cache if isinstance(cache, ProbeContext) else None
+    cache = probe.cache if probe is not None else cache
     times = []
     run = 0
     while run < warmup + repeats:
         if between is not None and between():  # the model did other work meanwhile: warm up and time anew
             times, run = [], 0
+            if probe is not None:
+                cache = probe.ready()
         start = time.perf_counter()
         for step in (tree, then) if then is not None else (tree,):
             tree_step(speculator, DecodeState(cache, root=0), Draft(step, guesses), [speculator.prompt_drafter()])

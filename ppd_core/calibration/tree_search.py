@@ -241,11 +241,17 @@ class Choice:
 
 
 def choose_family(
-    probs: Probs, latency_ms: Mapping[int, float], num_prompt_tokens: int, ensemble_size: int = 1, budgets: Sequence[int] | None = None
+    probs: Probs, latency_ms: Mapping[int, float], num_prompt_tokens: int, ensemble_size: int = 1,
+    budgets: Sequence[int] | None = None, tick: Callable[[int, int], object] | None = None,
 ) -> Choice:
-    """The budget whose family maximises expected tokens per second on this latency curve (ms per step)."""
+    """The budget whose family maximises expected tokens per second on this latency curve (ms per step);
+    ``tick(done, total)`` before each budget (a calibration's progress and pause point)."""
     latency = interpolate({size: ms / 1000 for size, ms in latency_ms.items()})
     budgets = sorted(set(budgets or range(1, max(latency_ms) + 1)))
-    by_budget = {b: long_run(design_family(probs, b, num_prompt_tokens, ensemble_size), probs, latency, ensemble_size) for b in budgets}
+    by_budget = {}
+    for done, b in enumerate(budgets):
+        if tick is not None:
+            tick(done, len(budgets))
+        by_budget[b] = long_run(design_family(probs, b, num_prompt_tokens, ensemble_size), probs, latency, ensemble_size)
     budget = max(by_budget, key=lambda b: (by_budget[b].tokens_per_second, -b))
     return Choice(by_budget[budget], budget, by_budget, 1.0 / latency(1))

@@ -15,6 +15,7 @@ a good part of a step, only such chains pay.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -188,16 +189,21 @@ def _rate_parts(replayed: tuple[int, int, dict[int, int]], tokens_per_step: floa
 
 
 def best_with_chains(
-    stats: LookupStats, trees: Sequence[tuple[float, int]], latency: Callable[[int], float]
+    stats: LookupStats, trees: Sequence[tuple[float, int]], latency: Callable[[int], float],
+    tick: Callable[[int, int], object] | None = None,
 ) -> tuple[int, list[int]]:
     """The tree (index into ``trees``: (tokens per step, size) each) and the chain length for each match class
     (0: none) with the most expected tokens per second together (``with_lookup``), over every tree and every
     combination of lengths up to the replayed chains' length that does not shrink as matches grow (a longer
     match is the surer sign of copying; the step cost need not grow with size, so no length is ruled out by
-    its acceptance alone). Each combination is replayed once for all trees."""
+    its acceptance alone). Each combination is replayed once for all trees. ``tick(done, total)`` before each
+    combination: a calibration's progress and its pause point (an answer may run meanwhile)."""
     longest = len(stats.hits[0]) if stats.hits else 0
     best, best_rate = (0, [0] * len(stats.trials)), -1.0
-    for lengths in itertools.combinations_with_replacement(range(longest + 1), len(stats.trials)):  # ascending
+    total = math.comb(longest + len(stats.trials), len(stats.trials))
+    for done, lengths in enumerate(itertools.combinations_with_replacement(range(longest + 1), len(stats.trials))):
+        if tick is not None:  # combinations ascend
+            tick(done, total)
         replayed = replay_steps(stats, lengths)
         for index, (tokens_per_step, size) in enumerate(trees):
             tokens, seconds = _rate_parts(replayed, tokens_per_step, size, latency)
