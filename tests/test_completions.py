@@ -6,7 +6,11 @@ import httpx
 import openai
 import pytest
 
+from app.api.errors import ApiError
+from app.api.prompts import completion_prompt, fim_tokens
 from test_api import error_of, served, streamed_text  # noqa: F401 - a fixture
+from test_gguf_text import load
+from tiny_gguf import default_vocabulary, write_tiny_gguf
 
 PROMPT = "The three primary colours are"
 
@@ -45,13 +49,77 @@ def test_bad_completion_requests_are_one_400(served):  # noqa: F811
         return error_of(httpx.post(f"{url}/v1/completions", json={"max_tokens": 4, **fields}, timeout=30))
 
     assert post()["param"] == "prompt"
-    assert post(prompt=["a", "b"])["param"] == "prompt"
+    several = post(prompt=["a", "b"])
+    assert several["param"] == "prompt" and "one prompt per request" in several["message"]
     assert post(prompt="")["param"] == "prompt"
-    assert post(prompt="hi", echo=True)["param"] == "echo"
-    assert post(prompt="hi", suffix="x")["param"] == "suffix"
+    assert post(prompt=[])["param"] == "prompt" and post(prompt=[[1], "a", [2.5]])["param"] == "prompt"
+    vocabulary = post(prompt=[1, 99_999_999])
+    assert vocabulary["param"] == "prompt" and "99999999" in vocabulary["message"]
+    assert post(prompt="hi", suffix=5)["param"] == "suffix"
     assert post(prompt="hi", logprobs=6)["param"] == "logprobs"
     assert post(prompt="hi", max_tokens=0)["param"] == "max_tokens"
     assert post(prompt="word " * (service.engine.max_context + 10))["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="m", prompt="hi", temperature=5)
     assert not service.queue.busy and app.state.ppd.running == 0
+
+
+@pytest.mark.slow
+def test_prompts_as_token_ids_lists_and_echo_as_llama_server_takes_them(served):  # noqa: F811
+    """A prompt as token ids, as a list holding one string or one id list, or llama-server's mixed list, is the same
+    prompt; ``echo`` puts it before the answer (streamed too), logprobs' offsets after it."""
+    client, service, app, url = served
+    ids = service.engine.tokenizer.encode(PROMPT)
+    result = expected(service, PROMPT, 8)
+    for prompt in (ids, [PROMPT], [ids], [PROMPT[:9], *service.engine.tokenizer.encode(PROMPT[9:], add_special_tokens=False)]):
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
+                            timeout=60).json()
+        assert answer["choices"][0]["text"] == result.text and answer["usage"]["prompt_tokens"] == len(ids), prompt
+    echoed = client.completions.create(model="m", prompt=PROMPT, temperature=0, max_tokens=8, echo=True, logprobs=1)
+    assert echoed.choices[0].text == PROMPT + result.text
+    assert echoed.choices[0].logprobs.text_offset[0] == len(PROMPT)
+    chunks = list(client.completions.create(model="m", prompt=ids, temperature=0, max_tokens=8, echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == service.engine.tokenizer.decode(ids) + result.text
+
+
+@pytest.mark.slow
+def test_suffix_fills_in_the_middle_with_the_models_fim_tokens(served):  # noqa: F811
+    """``suffix``: llama-server's infill layout with the model's FIM tokens; the answer is the engine's for it."""
+    client, service, app, url = served
+    tokenizer = service.engine.tokenizer
+    pre, suf, mid = fim_tokens(tokenizer)
+    assert [tokenizer.token_text(t) for t in (pre, suf, mid)] == ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+    ids = [pre, *tokenizer.encode(prefix, add_special_tokens=False), suf,
+           *tokenizer.encode(suffix, add_special_tokens=False), mid]
+    assert completion_prompt(tokenizer, prefix, suffix, False).ids == ids  # SmolLM2 adds no BOS
+    engine = service.engine
+    with service.turn():
+        plain = engine.generate(ids, "ppd", 8, sampling=service.snapshot().sampling_defaults.params(temperature=0.0))
+    answer = client.completions.create(model="m", prompt=prefix, suffix=suffix, temperature=0, max_tokens=8)
+    assert answer.choices[0].text == plain.text and answer.usage.prompt_tokens == len(ids)
+
+
+def test_a_model_without_fim_tokens_refuses_suffix_naming_it(tmp_path):
+    """A GGUF whose vocabulary has no FIM tokens (the default's with them renamed): ``suffix`` is a 400 naming it."""
+    import dataclasses
+
+    import llama_cpp
+
+    from ppd_core.backends.llamacpp.text import GgufTokenizer
+    from ppd_core.loading import default_model_file
+
+    vocabulary = default_vocabulary(default_model_file())
+    renamed = [t.replace("<fim_", "<nofim_") for t in vocabulary.tokens]
+    assert renamed != vocabulary.tokens
+    path = write_tiny_gguf(tmp_path / "no-fim.gguf", "llama", dataclasses.replace(vocabulary, tokens=renamed))
+    model = load(path, vocab_only=True)
+    try:
+        tokenizer = GgufTokenizer(model, llama_cpp)
+        assert fim_tokens(tokenizer) is None
+        with pytest.raises(ApiError) as refused:
+            completion_prompt(tokenizer, "def f(", ")", False)
+        assert refused.value.param == "suffix" and "fill-in-the-middle" in refused.value.message
+        assert completion_prompt(tokenizer, "def f(", None, True).echo == "def f("  # no suffix: a plain prompt
+    finally:
+        llama_cpp.llama_model_free(model)
