@@ -123,3 +123,32 @@ def test_a_model_without_fim_tokens_refuses_suffix_naming_it(tmp_path):
         assert completion_prompt(tokenizer, "def f(", None, True).echo == "def f("  # no suffix: a plain prompt
     finally:
         llama_cpp.llama_model_free(model)
+
+
+@pytest.mark.slow
+def test_llama_servers_infill_answers_in_its_own_shape(served):  # noqa: F811
+    """``/infill`` (what llama.vim and llama.vscode call): ``input_prefix`` and ``input_suffix`` in llama-server's
+    infill layout (with the repository header its FIM_REP/FIM_SEP tokens ask for where the context has room), the
+    answer in llama-server's ``/completion`` shape, whole or streamed (no ``[DONE]``)."""
+    import json
+
+    from app.api.infill import InfillRequest, infill_ids
+
+    client, service, app, url = served
+    tokenizer, context = service.engine.tokenizer, service.engine.max_context
+    body = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 6,
+            "temperature": 0, "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}]}
+    ids = infill_ids(tokenizer, InfillRequest(**body), context)
+    rep, sep = (tokenizer.llama.llama_vocab_fim_rep(tokenizer.vocab), tokenizer.llama.llama_vocab_fim_sep(tokenizer.vocab))
+    assert ids[0] == rep and ids.count(sep) == 2 and ids[-1] == fim_tokens(tokenizer)[2]  # SmolLM2 has both
+    engine = service.engine
+    with service.turn():
+        plain = engine.generate(ids, "ppd", 6, sampling=service.snapshot().sampling_defaults.params(temperature=0.0))
+    answer = httpx.post(f"{url}/infill", json=body, timeout=60).json()
+    assert answer["content"] == plain.text and answer["stop"] is True and answer["tokens_evaluated"] == len(ids)
+    assert answer["tokens_predicted"] == len(plain.tokens)
+    with httpx.stream("POST", f"{url}/infill", json={**body, "stream": True}, timeout=60) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == plain.text and events[-1]["stop"] and not events[0]["stop"]
+    refused = httpx.post(f"{url}/infill", json={"input_prefix": "x", "input_extra": [5]}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input_extra[0]"

@@ -71,6 +71,7 @@ def stop_strings(request: RequestFields) -> list[str]:
     return [encodable(s, "stop" if isinstance(request.stop, str) else f"stop[{i}]") for i, s in enumerate(stops)]
 
 
+MAX_TOKENS_FIELD = 2**31 - 1  # llama-server's n_predict is a 32-bit int; up to it, a limit past the context is cut there
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens on /v1/completions
 MAX_COMPLETION_LOGPROBS = 5
 
@@ -124,8 +125,8 @@ def answer_limit(request: RequestFields) -> tuple[int | None, str]:
     """The answer's token limit (None: the rest of the context) and the field that set it."""
     limit = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
-    if limit is not None and limit < 1:
-        raise ApiError(f"{param} must be at least 1, got {limit}", param)
+    if limit is not None and not 1 <= limit <= MAX_TOKENS_FIELD:
+        raise ApiError(f"{param} must be from 1 to {MAX_TOKENS_FIELD}, got {limit}", param)
     return limit, param
 
 
