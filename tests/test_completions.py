@@ -82,26 +82,13 @@ def test_prompts_as_token_ids_lists_and_echo_as_llama_server_takes_them(served):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == service.engine.tokenizer.decode(ids) + result.text
 
 
-@pytest.mark.slow
-def test_suffix_fills_in_the_middle_with_the_models_fim_tokens(served):  # noqa: F811
-    """``suffix``: llama-server's infill layout with the model's FIM tokens; the answer is the engine's for it."""
-    client, service, app, url = served
-    tokenizer = service.engine.tokenizer
-    pre, suf, mid = fim_tokens(tokenizer)
-    assert [tokenizer.token_text(t) for t in (pre, suf, mid)] == ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
-    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
-    ids = [pre, *tokenizer.encode(prefix, add_special_tokens=False), suf,
-           *tokenizer.encode(suffix, add_special_tokens=False), mid]
-    assert completion_prompt(tokenizer, prefix, suffix, False).ids == ids  # SmolLM2 adds no BOS
-    engine = service.engine
-    with service.turn():
-        plain = engine.generate(ids, "ppd", 8, sampling=service.snapshot().sampling_defaults.params(temperature=0.0))
-    answer = client.completions.create(model="m", prompt=prefix, suffix=suffix, temperature=0, max_tokens=8)
-    assert answer.choices[0].text == plain.text and answer.usage.prompt_tokens == len(ids)
+FIM_NAMES = {"<jupyter_text>": "<fim_prefix>", "<jupyter_code>": "<fim_suffix>", "<jupyter_output>": "<fim_middle>"}
 
 
-def test_a_model_without_fim_tokens_refuses_suffix_naming_it(tmp_path):
-    """A GGUF whose vocabulary has no FIM tokens (the default's with them renamed): ``suffix`` is a 400 naming it."""
+@pytest.fixture
+def vocab_only(tmp_path):
+    """A tokenizer (llama.cpp, vocabulary only) of a tiny GGUF with the default model's vocabulary, its tokens renamed
+    by ``names``; freed after the test."""
     import dataclasses
 
     import llama_cpp
@@ -109,46 +96,73 @@ def test_a_model_without_fim_tokens_refuses_suffix_naming_it(tmp_path):
     from ppd_core.backends.llamacpp.text import GgufTokenizer
     from ppd_core.loading import default_model_file
 
-    vocabulary = default_vocabulary(default_model_file())
-    renamed = [t.replace("<fim_", "<nofim_") for t in vocabulary.tokens]
-    assert renamed != vocabulary.tokens
-    path = write_tiny_gguf(tmp_path / "no-fim.gguf", "llama", dataclasses.replace(vocabulary, tokens=renamed))
-    model = load(path, vocab_only=True)
-    try:
-        tokenizer = GgufTokenizer(model, llama_cpp)
-        assert fim_tokens(tokenizer) is None
-        with pytest.raises(ApiError) as refused:
-            completion_prompt(tokenizer, "def f(", ")", False)
-        assert refused.value.param == "suffix" and "fill-in-the-middle" in refused.value.message
-        assert completion_prompt(tokenizer, "def f(", None, True).echo == "def f("  # no suffix: a plain prompt
-    finally:
+    models = []
+
+    def tokenizer(names: dict[str, str]):
+        vocabulary = default_vocabulary(default_model_file())
+        tokens = [names.get(t, t) for t in vocabulary.tokens]
+        path = write_tiny_gguf(tmp_path / f"vocab-{len(models)}.gguf", "llama", dataclasses.replace(vocabulary, tokens=tokens))
+        models.append(load(path, vocab_only=True))
+        return GgufTokenizer(models[-1], llama_cpp)
+
+    yield tokenizer
+    for model in models:
         llama_cpp.llama_model_free(model)
 
 
-@pytest.mark.slow
-def test_llama_servers_infill_answers_in_its_own_shape(served):  # noqa: F811
-    """``/infill`` (what llama.vim and llama.vscode call): ``input_prefix`` and ``input_suffix`` in llama-server's
-    infill layout (with the repository header its FIM_REP/FIM_SEP tokens ask for where the context has room), the
-    answer in llama-server's ``/completion`` shape, whole or streamed (no ``[DONE]``)."""
-    import json
-
+def test_suffix_fills_in_the_middle_with_the_models_fim_tokens(vocab_only):
+    """``suffix`` (and ``/infill``): llama-server's infill layout with the FIM tokens llama.cpp finds in the
+    vocabulary (a vocabulary with SmolLM2's special tokens renamed to them): BOS where it adds one, ``<fim_prefix>``
+    prefix ``<fim_suffix>`` suffix ``<fim_middle>``; ``/infill`` puts the typed ``prompt`` after the prefix and other
+    files' chunks before (behind a snippet line, or llama.cpp's FIM_REP/FIM_SEP tokens where it finds them), as
+    llama-server does."""
     from app.api.infill import InfillRequest, infill_ids
 
+    tokenizer = vocab_only(FIM_NAMES)
+    pre, suf, mid = fim_tokens(tokenizer)
+    assert [tokenizer.token_text(t) for t in (pre, suf, mid)] == ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    ids = [pre, *encode(prefix), suf, *encode(suffix), mid]
+    assert completion_prompt(tokenizer, prefix, suffix, False).ids == ids  # SmolLM2's vocabulary adds no BOS
+    # a context of one batch leaves no room for the repository header (llama-server's rule)
+    assert infill_ids(tokenizer, InfillRequest(input_prefix=prefix, input_suffix=suffix), 2048) == ids
+    llama, vocab = tokenizer.llama, tokenizer.vocab
+    rep, sep = llama.llama_vocab_fim_rep(vocab), llama.llama_vocab_fim_sep(vocab)
+    request = InfillRequest(input_prefix=prefix, input_suffix=suffix, prompt="a",
+                            input_extra=[{"filename": "util.py", "text": "x = 1\n"}])
+    header = [rep, *encode("myproject\n")] if rep >= 0 else []  # llama-server's repository header, where it has one
+    chunk = [sep, *encode("util.py\n")] if sep >= 0 else encode("\n\n--- snippet ---\n\n")
+    assert infill_ids(tokenizer, request, 4096) == [*header, *chunk, *encode("x = 1\n"),
+                                                    *([sep, *encode("filename\n")] if sep >= 0 else []), pre,
+                                                    *encode(prefix), *encode("a"), suf, *encode(suffix), mid]
+    assert infill_ids(tokenizer, request, 2048) == [pre, *encode(prefix), *encode("a"), suf, *encode(suffix), mid]
+
+
+@pytest.mark.slow
+def test_the_default_model_has_no_fim_tokens_so_suffix_and_infill_are_a_400(served):  # noqa: F811
+    """SmolLM2's vocabulary has no FIM tokens (llama.cpp finds none): ``suffix`` is a 400 naming it, ``/infill`` one
+    naming ``input_suffix``, before the model is asked."""
     client, service, app, url = served
-    tokenizer, context = service.engine.tokenizer, service.engine.max_context
-    body = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 6,
-            "temperature": 0, "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}]}
-    ids = infill_ids(tokenizer, InfillRequest(**body), context)
-    rep, sep = (tokenizer.llama.llama_vocab_fim_rep(tokenizer.vocab), tokenizer.llama.llama_vocab_fim_sep(tokenizer.vocab))
-    assert ids[0] == rep and ids.count(sep) == 2 and ids[-1] == fim_tokens(tokenizer)[2]  # SmolLM2 has both
-    engine = service.engine
-    with service.turn():
-        plain = engine.generate(ids, "ppd", 6, sampling=service.snapshot().sampling_defaults.params(temperature=0.0))
-    answer = httpx.post(f"{url}/infill", json=body, timeout=60).json()
-    assert answer["content"] == plain.text and answer["stop"] is True and answer["tokens_evaluated"] == len(ids)
-    assert answer["tokens_predicted"] == len(plain.tokens)
-    with httpx.stream("POST", f"{url}/infill", json={**body, "stream": True}, timeout=60) as response:
-        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
-    assert "".join(e["content"] for e in events) == plain.text and events[-1]["stop"] and not events[0]["stop"]
-    refused = httpx.post(f"{url}/infill", json={"input_prefix": "x", "input_extra": [5]}, timeout=60)
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input_extra[0]"
+    assert fim_tokens(service.engine.tokenizer) is None
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="m", prompt="def add(a, b):", suffix="\n", max_tokens=4)
+    assert refused.value.body["param"] == "suffix" and "fill-in-the-middle" in refused.value.message
+    infill = httpx.post(f"{url}/infill", json={"input_prefix": "def f(", "input_suffix": ")"}, timeout=60)
+    assert infill.status_code == 400 and infill.json()["error"]["param"] == "input_suffix"
+    bad = httpx.post(f"{url}/infill", json={"input_prefix": "x", "input_extra": "no"}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input_extra"
+    assert not service.queue.busy and app.state.ppd.running == 0
+
+
+def test_a_model_without_fim_tokens_refuses_suffix_naming_it(vocab_only):
+    """The default vocabulary as it is: no FIM tokens, ``suffix`` a 400 naming it; no suffix, a plain prompt."""
+    tokenizer = vocab_only({})
+    assert fim_tokens(tokenizer) is None
+    with pytest.raises(ApiError) as refused:
+        completion_prompt(tokenizer, "def f(", ")", False)
+    assert refused.value.param == "suffix" and "fill-in-the-middle" in refused.value.message
+    assert completion_prompt(tokenizer, "def f(", None, True).echo == "def f("
