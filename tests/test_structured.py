@@ -90,7 +90,7 @@ def test_a_response_formats_json_is_taken_out_of_its_fence_as_it_streams():
             assert '{"a": "x ``` y", "b": [1, 2]}'.startswith("".join(pieces))
         assert stream.close() == "".join(pieces) == json_content(text)
     assert json_content("``") == json_content("   ") == ""
-    assert json_content('```json\n{"a": [1,\n ', complete=False) == '{"a": [1,\n '  # cut short: as it ends
+    assert json_content('```json\n{"a": [1,\n ', complete=False) == '{"a": [1]}'  # cut short: closed, its dangling comma left out
     assert json_content('```json\n{"a": [1]}\n`', complete=False) == '{"a": [1]}'  # cut after its JSON
 
 

@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import pytest
 
-from app.tools import ToolPlan, call_grammar, parse, prompt
+from app.tools import ToolPlan, call_grammar, parse, plan_tools, prompt
 from ppd_core.text import chat_ids
 from test_api import error_of, served  # noqa: F401 - a fixture
 
@@ -103,15 +103,20 @@ def test_a_call_its_result_and_a_final_answer_round_trip(served):  # noqa: F811
         assert again.finish_reason == "tool_calls" and all(checked_call(c) for c in again.message.tool_calls)
     else:
         assert isinstance(again.message.content, str) and again.finish_reason in ("stop", "length")
-    # SmolLM2's template knows no tools: the call and its result reach the prompt as the generic format's JSON text
+    # SmolLM2's template knows no tools. Offered tools, the call and its result reach the prompt as the generic
+    # format's JSON text; with none offered ("none"), the history goes to the template as is, as llama-server gives it
     engine = service.engine
-    shown, variables = prompt([*ASK, {"role": "assistant", "content": "", "tool_calls": [
+    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
         {"id": call.id, "type": "function", "function": {"name": call.function.name,
                                                          "arguments": json.loads(call.function.arguments)}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees"}], None, native=False)
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees"}]
+    shown, variables = prompt(history, plan_tools([WEATHER], "auto", engine.chat_template), native=False)
     text = engine.tokenizer.apply_chat_template(shown, tokenize=False, **variables)
     assert '{"tool_call": {"name": "get_weather"' in text and '"tool_response": {"name": "get_weather"' in text
-    assert "<|im_start|>user\n{\"tool_response\"" in text and "You can call" not in text  # "none": no tools shown
+    assert "<|im_start|>user\n{\"tool_response\"" in text and "You can call" in text
+    shown, variables = prompt(history, None, native=False)
+    text = engine.tokenizer.apply_chat_template(shown, tokenize=False, **variables)
+    assert "tool_call" not in text and "<|im_start|>tool\n18 degrees<|im_end|>" in text and "You can call" not in text
 
 
 def test_templates_that_render_tools_get_them_and_each_formats_grammar_parses(served):  # noqa: F811

@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API: ``GET /v1/models[/{id}]``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /health``.
+``POST /v1/responses``, ``GET /health`` (and ``POST /v1/embeddings``: a 501 saying ppd serves none).
 
 One job: turn OpenAI requests into ``Engine.stream`` calls and the answers back into OpenAI's JSON and server-sent
 events. ``ppd serve`` runs it alone (``create_api``); ``ppd chat`` puts its routes (``api_routes``) in front of the
@@ -17,6 +17,8 @@ line), through ``ModelHost.decode`` (``decoding``); its events go out streamed o
     messages   a chat's messages, checked                            answers    streamed and whole answers
     jobs       a request made a Job                                  errors     OpenAI-shaped errors, the body limit
     decoding   a Job decoded on a worker; the one event iterator     routes     the router and /health
+    prompts    a completion's prompt (ids, echo, fill-in-the-middle) responses_request / responses_answer: the
+                                                                     Responses API made a chat request, and back
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from starlette.routing import Mount, Route
 
 from app.api.decoding import ApiState
 from app.api.errors import BodyLimit, add_error_handlers
-from app.api.routes import health, v1_app
+from app.api.routes import health, infill_router, v1_app
 from app.model_host import ModelHost
 
 
@@ -39,7 +41,8 @@ def api_routes(service: ModelHost, api_key: str | None = None) -> list:
 
 
 def routes_of(state: ApiState) -> list:
-    return [Route("/health", partial(health, state), methods=["GET"]), Mount("/v1", app=BodyLimit(v1_app(state)))]
+    return [Route("/health", partial(health, state), methods=["GET"]), Mount("/v1", app=BodyLimit(v1_app(state))),
+            Route("/infill", BodyLimit(v1_app(state, infill_router)), methods=["POST"])]  # llama-server's, for editors
 
 
 def create_api(service: ModelHost, api_key: str | None = None) -> FastAPI:

@@ -29,7 +29,8 @@ async def whole(decoding: Decoding, job: Job, request: Request):
     if job.completion:
         return {"id": job.id, "object": "text_completion", "created": job.created,
                 "model": answered_by(job, outcome),
-                "choices": text_choice(outcome.text, finish_reason(outcome), legacy_logprobs(outcome.logprobs)),
+                "choices": text_choice(job.echo + (outcome.text or ""), finish_reason(outcome),
+                                       legacy_logprobs(outcome.logprobs, len(job.echo))),
                 "usage": usage(job, outcome), "ppd": ppd_figures(job, outcome)}
     message, reason = {"role": "assistant", "content": outcome.text}, finish_reason(outcome)
     if job.tools is not None and outcome.text is not None:
@@ -50,11 +51,13 @@ async def whole(decoding: Decoding, job: Job, request: Request):
 async def streamed(decoding: Decoding, job: Job) -> AsyncIterator[str]:
     """Server-sent events, labelled with the job's model; a disconnect cancels this generator, which stops the
     decoding."""
-    model, offset = job.model, 0
+    model, offset = job.model, len(job.echo)
     held, waiting = (HeldText(job.tools.names) if job.tools is not None else None), []  # text and logprobs held back
     try:
         if not job.completion:
             yield chunk(job, model, choice({"role": "assistant", "content": ""}))
+        elif job.echo:
+            yield chunk(job, model, text_choice(job.echo))
         async with aclosing(decoding.events()) as events:
             async for kind, value in events:
                 if kind == "text" and job.completion:

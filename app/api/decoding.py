@@ -99,7 +99,8 @@ def decode(service: ModelHost, job: Job, ticket: int, cancelled: threading.Event
             if outcome.model is None:  # the first step: no switch can happen until this job's turn ends
                 outcome.queued_seconds, outcome.started_at = turn_taken(queued, event)
                 outcome.model = service.snapshot()
-                entries = None if job.logprobs is None else LogprobEntries(service.engine.token_bytes)
+                entries = None if job.logprobs is None else LogprobEntries(service.engine.token_bytes,
+                                                                           service.engine.loaded.eos_token_ids)
             if entries is not None:
                 entries.add(event.step.logprobs)
             if not answer_step(event, outcome, cutter, cancelled, emit, entries):
@@ -134,17 +135,18 @@ def turn_taken(queued: float, first) -> tuple[float, float]:
 
 class LogprobEntries:
     """OpenAI's ``logprobs.content`` entries of an answer's tokens (``ppd_core.sampling.logits.TokenLogprob``s), handed out
-    with the text that completes them."""
+    with the text that completes them; the end-of-turn token that ends an answer (one of ``ends``) has none, as in
+    llama-server's answers (its text is no part of the answer)."""
 
-    def __init__(self, token_bytes: Callable[[int], bytes]):
-        self.token_bytes = token_bytes
+    def __init__(self, token_bytes: Callable[[int], bytes], ends: frozenset[int] = frozenset()):
+        self.token_bytes, self.ends = token_bytes, ends
         self.all: list[dict] = []
         self.sent = 0
 
     def add(self, reported) -> None:
         self.all.extend({**self.entry(item.token, item.logprob),
                          "top_logprobs": [self.entry(token, logprob) for token, logprob in item.top]}
-                        for item in reported or ())
+                        for item in reported or () if item.token not in self.ends)
 
     def entry(self, token: int, logprob: float) -> dict:
         data = self.token_bytes(token)

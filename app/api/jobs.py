@@ -7,6 +7,7 @@ import uuid
 
 from app.api.errors import ApiError, not_ready
 from app.api.messages import chat_messages, encodable
+from app.api.prompts import completion_prompt
 from app.api.schemas import ChatCompletionRequest, CompletionRequest, Job, RequestFields
 from app.model_host import ModelHost
 from app.structured import FieldError, response_grammar
@@ -70,24 +71,14 @@ def stop_strings(request: RequestFields) -> list[str]:
     return [encodable(s, "stop" if isinstance(request.stop, str) else f"stop[{i}]") for i, s in enumerate(stops)]
 
 
+MAX_TOKENS_FIELD = 2**31 - 1  # llama-server's n_predict is a 32-bit int; up to it, a limit past the context is cut there
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens on /v1/completions
 MAX_COMPLETION_LOGPROBS = 5
 
 
-def completion_prompt(request: CompletionRequest) -> str:
-    prompts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
-    if len(prompts) != 1:
-        raise ApiError(f"prompt must be one string (ppd answers one prompt per request), got {len(prompts)}", "prompt")
-    if request.echo:
-        raise ApiError("echo is not supported", "echo")
-    if request.suffix:
-        raise ApiError("suffix (fill-in-the-middle) is not supported", "suffix")
+def check_completion(request: CompletionRequest) -> None:
     if request.logprobs is not None and not 0 <= request.logprobs <= MAX_COMPLETION_LOGPROBS:
         raise ApiError(f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {request.logprobs}", "logprobs")
-    text = encodable(prompts[0], "prompt")
-    if not text:
-        raise ApiError("prompt is empty", "prompt")
-    return text
 
 
 def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequest) -> Job:
@@ -95,12 +86,13 @@ def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequ
     completion = isinstance(request, CompletionRequest)
     check_unsupported(request)
     if completion:
-        prompt, messages, field = completion_prompt(request), None, "prompt"
+        check_completion(request)
+        messages, field = None, "prompt"
     else:
         messages, field = chat_messages(request), "messages"
     check_sampling(request)
     stops = stop_strings(request)
-    limit, param = answer_limit(request)
+    limit, _ = answer_limit(request)
     try:
         engine = service.engine  # a switch may have begun since the request was let in
         snapshot = service.snapshot()
@@ -108,23 +100,24 @@ def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequ
         raise not_ready(service, error) from None
     model, sampling = snapshot.name, sampling_of(request, snapshot.sampling_defaults)
     grammar, json_answer, tools, messages, variables = answer_rules(request, engine, messages)
+    prompt = completion_prompt(engine.tokenizer, request.prompt, request.suffix, bool(request.echo)) if completion \
+        else None
     try:
-        ids = engine.tokenizer.encode(prompt) if completion else engine.chat_ids(messages, **variables)
+        ids = prompt.ids if completion else engine.chat_ids(messages, **variables)
     except PpdError as error:
         raise ApiError(str(error), field) from None
     if completion and limit is None:
         limit = COMPLETION_DEFAULT_TOKENS
-    context = engine.max_context
-    check_context(len(ids), limit, context, field, param)
     if completion:
         logprobs = request.logprobs
     else:
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return Job(
         id=f"{'cmpl' if completion else 'chatcmpl'}-{uuid.uuid4().hex}", ids=ids,
-        max_new_tokens=limit if limit is not None else context - len(ids), sampling=sampling, stop=stops,
+        max_new_tokens=answer_room(len(ids), limit, engine.max_context, field), sampling=sampling, stop=stops,
         include_usage=bool(request.stream_options and request.stream_options.include_usage), model=model,
         logprobs=logprobs, grammar=grammar, json_content=json_answer, tools=tools, completion=completion,
+        echo=prompt.echo if completion else "",
     )
 
 
@@ -132,8 +125,8 @@ def answer_limit(request: RequestFields) -> tuple[int | None, str]:
     """The answer's token limit (None: the rest of the context) and the field that set it."""
     limit = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
-    if limit is not None and limit < 1:
-        raise ApiError(f"{param} must be at least 1, got {limit}", param)
+    if limit is not None and not 1 <= limit <= MAX_TOKENS_FIELD:
+        raise ApiError(f"{param} must be from 1 to {MAX_TOKENS_FIELD}, got {limit}", param)
     return limit, param
 
 
@@ -165,10 +158,13 @@ def answer_rules(request: RequestFields, engine, messages: list[dict] | None
     return grammar, json_answer, tools, messages, variables
 
 
-def check_context(prompt_tokens: int, limit: int | None, context: int, field: str, param: str) -> None:
-    """The prompt, and the answer's limit when set, fit the model's context."""
-    if prompt_tokens >= context or (limit is not None and prompt_tokens + limit > context):
-        asked = f" and {limit} tokens for the answer ({prompt_tokens + limit} in all)" if limit is not None else ""
+def answer_room(prompt_tokens: int, limit: int | None, context: int, field: str) -> int:
+    """The answer's token limit: ``limit`` (None: no limit) up to what the model's context leaves, as llama-server
+    answers a large ``max_tokens`` (the answer stops there, ``finish_reason`` "length"); a prompt that leaves no room
+    is a 400."""
+    if prompt_tokens >= context:
         raise ApiError(
-            f"this model's maximum context length is {context} tokens; the {field} takes {prompt_tokens} tokens{asked}. "
-            f"Shorten the {field} or lower {param}.", field, "context_length_exceeded")
+            f"this model's maximum context length is {context} tokens; the {field} takes {prompt_tokens} tokens, "
+            f"leaving no room for an answer. Shorten the {field}.", field, "context_length_exceeded")
+    room = context - prompt_tokens
+    return room if limit is None else min(limit, room)

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -13,9 +16,12 @@ from starlette.concurrency import run_in_threadpool
 from app.api.answers import streamed, whole
 from app.api.decoding import ApiState, Decoding
 from app.api.errors import ApiError, add_error_handlers, not_ready, retry_header
+from app.api.infill import InfillRequest, completion_request, infill_ids, streamed_infill, whole_infill
 from app.api.jobs import make_job
 from app.api.messages import encodable
 from app.api.responses import model_card, unloaded_card
+from app.api.responses_answer import streamed_response, whole_response
+from app.api.responses_request import ResponsesRequest, chat_request
 from app.api.schemas import ChatCompletionRequest, CompletionRequest
 from app.model_catalog import available, public_name
 from app.model_queue import Busy
@@ -103,9 +109,36 @@ async def completions(body: CompletionRequest, request: Request):
     return await answer(body, request)
 
 
-async def answer(body: ChatCompletionRequest | CompletionRequest, request: Request):
-    """Either endpoint's answer, streamed or whole; every client mistake is a 400 here, before the model is asked;
-    tokenizing is off the event loop."""
+@router.post("/embeddings")
+async def embeddings():
+    """No embeddings: a clear 501 in OpenAI's shape (not a bare 404 that reads like a wrong base URL), which the
+    ``openai`` client does not retry (``x-should-retry``)."""
+    raise ApiError("ppd serves no embeddings: it answers /v1/chat/completions, /v1/completions and /v1/responses. "
+                   "Use an embedding model's server (llama-server --embedding) for /v1/embeddings.",
+                   code="embeddings_not_supported", status=501, kind="invalid_request_error",
+                   headers={"x-should-retry": "false"})
+
+
+@router.post("/responses")
+async def responses(body: ResponsesRequest, request: Request):
+    """OpenAI's Responses API: the request answered as the chat request it makes (``responses_request``)."""
+    return await answer(chat_request(body), request, Shape(partial(whole_response, request=body),
+                                                           partial(streamed_response, request=body), body.stream))
+
+
+@dataclass
+class Shape:
+    """How an endpoint's answer goes out: whole (``(decoding, job, request)``) and streamed (``(decoding, job)``:
+    server-sent events); ``stream``: which one, where the request is not the chat or completion request itself."""
+
+    whole: Callable = whole
+    streamed: Callable = streamed
+    stream: bool | None = None
+
+
+async def answer(body: ChatCompletionRequest | CompletionRequest, request: Request, shape: Shape = Shape()):
+    """Any endpoint's answer, streamed or whole, in its ``shape``; every client mistake is a 400 here, before the
+    model is asked; tokenizing is off the event loop."""
     state = ppd_state(request)
     loaded = snapshot(state)
     if body.model is not None and encodable(body.model, "model") not in loaded_ids(state, loaded) and \
@@ -119,13 +152,26 @@ async def answer(body: ChatCompletionRequest | CompletionRequest, request: Reque
         raise ApiError(str(busy), code="server_busy", status=503, kind="server_error",
                        headers={"Retry-After": str(busy.retry_after)}) from None
     decoding = Decoding(state, job, ticket)
-    if not body.stream:
-        return await whole(decoding, job, request)
+    if not (body.stream if shape.stream is None else shape.stream):
+        return await shape.whole(decoding, job, request)
     # the background task runs when the response ends, also after a disconnect (even one before the first event,
     # when the generator's own ``finally`` never runs)
-    return StreamingResponse(streamed(decoding, job), media_type="text/event-stream",
+    return StreamingResponse(shape.streamed(decoding, job), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                              background=BackgroundTask(decoding.cancel))
+
+
+infill_router = APIRouter(dependencies=[Depends(authorize), Depends(check_ready)])
+
+
+@infill_router.post("/infill")
+async def infill(body: InfillRequest, request: Request):
+    """llama-server's ``/infill`` (editors' fill-in-the-middle), in its own shapes (``infill``)."""
+    state = ppd_state(request)
+    snapshot(state)  # 503 while a model loads
+    engine = state.service.engine
+    ids = await run_in_threadpool(infill_ids, engine.tokenizer, body, engine.max_context)
+    return await answer(completion_request(body, ids), request, Shape(whole_infill, streamed_infill, body.stream))
 
 
 async def health(state: ApiState, _: Request) -> JSONResponse:
@@ -145,10 +191,11 @@ async def health(state: ApiState, _: Request) -> JSONResponse:
                          "llama_cpp_models": live_llama_cpp_models()})  # one while a GGUF is loaded: none leaked
 
 
-def v1_app(state: ApiState) -> FastAPI:
-    """``/v1``: an app of its own, with ``router`` and its own error handlers (OpenAI's shape)."""
+def v1_app(state: ApiState, routes: APIRouter = router) -> FastAPI:
+    """``/v1``: an app of its own, with ``router`` and its own error handlers (OpenAI's shape); with
+    ``infill_router``, the app of llama-server's ``/infill``."""
     v1 = FastAPI(title="ppd", docs_url=None, redoc_url=None, openapi_url=None)
     v1.state.ppd = state
-    v1.include_router(router)
+    v1.include_router(routes)
     add_error_handlers(v1)
     return v1

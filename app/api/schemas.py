@@ -64,10 +64,10 @@ class ChatCompletionRequest(RequestFields):
 class CompletionRequest(RequestFields):
     """``/v1/completions``: text in, text out (the legacy endpoint editors' completion still uses)."""
 
-    prompt: str | list[str]
+    prompt: Any = None  # a string, token ids, or a list holding one of either (``prompts``: checked there)
     logprobs: int | None = None  # 0 to 5 alternatives per token (the legacy shape)
-    echo: bool | None = None
-    suffix: str | None = None
+    echo: bool | None = None  # the answer begins with the prompt
+    suffix: Any = None  # the text after the completion: fill-in-the-middle (``prompts``)
 
 
 @dataclass
@@ -86,6 +86,7 @@ class Job:
     json_content: bool = False  # a chat's response_format: the content is the answer's JSON (``structured.json_content``)
     tools: ToolPlan | None = None  # the tools offered: the answer is parsed for calls (``app.tools.parse``)
     completion: bool = False  # a ``/v1/completions`` job: its answers are text_completion objects
+    echo: str = ""  # a completion's prompt, echoed before its answer (``echo``)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
