@@ -177,7 +177,8 @@ class Chat:
         return grammar
 
     def _answer(self, ids: list[int], engine: Engine, make: Make, settings: ChatSettings, note: str,
-                stop: Callable[[], bool] | None, grammar: str | None = None, before: str = "") -> Iterator[AnswerUpdate]:
+                stop: Callable[[], bool] | None, grammar: str | None = None,
+                before: str = "") -> Iterator[AnswerUpdate]:
         """The answer's updates; ``make`` makes the ids again for another model switched in before its turn;
         ``before``: the answer's text before these ids' end (a continued answer)."""
         mode = "ppd" if settings.ppd else "vanilla"

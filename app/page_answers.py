@@ -20,7 +20,7 @@ from app.chat_settings import PENALTY_FIELDS, ChatSettings
 from app.page_conversations import ConversationHandlers
 from app.page_layout import Page, Session
 from app.page_text import (LIMITED, MODEL_KEY, chat_messages, continuable, exchange, marked_answer, one_line,
-                           switch_panels)
+                           switch_panels, switched_line)
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,12 @@ class AnswerHandlers:
 
     def answered(self, session: Session) -> dict:
         """Send and Stop once it has ended (a model loading meanwhile turns Send off on the page's next tick), and
-        Continue where the answer ended at the length limit."""
-        chat = self.page.chat
+        Continue where the answer ended at the length limit; the line saying the conversation continues on another
+        model goes once the loaded one has answered."""
+        chat, host = self.page.chat, self.chat.host
+        line = switched_line(session.conversation, host.engine.loaded.name) if host.ready else ""
         return {chat.send: gr.update(interactive=True), chat.stop: gr.update(visible=False),
-                chat.resume: gr.update(visible=continuable(session.conversation)), **switch_panels(chat, "")}
+                chat.resume: gr.update(visible=continuable(session.conversation)), **switch_panels(chat, line)}
 
     def _respond(self, session: Session, updates: Iterator[AnswerUpdate], answer: dict | None = None) -> Iterator[dict]:
         """Stream ``updates`` (``Chat.answer`` for the conversation's last user message) as the chat, readout, note and
@@ -76,7 +78,8 @@ class AnswerHandlers:
                 if update.queued:  # waiting for the model: say so when the number of answers ahead changes
                     if update.queued != ahead:
                         ahead = update.queued
-                        yield {chat.chatbot: chat_messages(conversation, streaming=True) + waiting, chat.note: update.note}
+                        yield {chat.chatbot: chat_messages(conversation, streaming=True) + waiting,
+                               chat.note: update.note}
                     continue
                 answer["content"] = update.text
                 if update.text and conversation.messages[-1] is not answer:
@@ -214,8 +217,8 @@ class AnswerHandlers:
                 yield {**update, page.session: session}
         finally:
             session.answering = False
-        yield {page.session: session, **self.answered(session), page.chat.context: self.conversations.context(session.conversation),
-               page.page_id: session.conversation.id}
+        yield {page.session: session, **self.answered(session), page.page_id: session.conversation.id,
+               page.chat.context: self.conversations.context(session.conversation)}
 
     def resume(self, session: Session, *settings) -> Iterator[dict]:
         """Continue the last answer, cut at the length limit, where it stopped, in its own bubble (Continue)."""
@@ -244,8 +247,8 @@ class AnswerHandlers:
                 yield {**update, page.session: session}
         finally:
             session.answering = False
-        yield {page.session: session, **self.answered(session), page.chat.context: self.conversations.context(conversation),
-               page.page_id: conversation.id}
+        yield {page.session: session, **self.answered(session), page.page_id: conversation.id,
+               page.chat.context: self.conversations.context(conversation)}
 
     def stop(self, session: Session) -> Session:
         session.stop_requested = True

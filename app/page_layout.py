@@ -287,7 +287,8 @@ class Page:
     @property
     def model_panels(self) -> list:
         """What depends on the model (``ModelHandlers.model_panels``)."""
-        return [self.startup, self.chat.send, self.chat.switched, self.chat.new_for_model, self.device, self.calibration.summary, self.calibration.curve, self.timer,
+        return [self.startup, self.chat.send, self.chat.switched, self.chat.new_for_model, self.device,
+                self.calibration.summary, self.calibration.curve, self.timer,
                 *self.settings.sampling, self.model.choice, self.model.training, self.model.train, self.model_note]
 
 

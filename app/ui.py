@@ -37,8 +37,9 @@ class Handlers:
     def load(self, session: Session, page_conversation: str | None = None) -> dict:
         """A page opens (``ConversationHandlers.load``), with what depends on the model (``model_panels``)."""
         loaded = self.conversations.load(session, page_conversation)  # it sets the session's conversation
+        resume = gr.update(visible=continuable(session.conversation))  # Continue: an answer cut at the length limit
         return {**loaded, **self.model.model_panels(fresh_page=True), **self.model.switch_line(session),
-                self.page.chat.resume: gr.update(visible=continuable(session.conversation))}  # Continue: cut at the limit
+                self.page.chat.resume: resume}
 
 
 def wire_answers(handlers: Handlers, page: Page) -> None:
