@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.chat_settings import ChatSettings
 from app.highlight import Highlighter
@@ -21,6 +21,16 @@ from ppd_core.errors import PpdError
 
 
 @dataclass
+class Unfinished:
+    """An answer that ended at the length limit: its text, and the ids its model (``engine``) decoded it from and into
+    (the prompt, then the answer's tokens), so that Continue goes on from exactly those tokens."""
+
+    text: str
+    ids: list[int]
+    engine: Engine
+
+
+@dataclass
 class AnswerUpdate:
     text: str  # the answer so far
     marked: str  # the same as HTML, accepted guesses marked, when asked (else "")
@@ -29,6 +39,11 @@ class AnswerUpdate:
     stats: GenerationStats | None  # None while waiting for the model
     stop_reason: str | None = None
     queued: int = 0  # calls ahead of this one while it waits for the model
+    model: str = ""  # the name of the model answering
+    unfinished: Unfinished | None = None  # on the last update of an answer that ended at the length limit
+
+
+Make = Callable[[Engine], tuple[list[int], str]]  # the prompt's ids as a model makes them, and the trimming note
 
 
 @dataclass
@@ -71,6 +86,7 @@ class Reading:
     estimate: LiveEstimate | None  # the live speed estimate (PPD on)
     highlighter: Highlighter | None  # its accepted guesses marked (when asked)
     backend: str  # what decodes, as the readout names it
+    model: str = ""  # the model's name
 
     def add(self, step) -> None:
         if self.estimate is not None:
@@ -124,7 +140,32 @@ class Chat:
         grammar = self.checked_grammar(settings, engine)
         ids, note = self.prepare(messages, settings, engine)
         self.host.queue.check_room()
-        return self._answer(ids, engine, messages, settings, note, stop, grammar)
+        return self._answer(ids, engine, lambda now: self.prepare(messages, settings, now), settings, note, stop,
+                            grammar)
+
+    def resume(self, messages: list[dict], settings: ChatSettings, stop: Callable[[], bool] | None = None,
+               known: Unfinished | None = None) -> Iterator[AnswerUpdate]:
+        """Continue the last message, an answer cut at the length limit, where it stopped (Continue): the model's
+        prompt is the conversation with that partial answer, not a new turn, so a greedy answer goes on as it would
+        have with a larger limit. ``known``: the answer as last decoded (its ids used where its model is still loaded
+        and it is this conversation's answer); else the partial answer's text is encoded. The updates' text is the
+        whole answer. Refused (``PpdError``) as ``answer`` is."""
+        if len(messages) < 2 or messages[-1]["role"] != "assistant":
+            raise PpdError("there is no answer to continue")
+        partial = messages[-1]["content"]
+
+        def made(now: Engine) -> tuple[list[int], str]:
+            ids, note = self.prepare(messages[:-1], settings, now)
+            if known is not None and known.engine is now and known.text == partial and known.ids[:len(ids)] == ids:
+                return list(known.ids), note  # the tokens it was decoded as: greedy goes on exactly
+            return ids + now.tokenizer.encode(partial, add_special_tokens=False), note
+
+        engine = self.host.engine
+        grammar = self.checked_grammar(settings, engine)
+        ids, note = made(engine)
+        self.host.queue.check_room()
+        updates = self._answer(ids, engine, made, settings, note, stop, grammar, partial)
+        return (update if update.queued else replace(update, text=partial + update.text) for update in updates)
 
     @staticmethod
     def checked_grammar(settings: ChatSettings, engine: Engine) -> str | None:
@@ -135,19 +176,22 @@ class Chat:
             engine.check_grammar(grammar)
         return grammar
 
-    def _answer(self, ids: list[int], engine: Engine, messages: list[dict], settings: ChatSettings, note: str,
-                stop: Callable[[], bool] | None, grammar: str | None = None) -> Iterator[AnswerUpdate]:
+    def _answer(self, ids: list[int], engine: Engine, make: Make, settings: ChatSettings, note: str,
+                stop: Callable[[], bool] | None, grammar: str | None = None,
+                before: str = "") -> Iterator[AnswerUpdate]:
+        """The answer's updates; ``make`` makes the ids again for another model switched in before its turn;
+        ``before``: the answer's text before these ids' end (a continued answer)."""
         mode = "ppd" if settings.ppd else "vanilla"
         event: GenerationEvent | None = None
         reading: Reading | None = None
-        notes = [note]  # the trimming note of the ids that are decoded
+        notes, prompt = [note], [ids]  # the trimming note of the ids that are decoded, and those ids
 
         def remake(now: Engine) -> list[int]:  # another model was switched in before this answer's turn
-            remade, notes[0] = self.prepare(messages, settings, now)
-            return remade
+            prompt[0], notes[0] = make(now)
+            return prompt[0]
 
         events = self.host.decode(ids, mode, int(settings.max_new_tokens), settings.sampling(), reuse_cache=True,
-                                  stop=stop, made_for=engine, remake=remake, grammar=grammar)
+                                  stop=stop, made_for=engine, remake=remake, grammar=grammar, chat=True)
         with closing(events):
             for event in events:
                 if isinstance(event, Queued):
@@ -157,7 +201,10 @@ class Chat:
                 if reading is None or event.stats.new_tokens == len(step.tokens):  # the first event: the model that
                     reading = self._reading(settings)  # answers, read in its turn
                 reading.add(step)
-                yield self._update(event, settings, note, reading, event.stop_reason)
+                update = self._update(event, settings, note, reading, event.stop_reason)
+                if event.stop_reason == "length":  # Continue goes on from these tokens
+                    update.unfinished = Unfinished(before + event.text, prompt[0] + event.tokens, self.host.engine)
+                yield update
         if event is None or isinstance(event, Queued):
             yield AnswerUpdate("", "", "", "Stopped before the answer began.", None, "stopped")
         elif event.stop_reason is None:  # stopped by the user
@@ -170,7 +217,8 @@ class Chat:
         prices = StepPrices.of(engine.plan.profile) if settings.ppd else None
         backend = self.host.snapshot().backend
         return Reading(LiveEstimate(prices) if prices is not None else None,
-                       Highlighter(engine.tokenizer) if settings.highlight else None, BACKEND_NAMES.get(backend, backend))
+                       Highlighter(engine.tokenizer) if settings.highlight else None, BACKEND_NAMES.get(backend, backend),
+                       engine.loaded.name)
 
     def _update(self, event: GenerationEvent, settings: ChatSettings, note: str, reading: Reading,
                 stop_reason) -> AnswerUpdate:
@@ -193,6 +241,7 @@ class Chat:
             note=" ".join(notes),
             stats=event.stats,
             stop_reason=stop_reason,
+            model=reading.model,
         )
 
     def compare(self, messages: list[dict], settings: ChatSettings,
@@ -219,7 +268,7 @@ class Chat:
                 def told(tokens: int) -> None:
                     if progress is not None:
                         progress(COMPARED[mode], tokens, max_new)
-                return generated(engine.stream(ids, mode, max_new, sampling=greedy, grammar=grammar), told)
+                return generated(engine.stream(ids, mode, max_new, sampling=greedy, grammar=grammar, chat=True), told)
 
             results = {mode: run(mode) for mode in order}
         plain, ppd = results["vanilla"], results["ppd"]

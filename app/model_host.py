@@ -267,12 +267,13 @@ class ModelHost:
     def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
                stop: Callable[[], bool] | None = None, ticket: int | None = None,
                logprobs: int | None = None, made_for: Engine | None = None, grammar: str | None = None,
-               remake: Callable[[Engine], list[int]] | None = None) -> Iterator[Queued | GenerationEvent]:
+               remake: Callable[[Engine], list[int]] | None = None, chat: bool = False) -> Iterator[Queued | GenerationEvent]:
         """``Queued`` while waiting, then the engine's events; ends right after the event during which ``stop()``
         turned true. Close it (``contextlib.closing``) when leaving it early.
 
         ``ticket``: a place in line taken beforehand (``queue.join``); else one is taken here (``Busy`` if full).
-        ``logprobs``: the engine's (each step's tokens' log-probabilities and that many alternatives).
+        ``logprobs``: the engine's (each step's tokens' log-probabilities and that many alternatives); ``chat``: the
+        ids are a chat in the template (its turn markers end the answer, ``Engine.stream``).
 
         Ids mean something only to the model that made them, and a switch waiting ahead in line may replace it before
         this call's turn. ``made_for``: the engine that made ``ids`` (default: the model loaded when the ticket was
@@ -292,7 +293,7 @@ class ModelHost:
                                        "ask again")
                 ids = remake(engine)
             stream = engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling,
-                                   logprobs=logprobs, grammar=grammar)
+                                   logprobs=logprobs, grammar=grammar, chat=chat)
             try:
                 for event in stream:
                     self.last_answer = (engine, event.stats)

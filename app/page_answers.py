@@ -19,13 +19,15 @@ from app.chat import AnswerUpdate, Chat
 from app.chat_settings import PENALTY_FIELDS, ChatSettings
 from app.page_conversations import ConversationHandlers
 from app.page_layout import Page, Session
-from app.page_text import chat_messages, exchange, marked_answer, one_line
+from app.page_text import (LIMITED, MODEL_KEY, chat_messages, continuable, exchange, marked_answer, one_line,
+                           switch_panels, switched_line)
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
 
 UPDATE_SECONDS = 0.25  # how often a streamed answer is sent to the page
 SAVE_SECONDS = 3.0  # how often the answer so far is saved while it streams
+NOTHING_TO_CONTINUE = "Nothing to continue: the last answer did not stop at the length limit."
 
 
 class AnswerHandlers:
@@ -38,33 +40,46 @@ class AnswerHandlers:
         self._answers = threading.Lock()  # marks a page answering, one at a time
 
     def answering(self) -> dict:
-        """Send and Stop while a page's answer streams."""
-        return {self.page.chat.send: gr.update(interactive=False), self.page.chat.stop: gr.update(visible=True)}
+        """Send and Stop while a page's answer streams (Continue put away)."""
+        chat = self.page.chat
+        return {chat.send: gr.update(interactive=False), chat.stop: gr.update(visible=True),
+                chat.resume: gr.update(visible=False)}
 
-    def answered(self) -> dict:
-        """Send and Stop once it has ended (a model loading meanwhile turns Send off on the page's next tick)."""
-        return {self.page.chat.send: gr.update(interactive=True), self.page.chat.stop: gr.update(visible=False)}
+    def answered(self, session: Session) -> dict:
+        """Send and Stop once it has ended (a model loading meanwhile turns Send off on the page's next tick), and
+        Continue where the answer ended at the length limit; the line saying the conversation continues on another
+        model goes once the loaded one has answered."""
+        chat, host = self.page.chat, self.chat.host
+        line = switched_line(session.conversation, host.engine.loaded.name) if host.ready else ""
+        return {chat.send: gr.update(interactive=True), chat.stop: gr.update(visible=False),
+                chat.resume: gr.update(visible=continuable(session.conversation)), **switch_panels(chat, line)}
 
-    def _respond(self, session: Session, updates: Iterator[AnswerUpdate]) -> Iterator[dict]:
+    def _respond(self, session: Session, updates: Iterator[AnswerUpdate], answer: dict | None = None) -> Iterator[dict]:
         """Stream ``updates`` (``Chat.answer`` for the conversation's last user message) as the chat, readout, note and
-        marked answer, the first at once: the message taken.
+        marked answer, the first at once: the message taken. ``answer``: the conversation's last message, continued
+        (``Chat.resume``: the updates' text is all of it), else a new answer.
 
         The user's message is saved before decoding starts and the answer so far every ``SAVE_SECONDS``
         (marked interrupted until it ends), so a crash loses neither. Any error keeps both, marks the
-        partial answer interrupted, saves, and shows one line.
+        partial answer interrupted, saves, and shows one line. An answer ending at the length limit is marked so
+        (the bubble says it, Continue goes on).
         """
         conversation, chat = session.conversation, self.page.chat
-        answer = {"role": "assistant", "content": "", "interrupted": True}
+        answer = answer if answer is not None else {"role": "assistant", "content": ""}
+        answer.pop(LIMITED, None)
+        answer["interrupted"], session.unfinished = True, None
         self.conversations.save(conversation)
-        waiting = [{"role": "assistant", "content": ""}]
-        yield {chat.chatbot: chat_messages(conversation) + waiting, chat.note: "", chat.marked: ""}
+        waiting = [] if conversation.messages and conversation.messages[-1] is answer else [
+            {"role": "assistant", "content": ""}]
+        yield {chat.chatbot: chat_messages(conversation, streaming=True) + waiting, chat.note: "", chat.marked: ""}
         update, sent, saved, ahead = None, 0.0, time.monotonic(), ""
         try:
             for update in updates:
                 if update.queued:  # waiting for the model: say so when what is ahead changes
                     if update.note != ahead:
                         ahead = update.note
-                        yield {chat.chatbot: chat_messages(conversation) + waiting, chat.note: update.note}
+                        yield {chat.chatbot: chat_messages(conversation, streaming=True) + waiting,
+                               chat.note: update.note}
                     continue
                 answer["content"] = update.text
                 if update.text and conversation.messages[-1] is not answer:
@@ -91,6 +106,10 @@ class AnswerHandlers:
             del answer["interrupted"]
             if conversation.messages[-1] is not answer:
                 conversation.messages.append(answer)
+            answer[MODEL_KEY] = update.model  # the line over the chat tells another model's answers
+            if update.stop_reason == "length":
+                answer[LIMITED], session.unfinished = True, update.unfinished
+                yield {chat.chatbot: chat_messages(conversation)}  # the line under it
         self.conversations.save(conversation)
 
     def _start(self, session: Session, messages: list[dict], settings: ChatSettings) -> Iterator[AnswerUpdate]:
@@ -136,7 +155,7 @@ class AnswerHandlers:
                 yield {**shown, page.session: session}
         finally:
             session.answering = False
-        yield {page.session: session, **self.answered(), **self.conversations.changed(session)}
+        yield {page.session: session, **self.answered(session), **self.conversations.changed(session)}
 
     def regenerate(self, session: Session, *settings) -> Iterator[dict]:
         """The last user message answered again (the Regenerate button, the last answer's Retry icon)."""
@@ -198,8 +217,38 @@ class AnswerHandlers:
                 yield {**update, page.session: session}
         finally:
             session.answering = False
-        yield {page.session: session, **self.answered(), page.chat.context: self.conversations.context(session.conversation),
-               page.page_id: session.conversation.id}
+        yield {page.session: session, **self.answered(session), page.page_id: session.conversation.id,
+               page.chat.context: self.conversations.context(session.conversation)}
+
+    def resume(self, session: Session, *settings) -> Iterator[dict]:
+        """Continue the last answer, cut at the length limit, where it stopped, in its own bubble (Continue)."""
+        page, conversation = self.page, session.conversation
+        if not self._begin_answer(session):
+            yield {page.session: session}
+            return
+        try:
+            if not continuable(conversation):
+                gr.Warning(NOTHING_TO_CONTINUE)
+                yield {page.chat.note: NOTHING_TO_CONTINUE, page.chat.resume: gr.update(visible=False),
+                       page.session: session}
+                return
+            messages = [{"role": m["role"], "content": m["content"]} for m in conversation.messages]
+            chosen = ChatSettings(*settings)
+            try:  # refused (too long, ppd busy): the answer stays as it was, Continue with it
+                session.stop_requested, conversation.system_prompt = False, chosen.system_prompt
+                updates = self.chat.resume(messages, chosen, lambda: session.stop_requested, session.unfinished)
+            except PpdError as error:
+                gr.Warning(str(error))
+                yield {page.chat.note: str(error), page.session: session}
+                return
+            shown_updates = self._respond(session, updates, conversation.messages[-1])
+            yield {**next(shown_updates), page.session: session, **self.answering(), page.page_id: conversation.id}
+            for update in shown_updates:
+                yield {**update, page.session: session}
+        finally:
+            session.answering = False
+        yield {page.session: session, **self.answered(session), page.page_id: conversation.id,
+               page.chat.context: self.conversations.context(conversation)}
 
     def stop(self, session: Session) -> Session:
         session.stop_requested = True

@@ -4,6 +4,7 @@ wires them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -13,12 +14,24 @@ from app.plots import COLUMNS
 from app.readout import SPEED_DEFINITION
 from ppd_core import default_sampling
 
+if TYPE_CHECKING:
+    from app.chat import Unfinished
+
 # The page's own status lines say what is going on; Gradio 6 draws its progress overlay and elapsed-time counter
 # ("0.1s") on every output of a running event whatever ``show_progress`` says (gradio-app/gradio#12406): not on these.
-OWN_LINES = ("startup", "device", "training", "train-cost", "model-note", "calibration", "verdict", "readout", "note", "context")
+OWN_LINES = ("startup", "device", "training", "train-cost", "model-note", "calibration", "verdict", "readout", "note",
+             "context", "switched")
 PAGE_STYLE = "<style>" + ", ".join(f'#{line} [data-testid="status-tracker"]' for line in OWN_LINES) + \
     " { display: none !important; }</style>"
 TRAIN, RESUME_TRAINING, STOP_TRAINING = "Train PPD tokens for this model", "Resume training", "Stop training"
+SEND, LOADING, NO_MODEL = "Send", "Loading model…", "No model loaded"
+
+
+def send_button(ready: bool, failed: bool = False) -> dict:
+    """Send's update: the primary button once a model is ready; else off, plain, saying why."""
+    if ready:
+        return gr.update(value=SEND, variant="primary", interactive=True)
+    return gr.update(value=NO_MODEL if failed else LOADING, variant="secondary", interactive=False)
 
 
 @dataclass
@@ -30,6 +43,7 @@ class Session:
     answering: bool = False
     chosen: set[str] = field(default_factory=set)  # sampling widgets set on this page: a model's defaults keep off them
     selected: tuple | None = None  # the message clicked in the chat: (index, role, content), checked before use
+    unfinished: Unfinished | None = None  # the last answer, cut at the length limit, as decoded (Continue's ids)
 
 
 def new_session() -> Session:
@@ -48,6 +62,9 @@ class ChatPanel:
     stop: gr.Button
     regenerate: gr.Button
     clear: gr.Button
+    resume: gr.Button  # Continue: shown under an answer cut at the length limit
+    switched: gr.Markdown  # the conversation continues on another model than the one that answered it so far
+    new_for_model: gr.Button  # a new chat for the model loaded now
     readout: gr.Markdown
     note: gr.Markdown
     marked: gr.HTML  # the last answer with its accepted guesses marked (when asked): the chat itself stays plain text
@@ -61,16 +78,22 @@ class ChatPanel:
 def chat_panel() -> ChatPanel:
     # the pencil on a user message edits it (answered again from there); the last answer has Retry and Undo; a click on
     # any message offers to delete it or answer again from it
+    with gr.Row(elem_id="switched-row"):  # shown after a model switch, over a conversation another model answered
+        switched = gr.Markdown("", visible=False, elem_id="switched")
+        new_for_model = gr.Button("New chat for this model", size="sm", scale=0, visible=False,
+                                  elem_id="new-chat-for-model")
     chatbot = gr.Chatbot(label="Chat · click a message to delete it or answer again from it", height=460,
                          elem_id="chat", sanitize_html=True, editable="user")
     with gr.Row():  # on a phone the buttons go under the box (its min_width), not beside a box 178 px wide
         message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, min_width=300,
                              elem_id="message")
-        send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+        # off, and not the primary colour, until a model is ready (``send_button``): a page opening mid-load
+        send = gr.Button(LOADING, variant="secondary", interactive=False, scale=1, elem_id="send")
         stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop", visible=False)  # shown while an answer streams
     with gr.Row():
         regenerate = gr.Button("Regenerate", size="sm")
         clear = gr.Button("Clear", size="sm", elem_id="clear")
+        resume = gr.Button("Continue", size="sm", visible=False, elem_id="continue")
     with gr.Row(visible=False, elem_id="selection") as selection:
         selected = gr.Markdown("", elem_id="selected")
         delete = gr.Button("Delete", size="sm", variant="stop", scale=0, elem_id="delete-message")
@@ -79,8 +102,8 @@ def chat_panel() -> ChatPanel:
     readout = gr.Markdown("", elem_id="readout")
     note = gr.Markdown("", elem_id="note")
     marked = gr.HTML("", elem_id="marked")
-    return ChatPanel(chatbot, message, send, stop, regenerate, clear, readout, note, marked, context, selection, selected,
-                     delete, again)
+    return ChatPanel(chatbot, message, send, stop, regenerate, clear, resume, switched, new_for_model, readout, note,
+                     marked, context, selection, selected, delete, again)
 
 
 @dataclass
@@ -182,7 +205,7 @@ def settings_panel() -> SettingsPanel:
             temperature = slider("temperature", scale=4)
             greedy = gr.Button("Greedy", size="sm", scale=1, elem_id="greedy")
         top_p, top_k = slider("top_p"), slider("top_k")
-        max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens")
+        max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens", elem_id="max-new-tokens")
         schema = gr.Textbox("", label="JSON schema: the answers follow it (empty: free text)", lines=3, max_lines=12,
                             placeholder='{"type": "object", "properties": {"name": {"type": "string"}}}',
                             elem_id="json-schema")
@@ -283,7 +306,8 @@ class Page:
     @property
     def model_panels(self) -> list:
         """What depends on the model (``ModelHandlers.model_panels``)."""
-        return [self.startup, self.chat.send, self.device, self.calibration.summary, self.calibration.curve, self.timer,
+        return [self.startup, self.chat.send, self.chat.switched, self.chat.new_for_model, self.device,
+                self.calibration.summary, self.calibration.curve, self.timer,
                 *self.settings.sampling, self.model.choice, self.model.training, self.model.train, self.model_note]
 
 

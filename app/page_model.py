@@ -13,9 +13,9 @@ import gradio as gr
 from app.calibration_progress import followed
 from app.model_catalog import choices
 from app.model_host import ModelHost
-from app.page_layout import RESUME_TRAINING, STOP_TRAINING, TRAIN, Page, Session
-from app.page_text import (calibration_summary, chosen_label, model_note, one_line, sampling_defaults, training_choice,
-                           training_offer)
+from app.page_layout import RESUME_TRAINING, STOP_TRAINING, TRAIN, Page, Session, send_button
+from app.page_text import (calibration_summary, chosen_label, model_note, one_line, sampling_defaults, switch_panels,
+                           switched_line, training_choice, training_offer)
 from app.plots import latency_points
 from app.system_info import device_panel
 from ppd_core import TrainingCost, answered_step, calibrated_step, model_shape, training_cost
@@ -38,7 +38,7 @@ class ModelHandlers:
         host, page = self.host, self.page
         if not host.ready:  # loading; or no model could load: the line says so and the picker opens
             failed = host.startup.error is not None and not host.switching
-            return {page.startup: f"**{host.startup.line()}**", page.chat.send: gr.update(interactive=False),
+            return {page.startup: f"**{host.startup.line()}**", page.chat.send: send_button(False, failed),
                     page.device: "No model is loaded." if failed else "The model is loading.",
                     page.timer: gr.Timer(active=not failed), page.model.choice: gr.update(interactive=failed),
                     page.model.train: gr.update(interactive=False), page.model_note: ""}
@@ -46,7 +46,7 @@ class ModelHandlers:
         training, training_runs = self.training_panel()
         new_model, self._shown_model = self._shown_model is not engine, engine
         panels = {page.startup: host.switch_note or (f"*{host.background}*" if host.background else ""),
-                  page.chat.send: gr.update(interactive=True), page.device: device_panel(model),
+                  page.chat.send: send_button(True), page.device: device_panel(model),
                   page.calibration.summary: calibration_summary(model.profile, model.tree["name"]),
                   page.calibration.curve: latency_points(model.profile) if model.profile else None,
                   page.timer: gr.Timer(active=host.switching or training_runs or host.background is not None),
@@ -88,13 +88,20 @@ class ModelHandlers:
     def page_panels(self, session: Session, panels: dict) -> dict:
         """``model_panels``' updates for one page: its Send stays off while its own answer streams, and the sampling
         values its user set stay as set when another model's defaults come."""
-        panels = dict(panels)
+        panels = {**panels, **self.switch_line(session)}
         if session.answering:
             panels[self.page.chat.send] = gr.update(interactive=False)
         for name, widget in self.page.settings.by_name.items():
             if name in session.chosen and widget in panels and panels[widget].get("value") is not None:
                 panels[widget] = gr.update(label=chosen_label(name))
         return panels
+
+    def switch_line(self, session: Session) -> dict:
+        """The line over the chat once another model than the one that answered this page's conversation is loaded
+        (a switch never carries a conversation over silently), with its New chat for this model button."""
+        host = self.host
+        line = switched_line(session.conversation, host.engine.loaded.name) if host.ready else ""
+        return switch_panels(self.page.chat, line)
 
     def choose(self, name: str, session: Session) -> dict:
         """The user set sampling widget ``name``: its label says so, and a model loaded later leaves it as set."""

@@ -17,15 +17,45 @@ from app.training_job import duration
 from ppd_core import ChosenSampling, TrainingCost, chains_text
 
 INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
+LENGTH_LIMIT = "\n\n*(stopped at the length limit: Continue goes on from here)*"  # an answer cut at Max new tokens
+LIMITED = "length_limit"  # a saved answer's mark: it ended at the length limit
 
 
 def chat_messages(conversation: Conversation, streaming: bool = False) -> list[dict]:
-    """The chat's messages for the page; an interrupted answer says so (unless it is the one streaming)."""
+    """The chat's messages for the page; an interrupted answer, or one cut at the length limit, says so (unless it is
+    the one streaming)."""
     shown = [{"role": m["role"], "content": m["content"]} for m in conversation.messages]
     for message, original in zip(shown, conversation.messages):
-        if original.get("interrupted") and not (streaming and original is conversation.messages[-1]):
+        if streaming and original is conversation.messages[-1]:
+            continue
+        if original.get("interrupted"):
             message["content"] += INTERRUPTED
+        elif original.get(LIMITED):
+            message["content"] += LENGTH_LIMIT
     return shown
+
+
+MODEL_KEY = "model"  # a saved answer's model: the name of the model that wrote it
+
+
+def switched_line(conversation: Conversation, model: str) -> str:
+    """The line over the chat where the conversation's last answer came from another model than ``model`` (the one
+    loaded now, which reads it all as its prompt); "" otherwise."""
+    answered = next((m.get(MODEL_KEY) for m in reversed(conversation.messages) if m["role"] == "assistant"), None)
+    if not answered or answered == model:
+        return ""
+    return (f"This conversation continues on **{model}**: its answers so far came from {answered}, and {model} reads "
+            "them all as its prompt.")
+
+
+def switch_panels(chat, line: str) -> dict:
+    """Updates of the chat panel's ``switched`` line and its New chat button: shown with a line, hidden without."""
+    return {chat.switched: gr.update(value=line, visible=bool(line)), chat.new_for_model: gr.update(visible=bool(line))}
+
+
+def continuable(conversation: Conversation) -> bool:
+    """Whether the conversation ends with an answer cut at the length limit (Continue is offered)."""
+    return bool(conversation.messages) and bool(conversation.messages[-1].get(LIMITED))
 
 
 def marked_answer(marked: str) -> str:

@@ -19,7 +19,7 @@ from app.page_answers import AnswerHandlers
 from app.page_conversations import ConversationHandlers
 from app.page_layout import Page, Session, build_page
 from app.page_model import ModelHandlers
-from app.page_text import chosen_label
+from app.page_text import chosen_label, continuable, switch_panels
 
 MODEL = dict(concurrency_limit=None)  # events that run the model: they queue in ModelHost, not in Gradio
 
@@ -36,25 +36,30 @@ class Handlers:
 
     def load(self, session: Session, page_conversation: str | None = None) -> dict:
         """A page opens (``ConversationHandlers.load``), with what depends on the model (``model_panels``)."""
-        return {**self.conversations.load(session, page_conversation), **self.model.model_panels(fresh_page=True)}
+        loaded = self.conversations.load(session, page_conversation)  # it sets the session's conversation
+        resume = gr.update(visible=continuable(session.conversation))  # Continue: an answer cut at the length limit
+        return {**loaded, **self.model.model_panels(fresh_page=True), **self.model.switch_line(session),
+                self.page.chat.resume: resume}
 
 
 def wire_answers(handlers: Handlers, page: Page) -> None:
     """Send, Regenerate (and Retry), an edit, Answer again, Stop, Compare."""
     answers, chat, settings, session = handlers.answers, page.chat, page.settings, page.session
     outputs = [chat.chatbot, chat.message, chat.readout, chat.note, session, page.history.saved, chat.send, chat.stop,
-               chat.marked, chat.context, page.page_id]
+               chat.marked, chat.context, page.page_id, chat.resume, chat.switched, chat.new_for_model]
     # Enter and Send are one event: while its answer streams the page does not send it again (trigger_mode "once");
     # ``AnswerHandlers.send`` also ignores a send from a page whose answer streams (one started by Regenerate)
     gr.on([chat.message.submit, chat.send.click], answers.send, [chat.message, session, *settings.inputs], outputs,
           **MODEL, api_name="send", trigger_mode="once").then(handlers.model.device, None, page.device, api_name=False)
     again = [chat.chatbot, chat.readout, chat.note, session, chat.send, chat.stop, chat.marked, chat.context,
-             page.page_id]
+             page.page_id, chat.resume, chat.switched, chat.new_for_model]
     # the Regenerate button and the last answer's Retry icon are one action
     gr.on([chat.regenerate.click, chat.chatbot.retry], answers.regenerate, [session, *settings.inputs], again, **MODEL,
           api_name=False, trigger_mode="once")
     chat.chatbot.edit(answers.edit, [session, *settings.inputs], again, **MODEL, api_name=False)
     chat.again.click(answers.again, [session, *settings.inputs], again, **MODEL, api_name=False)
+    # Continue: the answer cut at the length limit goes on in its own bubble
+    chat.resume.click(answers.resume, [session, *settings.inputs], again, **MODEL, api_name=False, trigger_mode="once")
     chat.stop.click(answers.stop, [session], [session], queue=False, api_name=False)
     compare = page.compare
     compare.button.click(answers.compare, [session, settings.system, settings.max_new, *settings.penalties, settings.schema],
@@ -77,6 +82,11 @@ def wire_conversation(handlers: Handlers, page: Page) -> None:
     gr.on([chat.send.click, chat.message.submit, chat.regenerate.click, chat.chatbot.retry, chat.chatbot.edit,
            chat.chatbot.undo, chat.again.click, chat.clear.click, chat.chatbot.clear, history.saved.change],
           lambda: gr.update(visible=False), None, chat.selection, queue=False, api_name=False)
+    # another conversation, or this one changed by hand: no answer of this page's to continue
+    gr.on([chat.clear.click, chat.chatbot.clear, chat.new_for_model.click, chat.chatbot.undo, chat.delete.click,
+           history.saved.change], lambda: gr.update(visible=False), None, chat.resume, queue=False, api_name=False)
+    gr.on([chat.clear.click, chat.chatbot.clear, chat.new_for_model.click], lambda: switch_panels(chat, ""), None,
+          [chat.switched, chat.new_for_model], queue=False, api_name=False)
 
     def context(page_session: Session, system: str) -> str:
         return conversations.context(page_session.conversation, system)
@@ -86,7 +96,8 @@ def wire_conversation(handlers: Handlers, page: Page) -> None:
     page.startup.change(context, [session, page.settings.system], chat.context, queue=False, api_name=False)
     # the chat's own trash icon is the Clear button: a new conversation (else it only emptied the display, and the
     # next message brought the cleared turns back, to the page and to the model)
-    gr.on([chat.clear.click, chat.chatbot.clear], conversations.clear, [session],
+    # New chat for this model (after a switch) is Clear too
+    gr.on([chat.clear.click, chat.chatbot.clear, chat.new_for_model.click], conversations.clear, [session],
           [session, chat.chatbot, chat.readout, chat.note, history.saved, chat.context, page.page_id], api_name=False)
     history.saved.change(conversations.open, [history.saved, session],
                          [session, chat.chatbot, page.settings.system, chat.context, page.page_id], api_name=False)
@@ -136,7 +147,7 @@ def build(host: ModelHost, store: ConversationStore | None = None) -> tuple[gr.B
         handlers = Handlers(host, store or ConversationStore(), page)
         app.load(handlers.load, [page.session, page.page_id],
                  [page.session, page.chat.chatbot, page.settings.system, page.history.saved, page.chat.context,
-                  page.page_id, *page.model_panels])
+                  page.page_id, page.chat.resume, *page.model_panels], show_progress="hidden")
         wire_answers(handlers, page)
         wire_conversation(handlers, page)
         wire_model(handlers, page)

@@ -31,6 +31,7 @@ from ppd_core.snapshot import ModelSnapshot, take_snapshot, thread_count
 from ppd_core.stats import GenerationStats, StepStats
 from ppd_core.text import chat_ids, text_stream
 from ppd_core.tree import vanilla_family
+from ppd_core.turn_end import TurnEnd, turn_stops
 
 MODES = ("ppd", "vanilla")
 log = logging.getLogger(__name__)
@@ -173,6 +174,7 @@ class Engine:
         sampling: SamplingParams = GREEDY,
         logprobs: int | None = None,
         grammar: str | None = None,
+        chat: bool = False,
     ) -> Iterator[GenerationEvent]:
         """Yield the growing answer after every forward pass (the prompt's first).
 
@@ -180,6 +182,8 @@ class Engine:
         tokens after its longest common prefix with ``input_ids`` are prefilled (multi-turn chat).
         With ``logprobs`` (the number of alternatives, 0 to ``MAX_TOP_LOGPROBS``) each step's ``logprobs`` has its
         tokens' log-probabilities. With ``grammar`` (GBNF, a ``root`` rule) the answer follows it, in both modes.
+        With ``chat`` (``input_ids`` are a chat in this model's template) the template's turn markers written as text
+        end the answer (``turn_end``: a model without a template of its own), stop reason "eos", the marker not shown.
         """
         if mode not in MODES:
             raise PpdError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -205,21 +209,41 @@ class Engine:
                                    sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
                                    grammar=constraint, drafters=lookup + forced)
         steps = decoding.generate(speculator, request)
+        ends = TurnEnd(turn_stops(self.tokenizer)) if chat else None
         try:
-            for step in steps:
-                stats.add(step)
-                if step.chain_match >= 0:  # the lookup proposed: what its policy made of it
-                    done = f"drafted {step.chain} copied tokens" if step.chain else "drafted none"
-                    stats.lookup_note = f"{done} ({chains.why(step.chain_match, step.chain)})"
-                tokens.extend(step.tokens)
-                delta = text.extend(step.tokens) + (text.flush() if step.stop else "")
-                yield GenerationEvent(text.text, delta, list(tokens), step, stats, step.stop)
+            yield from self._events(steps, stats, tokens, text, chains, ends)
         except GeneratorExit:  # stopped by the consumer between steps: the cache is consistent
             if cache is not None:
                 self._keep_cache(cache, list(input_ids) + tokens, chains)
             raise
+        finally:
+            steps.close()  # ended at a turn marker: the decoding ends between steps too
         if cache is not None:
             self._keep_cache(cache, list(input_ids) + tokens, chains)
+
+    @staticmethod
+    def _events(steps: Iterator[StepStats], stats: GenerationStats, tokens: list[int], text, chains,
+                ends: TurnEnd | None) -> Iterator[GenerationEvent]:
+        """``stream``'s events from the decoding's ``steps``, adding to ``stats``, ``tokens`` and ``text``; with
+        ``ends`` (the stop texts' ``TurnEnd``; none are empty) a step is cut at the token completing one, the answer
+        ends there, and the text shown holds back what may begin one."""
+        shown = ""
+        for step in steps:
+            if ends is None or not ends.stops:
+                delta = text.extend(step.tokens) + (text.flush() if step.stop else "")
+                shown = text.text
+            else:
+                step.clip(ends.add(text, step.tokens, step.stop is not None))
+                step.stop = "eos" if ends.hit else step.stop
+                delta, shown = text.text[len(shown) : ends.shown], text.text[: ends.shown]
+            stats.add(step)
+            if step.chain_match >= 0:  # the lookup proposed: what its policy made of it
+                done = f"drafted {step.chain} copied tokens" if step.chain else "drafted none"
+                stats.lookup_note = f"{done} ({chains.why(step.chain_match, step.chain)})"
+            tokens.extend(step.tokens)
+            yield GenerationEvent(shown, delta, list(tokens), step, stats, step.stop)
+            if step.stop:
+                return
 
     def close(self) -> None:
         """Give the model's memory back (before another model loads: one model in memory at a time)."""

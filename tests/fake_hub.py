@@ -19,6 +19,7 @@ class FakeHub:
         self.repos: dict[str, dict[str, bytes]] = {}
         self.gated: set[str] = set()
         self.cut_after: dict[str, int] = {}  # file name -> bytes sent before its first download is dropped
+        self.hold: threading.Event | None = None  # a file's download waits until it is set (a slow download)
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -105,6 +106,8 @@ class FakeHub:
                 if data is None:
                     self._error(404, "EntryNotFound", f"{name} does not exist on main")
                     return
+                if body and hub.hold is not None:  # before the headers (a client's read timeout must allow for it)
+                    hub.hold.wait(300)
                 start = 0
                 if ranged := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or ""):
                     start = int(ranged[1])

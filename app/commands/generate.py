@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
               "conversation (`ppd calibrate` measures it once; `ppd chat` and `ppd serve` do it in the background)",
               file=sys.stderr)
     event = None
-    for event in engine.stream(ids, args.mode, args.max_new_tokens, sampling=sampling):
+    for event in engine.stream(ids, args.mode, args.max_new_tokens, sampling=sampling, chat=engine.has_chat_template):
         if not args.json:
             print(event.delta, end="", flush=True)
     stats = event.stats
