@@ -290,8 +290,9 @@ class ModelHost:
         ticket = self.queue.join() if ticket is None else ticket
         made_for = made_for if made_for is not None else self.queue.stamp_of(ticket)
         try:
-            if not (yield from self.queue.wait(ticket, stop)):
-                return  # stopped while waiting
+            quitting = self._stopping.is_set
+            if not (yield from self.queue.wait(ticket, lambda: (stop is not None and stop()) or quitting())):
+                return  # stopped while waiting (the user, or ppd quitting: its answers must end before it does)
             engine = self.engine  # no switch until this call's turn ends
             if made_for is not None and made_for is not engine:
                 if remake is None:

@@ -21,6 +21,7 @@ from app.api.schemas import Job, Outcome
 from app.model_host import ModelHost
 from app.model_queue import Queued
 from app.structured import JsonContent, json_content
+from ppd_core import GrammarError
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ class Decoding:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
-        self.state = state
+        self.state, self.grammar_param = state, job.grammar_param
         state.started()
         state.workers.submit(self._run, state.service, job, ticket)
 
@@ -192,6 +193,11 @@ class Decoding:
     def _run(self, service: ModelHost, job: Job, ticket: int) -> None:
         try:
             outcome = decode(service, job, ticket, self.cancelled, lambda piece, entries: self._put("text", (piece, entries)))
+        except GrammarError as error:  # the request's grammar left no token: its fault, one line
+            log.warning("an API request's grammar left no token to go on with: %s", error)
+            self.state.ended()
+            self._put("error", error)
+            return
         except BaseException as error:  # noqa: BLE001 - the response reports it; the model is already free
             log.exception("answering an API request failed")
             self.state.ended()
@@ -215,7 +221,7 @@ class Decoding:
                 except (asyncio.TimeoutError, TimeoutError):
                     kind = value = None
                 if kind is not None:
-                    yield (kind, failure(value)) if kind == "error" else (kind, value)
+                    yield (kind, failure(value, self.grammar_param)) if kind == "error" else (kind, value)
                     if kind != "text":
                         return
                 if client_gone is not None and time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:
