@@ -58,6 +58,11 @@ class ModelHost:
         self._stopping = threading.Event()  # set by ``shutdown``
 
     @property
+    def quitting(self) -> bool:
+        """Whether ``shutdown`` has begun: answers end now, within its time."""
+        return self._stopping.is_set()
+
+    @property
     def ready(self) -> bool:
         return self._engine is not None
 

@@ -64,7 +64,12 @@ class Grammar:
         if sampler is None:
             if problem := gbnf_problem(text, llama.llama_vocab_n_tokens(vocab)):
                 raise GrammarError(problem)
-            sampler = llama.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+            try:
+                encoded = text.encode()
+            except UnicodeEncodeError as error:  # a lone UTF-16 surrogate, sent as a JSON escape
+                raise GrammarError(f"the grammar holds text UTF-8 cannot encode ({error.reason}, at character "
+                                   f"{error.start})") from None
+            sampler = llama.llama_sampler_init_grammar(vocab, encoded, b"root")
             if not sampler:
                 raise GrammarError("llama.cpp could not parse this grammar (GBNF with a `root` rule is expected)")
         self.sampler = sampler

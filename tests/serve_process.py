@@ -4,6 +4,7 @@ alive after hostile requests, its memory, and its log, where a native abort or a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -43,9 +44,7 @@ class ServeProcess:
                 if any(sign in line for sign in CRASH_SIGNS)]
 
     def post(self, body: dict | str, timeout: float = 60) -> httpx.Response:
-        """A chat request, the body sent as given (a str: raw JSON, NaN and all)."""
-        import json
-
+        """A chat request, its body as JSON (NaN and Infinity written as Python writes them, as some clients do)."""
         raw = body if isinstance(body, str) else json.dumps(body)
         return httpx.post(f"{self.url}/v1/chat/completions", content=raw, timeout=timeout,
                           headers={"Content-Type": "application/json"})

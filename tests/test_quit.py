@@ -102,7 +102,7 @@ def test_sigterm_mid_answer_ends_the_stream_with_its_last_chunk_and_quits_within
         reader = threading.Thread(target=stream)
         reader.start()
         wait_for(lambda: health(port).json()["running"] == 1, 60, "the answer did not start", process)
-        time.sleep(1.5)  # streaming
+        wait_for(lambda: len(lines) > 4, 60, "no text came", process)  # streaming (the lines come as they are read)
         seconds, output = quit_seconds(process)
         reader.join(10)
     finally:
@@ -136,11 +136,13 @@ def test_sigterm_under_load_ends_every_open_stream_with_its_last_chunk_and_done(
             body = {"messages": STORY, "max_tokens": 1024, "temperature": 0}
             whole.append(httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60))
 
-        readers = [threading.Thread(target=stream, args=(lines,)) for lines in streams] + [threading.Thread(target=ask)]
+        readers = [threading.Thread(target=stream, args=(lines,)) for lines in streams]
         for reader in readers:
             reader.start()
+        wait_for(lambda: any(len(lines) > 4 for lines in streams), 60, "no text came", process)
+        readers.append(threading.Thread(target=ask))  # last in line
+        readers[-1].start()
         wait_for(lambda: health(port).json()["running"] == 5, 60, "the answers did not start", process)
-        time.sleep(1.5)  # one streaming, the others waiting
         seconds, output = quit_seconds(process)
         for reader in readers:
             reader.join(10)

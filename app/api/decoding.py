@@ -26,6 +26,8 @@ from ppd_core import GrammarError
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streamed request checks its client
+POLL_SECONDS = 0.1  # how often an answer waiting for its next text looks whether ppd is quitting
+QUIT_GRACE_SECONDS = 0.4  # ppd quitting: how long an answer gets to end at its next step before it ends without it
 
 
 class ApiState:
@@ -211,18 +213,24 @@ class Decoding:
         """The answer as it comes: ``("text", (piece, logprobs entries))`` while it grows, then one last event:
         ``("done", Outcome)``, ``("error", ApiError)`` (it failed on the model's side) or, with ``client_gone`` (a whole
         answer: nothing else notices a client leave), ``("gone", None)``, checked every ``DISCONNECT_POLL_SECONDS``.
-        However it ends (a disconnect cancels a stream's reader), the decoding is stopped."""
-        checked = time.monotonic()
+        With ppd quitting, an answer still in a step (a long prompt's prefill on a busy CPU) after
+        ``QUIT_GRACE_SECONDS`` ends without it (a "cancelled" ``Outcome``), so its stream gets its last chunk before
+        the process ends. However it ends (a disconnect cancels a stream's reader), the decoding is stopped."""
+        checked, quit_seen = time.monotonic(), None
         try:
             while True:
                 try:
-                    kind, value = await asyncio.wait_for(self.queue.get(),
-                                                         DISCONNECT_POLL_SECONDS if client_gone is not None else None)
+                    kind, value = await asyncio.wait_for(self.queue.get(), POLL_SECONDS)
                 except (asyncio.TimeoutError, TimeoutError):
                     kind = value = None
                 if kind is not None:
                     yield (kind, failure(value, self.grammar_param)) if kind == "error" else (kind, value)
                     if kind != "text":
+                        return
+                if self.state.service.quitting:
+                    quit_seen = quit_seen or time.monotonic()
+                    if time.monotonic() - quit_seen >= QUIT_GRACE_SECONDS:
+                        yield "done", Outcome("cancelled")
                         return
                 if client_gone is not None and time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:
                     checked = time.monotonic()  # text keeps coming: check anyway
