@@ -61,6 +61,11 @@ class ModelHost:
         self.last_answer: tuple[Engine, object] | None = None  # (engine, its last answer's stats): a measured speed
 
     @property
+    def quitting(self) -> bool:
+        """Whether ``shutdown`` has begun: answers end now, within its time."""
+        return self._stopping.is_set()
+
+    @property
     def ready(self) -> bool:
         return self._engine is not None
 
@@ -284,8 +289,9 @@ class ModelHost:
         ticket = self.queue.join() if ticket is None else ticket
         made_for = made_for if made_for is not None else self.queue.stamp_of(ticket)
         try:
-            if not (yield from self.queue.wait(ticket, stop)):
-                return  # stopped while waiting
+            quitting = self._stopping.is_set
+            if not (yield from self.queue.wait(ticket, lambda: (stop is not None and stop()) or quitting())):
+                return  # stopped while waiting (the user, or ppd quitting: its answers must end before it does)
             engine = self.engine  # no switch until this call's turn ends
             if made_for is not None and made_for is not engine:
                 if remake is None:

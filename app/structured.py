@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.json_close import closed, held
+from app.schema_bounds import schema_problem
 from ppd_core import GrammarError, json_grammar, schema_grammar
 from ppd_core.errors import PpdError
 
@@ -89,6 +90,8 @@ def checked_schema_grammar(schema: Any, param: str, response_format: bool = Fals
     if any(not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT for value in counted):
         raise FieldError(f"minItems, maxItems, minLength and maxLength must be whole numbers from 0 to {MAX_COUNT}",
                          param)
+    if problem := schema_problem(schema):
+        raise FieldError(problem, param)
     try:
         # llama-server's rule: an empty schema means any object
         return schema_grammar(schema or {"type": "object"}, response_format)

@@ -157,8 +157,12 @@ class Engine:
         return self.loaded.template_note is None
 
     def check_grammar(self, grammar: str) -> None:
-        """A PpdError (one line) unless this model can follow GBNF ``grammar``."""
-        self._constraint(grammar).close()
+        """A PpdError (one line) unless this model can follow GBNF ``grammar`` and begin an answer with it."""
+        state = self._constraint(grammar)
+        try:
+            state.check_opening()
+        finally:
+            state.close()
 
     def _constraint(self, grammar: str):
         """The backend's grammar state for GBNF ``grammar``; a PpdError (one line) where it has no grammar engine."""

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import ctypes
 import json
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from ppd_core.errors import PpdError
+from ppd_core.grammar_bounds import gbnf_problem
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 CHECK_FIRST = 16  # likeliest tokens tried one by one before the whole row is masked
+OPENING_CHUNK = 1024  # tokens a new grammar is first tried on (the lowest ids: single bytes and characters)
+MAX_MASK_SECONDS = 10.0  # a grammar whose mask of one row would take longer is refused (5,000 alternatives: 180 s)
 
 
 class GrammarError(PpdError):
@@ -58,7 +62,14 @@ class Grammar:
     def __init__(self, llama, vocab, text: str | None = None, sampler=None, vocab_size: int = 0):
         self.llama, self.vocab, self.vocab_size = llama, vocab, vocab_size or llama.llama_vocab_n_tokens(vocab)
         if sampler is None:
-            sampler = llama.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+            if problem := gbnf_problem(text, llama.llama_vocab_n_tokens(vocab)):
+                raise GrammarError(problem)
+            try:
+                encoded = text.encode()
+            except UnicodeEncodeError as error:  # a lone UTF-16 surrogate, sent as a JSON escape
+                raise GrammarError(f"the grammar holds text UTF-8 cannot encode ({error.reason}, at character "
+                                   f"{error.start})") from None
+            sampler = llama.llama_sampler_init_grammar(vocab, encoded, b"root")
             if not sampler:
                 raise GrammarError("llama.cpp could not parse this grammar (GBNF with a `root` rule is expected)")
         self.sampler = sampler
@@ -90,6 +101,8 @@ class Grammar:
         if self.llama.llama_vocab_is_eog(self.vocab, int(token)):
             self.ended = int(token)
             return
+        if not self.allows([token])[0]:  # llama.cpp would throw through its C API: the process would abort
+            raise GrammarError(f"token {int(token)} was chosen where the grammar forbids it")
         self.llama.llama_sampler_accept(self.sampler, int(token))
 
     def take(self, other: Grammar) -> None:
@@ -116,6 +129,18 @@ class Grammar:
         data = np.zeros(len(tokens), dtype=TOKEN_DATA)
         data["id"] = tokens
         return np.isfinite(self._apply(data)["logit"])
+
+    def check_opening(self) -> None:
+        """A GrammarError unless the grammar allows some token (or the end) before any, else no answer can begin, and
+        unless masking a row costs under ``MAX_MASK_SECONDS`` (estimated on the first ``OPENING_CHUNK`` tokens, where
+        a token the grammar allows is most often found)."""
+        started = time.perf_counter()
+        first = self.allows(np.arange(min(OPENING_CHUNK, self.vocab_size), dtype=np.int32))
+        estimate = (time.perf_counter() - started) * self.vocab_size / len(first)
+        if estimate > MAX_MASK_SECONDS:
+            raise GrammarError(f"the grammar is too costly to follow: each token would take about {estimate:.0f} s")
+        if not first.any() and not self.allows(np.arange(len(first), self.vocab_size, dtype=np.int32)).any():
+            raise GrammarError("the grammar allows no token of this model's vocabulary to begin the answer")
 
     def allowed(self, row: np.ndarray) -> np.ndarray:
         """[vocab] float32: ``row`` with the tokens the grammar forbids at -inf (a copy)."""

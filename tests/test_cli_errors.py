@@ -266,8 +266,8 @@ def test_train_bad_numbers(capsys, no_model_load):
 def test_generate_bad_input(capsys, no_model_load):
     assert_error(capsys, "the message is empty", "generate", "   ")
     assert_error(capsys, "--max-new-tokens must be at least 1", "generate", "hi", "--max-new-tokens", 0)
-    assert_error(capsys, "temperature must be between 0 and 100, got -1.0", "generate", "hi", "--temperature", -1)
-    assert_error(capsys, "repeat-penalty must be above 0 (1: off), got 0.0", "generate", "hi", "--repeat-penalty", 0)
+    assert_error(capsys, "temperature must be 0 (greedy) or between 0.001 and 2, got -1.0", "generate", "hi", "--temperature", -1)
+    assert_error(capsys, "repeat-penalty must be between 0.001 and 100 (1: off), got 0.0", "generate", "hi", "--repeat-penalty", 0)
     assert_error(capsys, "repeat-last-n must be -1 (the whole context), 0 (off) or positive, got -2", "bench",
                  "--repeat-last-n", -2)
     assert_error(capsys, "presence-penalty must be between -2 and 2, got 3.0", "generate", "hi", "--presence-penalty", 3)
@@ -349,7 +349,7 @@ print("heavy:", heavy)
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("heavy: []"), done.stdout[-500:]
-    assert "temperature must be between 0 and 100, got -1.0" in done.stderr and "--max-queue must be 0 or more" in done.stderr
+    assert "temperature must be 0 (greedy) or between 0.001 and 2, got -1.0" in done.stderr and "--max-queue must be 0 or more" in done.stderr
 
 
 @pytest.mark.parametrize("key", ["clé-secrète", "two words", " "])

@@ -102,7 +102,7 @@ def test_sigterm_mid_answer_ends_the_stream_with_its_last_chunk_and_quits_within
         reader = threading.Thread(target=stream)
         reader.start()
         wait_for(lambda: health(port).json()["running"] == 1, 60, "the answer did not start", process)
-        time.sleep(1.5)  # streaming
+        wait_for(lambda: len(lines) > 4, 60, "no text came", process)  # streaming (the lines come as they are read)
         seconds, output = quit_seconds(process)
         reader.join(10)
     finally:
@@ -110,8 +110,51 @@ def test_sigterm_mid_answer_ends_the_stream_with_its_last_chunk_and_quits_within
     assert seconds < QUIT_SECONDS and process.returncode == 0, (seconds, output[-2000:])
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert lines[-1] == "data: [DONE]" and len(chunks) > 3, lines[-3:]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"  # ended, not cut: the answer so far, then its end
+    # the answer so far, then its end: "abort" (cut short by the quit, vLLM's word), never "stop" (issue 50)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
     assert "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+
+
+def test_sigterm_under_load_ends_every_open_stream_with_its_last_chunk_and_done(tmp_path):
+    """Four streams, one answering and three waiting in line: SIGTERM ended all four without ``[DONE]`` (the waiting
+    ones kept their place and the quit ran out of time). Each now ends with a last chunk saying "abort" and
+    ``[DONE]``, and a whole answer cut short is a 503 to ask again, within the 2 s quit."""
+    port = free_port()
+    process, _ = launch("serve", tmp_path, port, "--tree", "medium")
+    streams: list[list[str]] = [[] for _ in range(4)]
+    whole: list[httpx.Response] = []
+    try:
+        wait_for(lambda: (health(port) or httpx.Response(0)).status_code == 200, 120, "the model did not load",
+                 process)
+
+        def stream(lines: list[str]) -> None:
+            body = {"messages": STORY, "max_tokens": 1024, "stream": True, "temperature": 0}
+            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60) as reply:
+                lines.extend(line for line in reply.iter_lines() if line)
+
+        def ask() -> None:
+            body = {"messages": STORY, "max_tokens": 1024, "temperature": 0}
+            whole.append(httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60))
+
+        readers = [threading.Thread(target=stream, args=(lines,)) for lines in streams]
+        for reader in readers:
+            reader.start()
+        wait_for(lambda: any(len(lines) > 4 for lines in streams), 60, "no text came", process)
+        readers.append(threading.Thread(target=ask))  # last in line
+        readers[-1].start()
+        wait_for(lambda: health(port).json()["running"] == 5, 60, "the answers did not start", process)
+        seconds, output = quit_seconds(process)
+        for reader in readers:
+            reader.join(10)
+    finally:
+        process.kill()
+    assert seconds < QUIT_SECONDS and process.returncode == 0, (seconds, output[-2000:])
+    for lines in streams:
+        assert lines and lines[-1] == "data: [DONE]", lines[-3:]
+        last = json.loads(lines[-2].removeprefix("data: "))
+        assert last["choices"][0]["finish_reason"] == "abort", lines[-3:]
+    assert len(whole) == 1 and whole[0].status_code == 503, whole
+    assert whole[0].json()["error"]["code"] == "server_shutting_down"
 
 
 def test_ppd_generate_on_a_model_it_has_never_seen_answers_at_once(tmp_path):

@@ -170,9 +170,15 @@ def test_sample_draws_by_the_distribution_and_a_seed_reproduces_it():
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (dict(temperature=-0.1), "temperature must be between 0 and 100"),
-        (dict(temperature=1.0, top_p=0.0), "top-p must be in"),
-        (dict(temperature=1.0, top_p=1.5), "top-p must be in"),
+        (dict(temperature=-0.1), "temperature must be 0 \\(greedy\\) or between 0.001 and 2"),
+        (dict(temperature=1e-320), "temperature must be 0 \\(greedy\\) or between 0.001 and 2, got 1e-320"),
+        (dict(temperature=float("nan")), "temperature must be"),
+        (dict(temperature=2.5), "temperature must be"),
+        (dict(repeat_penalty=1e-320), "repeat-penalty must be between 0.001 and 100 \\(1: off\\), got 1e-320"),
+        (dict(repeat_penalty=float("inf")), "repeat-penalty must be"),
+        (dict(presence_penalty=float("nan")), "presence-penalty must be"),
+        (dict(temperature=1.0, top_p=0.0), "top-p must be greater than 0"),
+        (dict(temperature=1.0, top_p=1.5), "top-p must be greater than 0"),
         (dict(temperature=1.0, top_k=-2), "top-k must be 0"),
         (dict(temperature=1.0, acceptance="maybe"), "unknown acceptance 'maybe'"),
     ],

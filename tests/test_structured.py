@@ -206,6 +206,32 @@ def test_bad_schemas_and_grammars_are_one_400_naming_the_field(served):  # noqa:
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]  # and it answers after
 
 
+def test_grammar_and_schema_bounds_are_checked_before_llama_cpp_sees_them():
+    """What made llama.cpp's grammar code allocate until the process aborted, hang or take a minute (issue 50) is
+    refused in one line, by reading the text or the schema once; what llama.cpp takes stays taken."""
+    from app.schema_bounds import schema_problem
+    from ppd_core.grammar_bounds import gbnf_problem
+
+    refused = {'root ::= "a"{5,1}': "{5,1} has its most below its least", 'root ::= "a"{2001}': "over 1000",
+               'root ::= "a"{1000}{1000}': "more than 1,000,000", 'root ::= "' + "x" * 2000 + '"{999}': "more than",
+               "root ::= <[32000]>": "beyond this model's vocabulary of 32000", 'root ::= [a-z]{3, 1}': "{3, 1}"}
+    for grammar, message in refused.items():
+        assert message in (gbnf_problem(grammar, 32000) or ""), grammar
+    taken = ('root ::= "a"{1,5} [a-z]{0,}', 'root ::= "{5,1}" [{] # {5,1}\nx ::= ("a" | "b"){2}', "root ::= <[31999]>",
+             'root ::= "\\"{5,1}"', "root ::= [\\]{5,1}]")
+    for grammar in taken:
+        assert gbnf_problem(grammar, 32000) is None, grammar
+    inverted = {"minLength": 5, "maxLength": 1}
+    assert "minLength 5 is above maxLength 1 at '/properties/a~1b'" in schema_problem(
+        {"type": "object", "properties": {"a/b": {"type": "string", **inverted}}})
+    assert "enum values" in schema_problem({"enum": list(range(5000))})
+    assert "properties" in schema_problem({"properties": {f"p{i}": {} for i in range(2000)}})
+    assert "2**53" in schema_problem({"type": "integer", "maximum": float("nan")})
+    for fine in ({"enum": [inverted]}, {"properties": {"minimum": {"type": "integer"}}}, {"const": inverted},
+                 {"type": "integer", "minimum": -5, "maximum": 2**53}):
+        assert schema_problem(fine) is None, fine
+
+
 @pytest.fixture(scope="module")
 def oracle():
     from llama_cpp import GGML_TYPE_Q8_0

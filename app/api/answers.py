@@ -26,6 +26,9 @@ async def whole(decoding: Decoding, job: Job, request: Request):
                 return error_response(499, "the client closed the request", code="client_closed")
             if kind == "done":
                 outcome: Outcome = value
+    if outcome.finish_reason == "cancelled":  # ppd is quitting: the answer was cut short, or never began
+        return error_response(503, "ppd is shutting down: the answer was cut short; ask again once it is back",
+                              code="server_shutting_down", kind="server_error")
     if job.completion:
         return {"id": job.id, "object": "text_completion", "created": job.created,
                 "model": answered_by(job, outcome),
@@ -75,7 +78,8 @@ async def streamed(decoding: Decoding, job: Job) -> AsyncIterator[str]:
                     text, entries = value
                     yield chunk(job, model, choice({"content": text}, logprobs=entries))
                 elif kind == "error":
-                    yield sse({"error": {"message": value.message, "type": "server_error", "param": None, "code": None}})
+                    yield sse({"error": {"message": value.message, "type": value.kind, "param": value.param,
+                                         "code": value.code}})
                 else:
                     for event in last_chunks(job, value, held, waiting):
                         yield event

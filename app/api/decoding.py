@@ -21,10 +21,13 @@ from app.api.schemas import Job, Outcome
 from app.model_host import ModelHost
 from app.model_queue import Queued
 from app.structured import JsonContent, json_content
+from ppd_core import GrammarError
 
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streamed request checks its client
+POLL_SECONDS = 0.1  # how often an answer waiting for its next text looks whether ppd is quitting
+QUIT_GRACE_SECONDS = 0.4  # ppd quitting: how long an answer gets to end at its next step before it ends without it
 
 
 class ApiState:
@@ -181,7 +184,7 @@ class Decoding:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
-        self.state = state
+        self.state, self.grammar_param = state, job.grammar_param
         state.started()
         state.workers.submit(self._run, state.service, job, ticket)
 
@@ -194,6 +197,11 @@ class Decoding:
     def _run(self, service: ModelHost, job: Job, ticket: int) -> None:
         try:
             outcome = decode(service, job, ticket, self.cancelled, lambda piece, entries: self._put("text", (piece, entries)))
+        except GrammarError as error:  # the request's grammar left no token: its fault, one line
+            log.warning("an API request's grammar left no token to go on with: %s", error)
+            self.state.ended()
+            self._put("error", error)
+            return
         except BaseException as error:  # noqa: BLE001 - the response reports it; the model is already free
             log.exception("answering an API request failed")
             self.state.ended()
@@ -207,18 +215,24 @@ class Decoding:
         """The answer as it comes: ``("text", (piece, logprobs entries))`` while it grows, then one last event:
         ``("done", Outcome)``, ``("error", ApiError)`` (it failed on the model's side) or, with ``client_gone`` (a whole
         answer: nothing else notices a client leave), ``("gone", None)``, checked every ``DISCONNECT_POLL_SECONDS``.
-        However it ends (a disconnect cancels a stream's reader), the decoding is stopped."""
-        checked = time.monotonic()
+        With ppd quitting, an answer still in a step (a long prompt's prefill on a busy CPU) after
+        ``QUIT_GRACE_SECONDS`` ends without it (a "cancelled" ``Outcome``), so its stream gets its last chunk before
+        the process ends. However it ends (a disconnect cancels a stream's reader), the decoding is stopped."""
+        checked, quit_seen = time.monotonic(), None
         try:
             while True:
                 try:
-                    kind, value = await asyncio.wait_for(self.queue.get(),
-                                                         DISCONNECT_POLL_SECONDS if client_gone is not None else None)
+                    kind, value = await asyncio.wait_for(self.queue.get(), POLL_SECONDS)
                 except (asyncio.TimeoutError, TimeoutError):
                     kind = value = None
                 if kind is not None:
-                    yield (kind, failure(value)) if kind == "error" else (kind, value)
+                    yield (kind, failure(value, self.grammar_param)) if kind == "error" else (kind, value)
                     if kind != "text":
+                        return
+                if self.state.service.quitting:
+                    quit_seen = quit_seen or time.monotonic()
+                    if time.monotonic() - quit_seen >= QUIT_GRACE_SECONDS:
+                        yield "done", Outcome("cancelled")
                         return
                 if client_gone is not None and time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:
                     checked = time.monotonic()  # text keeps coming: check anyway

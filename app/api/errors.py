@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.model_host import ModelChanged, ModelHost
+from ppd_core import GrammarError
 from ppd_core.errors import PpdError
 
 MAX_BODY_BYTES = 1 << 20  # request bodies beyond 1 MB are refused with 413
@@ -36,11 +37,14 @@ def retry_header(service: ModelHost) -> dict:
     return {"Retry-After": str(refusal.retry_after)} if refusal.retry_after else {}
 
 
-def failure(error: BaseException) -> ApiError:
+def failure(error: BaseException, grammar_param: str | None = None) -> ApiError:
     """An answer that failed on the model's side: a refusal in one line (the model was switched while the request
-    waited: 503, ask again), else a bug (500, its type only)."""
+    waited: 503, ask again; the request's grammar, ``grammar_param``, left no token to go on with: 400), else a bug
+    (500, its type only)."""
     if isinstance(error, ModelChanged):
         return ApiError(str(error), code="model_changed", status=503, kind="server_error", headers={"Retry-After": "1"})
+    if isinstance(error, GrammarError):
+        return ApiError(f"{grammar_param or 'the grammar'}: {error}", grammar_param, "grammar_dead_end")
     return ApiError(f"ppd failed while answering: {type(error).__name__}", status=500, kind="server_error")
 
 

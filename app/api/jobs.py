@@ -14,6 +14,7 @@ from app.structured import FieldError, response_grammar
 from app.tools import ToolPlan, call_grammar, plan_tools, template_format
 from app.tools import prompt as tool_prompt
 from ppd_core import MAX_TOP_LOGPROBS, ChosenSampling, SamplingParams
+from ppd_core.sampling.params import out_of_range
 from ppd_core.errors import PpdError
 
 MAX_STOP_STRINGS = 4  # as OpenAI
@@ -39,18 +40,12 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repeat_penalty", "repeat_la
 
 
 def check_sampling(request: RequestFields) -> None:
-    """The sampling fields a request sets, in range (OpenAI's ranges where it has the field, llama-server's else)."""
-    checks = {"temperature": (lambda v: 0.0 <= v <= 2.0, "must be between 0 and 2"),
-              "top_p": (lambda v: 0.0 < v <= 1.0, "must be greater than 0 and at most 1"),
-              "top_k": (lambda v: v >= 0, "must be 0 (off) or positive"),
-              "repeat_penalty": (lambda v: 0.0 < v <= 100.0, "must be greater than 0 (1: off)"),
-              "repeat_last_n": (lambda v: v >= -1, "must be -1 (the whole context), 0 (off) or positive"),
-              "presence_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
-              "frequency_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2")}
-    for name, (fine, rule) in checks.items():
+    """The sampling fields a request sets, in range: ``ppd_core``'s one rule (``RANGES``), OpenAI's ranges where it
+    has the field, llama-server's else, and no subnormal temperature or penalty."""
+    for name in SAMPLING_FIELDS:
         value = getattr(request, name)
-        if value is not None and not fine(value):
-            raise ApiError(f"{name} {rule}, got {value}", name)
+        if value is not None and (problem := out_of_range(name, value)):
+            raise ApiError(f"{name} {problem}", name)
 
 
 def sampling_of(request: RequestFields, defaults: ChosenSampling) -> SamplingParams:
@@ -118,6 +113,7 @@ def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequ
         include_usage=bool(request.stream_options and request.stream_options.include_usage), model=model,
         logprobs=logprobs, grammar=grammar, json_content=json_answer, tools=tools, completion=completion,
         echo=prompt.echo if completion else "",
+        grammar_param=grammar_param(request, tools) if grammar is not None else None,
     )
 
 
@@ -153,9 +149,15 @@ def answer_rules(request: RequestFields, engine, messages: list[dict] | None
     except FieldError as error:
         raise ApiError(str(error), error.param) from None
     except PpdError as error:
-        named = "tool_choice" if tools is not None and tools.forced else None
-        raise ApiError(str(error), named or ("grammar" if request.grammar is not None else "response_format")) from None
+        raise ApiError(str(error), grammar_param(request, tools)) from None
     return grammar, json_answer, tools, messages, variables
+
+
+def grammar_param(request: RequestFields, tools: ToolPlan | None) -> str:
+    """The field whose grammar the answer follows: a forced tool call's, ``grammar``, else ``response_format``."""
+    if tools is not None and tools.forced:
+        return "tool_choice"
+    return "grammar" if request.grammar is not None else "response_format"
 
 
 def answer_room(prompt_tokens: int, limit: int | None, context: int, field: str) -> int:

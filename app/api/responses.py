@@ -10,7 +10,8 @@ from ppd_core import ModelSnapshot
 
 
 def finish_reason(outcome: Outcome) -> str:
-    return "length" if outcome.finish_reason == "length" else "stop"
+    """OpenAI's reason; an answer cut short by ppd quitting (SIGTERM) is "abort" (vLLM's word), never "stop"."""
+    return {"length": "length", "cancelled": "abort"}.get(outcome.finish_reason, "stop")
 
 
 def usage(job: Job, outcome: Outcome) -> dict:

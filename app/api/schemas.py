@@ -83,6 +83,7 @@ class Job:
     model: str  # the name of the model the ids were made for: a streamed answer's label
     logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
     grammar: str | None = None  # GBNF the answer follows (``structured.response_grammar``)
+    grammar_param: str | None = None  # the field that set ``grammar``: named when the grammar leaves no token
     json_content: bool = False  # a chat's response_format: the content is the answer's JSON (``structured.json_content``)
     tools: ToolPlan | None = None  # the tools offered: the answer is parsed for calls (``app.tools.parse``)
     completion: bool = False  # a ``/v1/completions`` job: its answers are text_completion objects
@@ -94,7 +95,7 @@ class Job:
 class Outcome:
     """How a job ended; ``stats`` and ``text`` are None when it was cancelled before reaching the model."""
 
-    finish_reason: str  # "stop", "length", or "cancelled" (the client went away)
+    finish_reason: str  # "stop", "length", or "cancelled" (the client went away, or ppd is quitting)
     text: str | None = None  # the answer, cut before a stop string
     completion_tokens: int = 0
     stats: Any = None  # GenerationStats

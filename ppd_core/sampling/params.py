@@ -13,6 +13,7 @@ the loops (``benchmarks/scripts/loop_rate.py``; the README has the figures).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,33 @@ if TYPE_CHECKING:
 
 
 ACCEPTANCE_RULES = ("lossless", "typical")
+# The smallest temperature and repeat penalty above 0: logits are divided by them (in float32 for the penalty), and
+# a subnormal one (1e-320) made them infinite: junk answers, and a token the grammar forbids. 0.001 scales a logit
+# of 100 to 1e5, far inside float32.
+MIN_SCALE = 0.001
+# The one rule for every sampling field, whoever sets it (the API, the command line, the page, a model's
+# recommendation): field -> (whether a value is fine, the rule in words). Values are finite numbers.
+RANGES = {
+    "temperature": (lambda v: v == 0.0 or MIN_SCALE <= v <= 2.0, f"must be 0 (greedy) or between {MIN_SCALE} and 2"),
+    "top_p": (lambda v: 0.0 < v <= 1.0, "must be greater than 0 and at most 1"),
+    "top_k": (lambda v: v >= 0, "must be 0 (off) or positive"),
+    "repeat_penalty": (lambda v: MIN_SCALE <= v <= 100.0, f"must be between {MIN_SCALE} and 100 (1: off)"),
+    "repeat_last_n": (lambda v: v >= -1, "must be -1 (the whole context), 0 (off) or positive"),
+    "presence_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
+    "frequency_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
+}
+
+
+def out_of_range(name: str, value) -> str | None:
+    """What is wrong with ``value`` for sampling field ``name`` ("must be ..., got ..."), or None if it is fine."""
+    fine, rule = RANGES[name]
+    try:
+        if math.isfinite(value) and fine(value):
+            return None
+    except (TypeError, OverflowError):  # not a number, or an int too large for a float
+        if isinstance(value, int) and not isinstance(value, bool) and fine(value):
+            return None
+    return f"{rule}, got {value}"
 
 
 @dataclass(frozen=True)
@@ -41,23 +69,14 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # taken off per time it was seen
 
     def __post_init__(self):
-        if not 0.0 <= self.temperature <= 100.0:
-            raise PpdError(f"temperature must be between 0 and 100, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise PpdError(f"top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise PpdError(f"top-k must be 0 (off) or positive, got {self.top_k}")
+        for name in RANGES:
+            problem = out_of_range(name, getattr(self, name))
+            if problem:
+                raise PpdError(f"{name.replace('_', '-')} {problem}")
         if self.acceptance not in ACCEPTANCE_RULES:
             raise PpdError(f"unknown acceptance {self.acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # a 64-bit seed, as the OpenAI API takes
             raise PpdError(f"seed must be a 64-bit integer, got {self.seed}")
-        if not 0.0 < self.repeat_penalty <= 100.0:
-            raise PpdError(f"repeat-penalty must be above 0 (1: off), got {self.repeat_penalty}")
-        if self.repeat_last_n < -1:
-            raise PpdError(f"repeat-last-n must be -1 (the whole context), 0 (off) or positive, got {self.repeat_last_n}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise PpdError(f"{name.replace('_', '-')} must be between -2 and 2, got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:
