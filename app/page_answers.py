@@ -91,7 +91,11 @@ class AnswerHandlers:
             del answer["interrupted"]
             if conversation.messages[-1] is not answer:
                 conversation.messages.append(answer)
+            if update.stop_reason == "stopped":  # its bubble says so, now and when reopened
+                answer["stopped"] = True
         self.conversations.save(conversation)
+        if answer.get("stopped"):
+            yield {chat.chatbot: chat_messages(conversation)}
 
     def _start(self, session: Session, messages: list[dict], settings: ChatSettings) -> Iterator[AnswerUpdate]:
         """The answer's updates; a refusal (too long, the line full) raises PpdError before anything changes."""
