@@ -22,6 +22,7 @@ PAGE_STYLE = "<style>" + ", ".join(f'#{line} [data-testid="status-tracker"]' for
     " #saved .wrap { flex-direction: column; align-items: stretch; } #saved label { width: 100%; }</style>"
 MATHS = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False},
          {"left": "\\(", "right": "\\)", "display": False}, {"left": "\\[", "right": "\\]", "display": True}]
+SIDEBAR_WIDTH = 280  # px: at 1400 px the model picker keeps its label on one line beside it
 PHONE_SIDEBAR = """() => { if (window.innerWidth < 768) {
   const open = document.querySelector('#conversations.open');
   if (open) open.querySelector('.toggle-button').click(); } }"""  # run once the page has loaded
@@ -106,7 +107,7 @@ def model_panel() -> ModelPanel:
         choice = gr.Dropdown([], label="Model, hf:OWNER/REPO or a local path",
                              info="A local .gguf file or model folder works too; hf:OWNER/REPO:FILE.gguf picks one file",
                              allow_custom_value=True, interactive=True, scale=4, elem_id="model")
-        load = gr.Button("Load", scale=1, elem_id="load-model")
+        load = gr.Button("Load", scale=1, min_width=80, elem_id="load-model")  # the picker keeps its label on one line
     with gr.Row():
         training = gr.Markdown("", elem_id="training")
         train = gr.Button(TRAIN, visible=False, size="sm", elem_id="train")  # or Resume, or Stop
@@ -212,7 +213,7 @@ class HistoryPanel:
 
 def history_panel() -> HistoryPanel:
     # open at the top of a wide page; closed on a phone (``PHONE_SIDEBAR``), where it would cover the chat
-    with gr.Sidebar(label="Conversations", open=True, elem_id="conversations"):
+    with gr.Sidebar(label="Conversations", open=True, width=SIDEBAR_WIDTH, elem_id="conversations"):
         gr.Markdown("### Conversations")
         search = gr.Textbox(placeholder="Search conversations", show_label=False, container=False,
                             elem_id="search-conversations")
