@@ -61,8 +61,9 @@ def browser():
 def test_an_answer_holding_markup_is_shown_as_text_in_the_highlight_view_and_everywhere_else(served, browser):
     """The answer is forced by the JSON schema box (a ``const`` string holding an ``<img onerror>``), decoded plainly
     (PPD off: every token the model's own, the tokens the highlight view left unescaped), with Highlight on; the user's
-    message holds the same markup (the chat, the conversations list, the clicked message's line show it). Before, the
-    highlight view ran the handler: the window flag was set. Now the markup is text wherever the page shows it."""
+    message holds the same markup (the chat, the conversations list, the clicked message's line show it), and so does a
+    refused JSON schema the note and a toast quote. Before, the highlight view ran the handler: the window flag was set.
+    Now the markup is text wherever the page shows it."""
     from playwright.sync_api import expect
 
     url, store = served
@@ -84,6 +85,14 @@ def test_an_answer_holding_markup_is_shown_as_text_in_the_highlight_view_and_eve
     time.sleep(1.0)  # an image error fires at once: give it time all the same
     assert page.evaluate(f"window.{FLAG}") is None
     expect(page.locator("#marked")).to_contain_text(PAYLOAD)  # the markup shown as text, whole
+    # a refusal quoting the user's text: in the note and in a toast
+    page.locator("#json-schema textarea").fill(json.dumps({"type": PAYLOAD}))
+    page.locator("#message textarea").fill("Hello")
+    page.locator("#send").click()
+    expect(page.locator("#note")).to_contain_text(f"unrecognized type {PAYLOAD}", timeout=30_000)
+    expect(page.get_by_text("unrecognized type").first).to_be_visible()
+    time.sleep(1.0)
+    assert page.evaluate(f"window.{FLAG}") is None
     assert page.locator("#marked img, #chat img[src='x'], #saved img, #selected img").count() == 0
     saved = [c for c in store.list() if c.messages and c.messages[0]["content"] == question][0]
     assert json.loads(saved.messages[-1]["content"]) == PAYLOAD  # the answer the schema forced, as the model wrote it
