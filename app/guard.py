@@ -15,6 +15,9 @@ same two checks:
 
 An allowed origin gets CORS: its preflight is answered here (204), its responses carry
 ``Access-Control-Allow-Origin``.
+
+Every response also forbids framing (``X-Frame-Options: DENY``, CSP ``frame-ancestors 'none'``): another page
+cannot show ppd's page in a frame and trick a click through it (clickjacking). The page frames nothing of its own.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ ORIGINS_ENV = "PPD_ORIGINS"
 LOCAL_NAMES = ("localhost",)
 WILDCARDS = ("0.0.0.0", "::", "")
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+FRAME_HEADERS = [(b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'")]
 PREFLIGHT_HEADERS = [(b"access-control-allow-methods", b"GET, POST, OPTIONS"), (b"access-control-max-age", b"600"),
                      (b"vary", b"Origin")]
 
@@ -117,6 +121,8 @@ class LocalGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
+        if scope["type"] == "http":
+            send = unframed(send)
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
         host, origin = headers.get("host"), headers.get("origin")
         refusal = self.refusal(host, origin, scope.get("scheme", "http"))
@@ -154,6 +160,18 @@ async def preflight(send, origin: str, requested: str | None) -> None:
         headers.append((b"access-control-allow-headers", requested.encode("latin-1")))
     await send({"type": "http.response.start", "status": 204, "headers": headers})
     await send({"type": "http.response.body", "body": b""})
+
+
+def unframed(send):
+    """``send`` with ``FRAME_HEADERS`` added to the response's start: no page may frame this one."""
+
+    async def sending(message):
+        if message["type"] == "http.response.start":
+            kept = [(key, value) for key, value in message.get("headers", []) if key.lower() != b"x-frame-options"]
+            message = {**message, "headers": kept + FRAME_HEADERS}
+        await send(message)
+
+    return sending
 
 
 def with_grant(send, origin: str):

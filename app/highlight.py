@@ -20,7 +20,8 @@ def step_sources(from_guesses: int, from_lookup: int = 0, from_grammar: int = 0)
 
 
 class Highlighter:
-    """Builds the answer text with the tokens that came from accepted guesses marked by source, token by token."""
+    """Builds the answer text with the tokens that came from accepted guesses marked by source, token by token; every
+    piece of the model's text escaped (an answer holding ``<img onerror=...>`` is shown as text, never run)."""
 
     def __init__(self, tokenizer):
         self.text = text_stream(tokenizer)
@@ -34,5 +35,5 @@ class Highlighter:
             piece = self.text.add(token)
             source = sources[index] if index < len(sources) else None
             self.pieces.append((piece, source))
-            opening = MARKS.get(source)
-            self.html += f"{opening}{html.escape(piece)}</mark>" if opening and piece.strip() else piece
+            opening, text = MARKS.get(source), html.escape(piece)  # the model's text is text, never markup
+            self.html += f"{opening}{text}</mark>" if opening and piece.strip() else text

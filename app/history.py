@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
+import math
 import os
 import shutil
 import tempfile
@@ -26,6 +28,10 @@ from ppd_core.atomic_files import atomic_write
 
 EXPORT_PREFIX = "ppd-export-"
 TITLE_CHARS = 40  # a conversation's title: its first message, cut at a word near here
+NAME_CHARS = 80  # a name the user gives a conversation
+ROLES = ("user", "assistant")
+BAD_SUFFIX = ".bad"  # an unusable conversation file, set aside: ``ID.json.bad``
+log = logging.getLogger(__name__)
 
 
 def new_conversation_id() -> str:
@@ -44,10 +50,14 @@ class Conversation:
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     revision: int = 0  # saves so far; a save must start from the revision on disk
+    name: str = ""  # the name the user gave it (Rename); "": its first message is its title
 
     @property
     def title(self) -> str:
-        """The first user message, shortened at a word to about ``TITLE_CHARS`` (a list shows it on one line)."""
+        """Its name, else the first user message, shortened at a word to about ``TITLE_CHARS`` (a list shows it on
+        one line)."""
+        if self.name.strip():
+            return " ".join(self.name.split())
         first = " ".join(next((m["content"] for m in self.messages if m["role"] == "user"), "").split())
         if not first:
             return "New conversation"
@@ -65,11 +75,33 @@ class Conversation:
         return "\n".join(lines)
 
 
+def checked(data) -> Conversation:
+    """The conversation a file holds; a ValueError naming what is wrong where it is not one (a page would trip on
+    it: a string ``updated``, a message without its role, a ``content`` that is no text)."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    conversation = Conversation(**{k: data[k] for k in Conversation.__dataclass_fields__ if k in data})
+    texts = {"id": conversation.id, "system_prompt": conversation.system_prompt, "name": conversation.name}
+    numbers = {"created": conversation.created, "updated": conversation.updated, "revision": conversation.revision}
+    wrong = [k for k, v in texts.items() if not isinstance(v, str)]
+    wrong += [k for k, v in numbers.items() if isinstance(v, bool) or not isinstance(v, (int, float))
+              or not math.isfinite(v)]
+    if not isinstance(conversation.messages, list):
+        wrong.append("messages")
+    else:
+        wrong += [f"messages[{i}]" for i, m in enumerate(conversation.messages) if not isinstance(m, dict)
+                  or m.get("role") not in ROLES or not isinstance(m.get("content"), str)]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong[:3])}{' and more' if len(wrong) > 3 else ''} of the wrong type or missing")
+    return conversation
+
+
 class ConversationStore:
-    """Conversations on disk; a corrupt file is skipped, never fatal."""
+    """Conversations on disk; an unusable file is set aside (``ID.json.bad``) with one line, never fatal."""
 
     def __init__(self, folder: Path | None = None):
         self.folder = folder or conversations_dir()
+        self.set_aside: list[str] = []  # a line for each file set aside, until the page says it (``notices``)
 
     def path(self, conversation_id: str) -> Path:
         if not conversation_id or not all(ch.isalnum() or ch in "-_" for ch in conversation_id):
@@ -102,16 +134,40 @@ class ConversationStore:
             return None  # unreadable: never overwritten either
 
     def load(self, conversation_id: str) -> Conversation:
-        data = json.loads(self.path(conversation_id).read_text(encoding="utf-8"))
-        return Conversation(**{k: data[k] for k in Conversation.__dataclass_fields__ if k in data})
+        """The saved conversation; an OSError where there is none, a ValueError where its file is unusable (then set
+        aside, with one line in the log and in ``set_aside``)."""
+        path = self.path(conversation_id)
+        try:  # a missing or unreadable file is an OSError, left where it is
+            conversation = checked(json.loads(path.read_text(encoding="utf-8")))
+            self.path(conversation.id)  # an id a save can write under
+        except (ValueError, TypeError) as error:
+            self._put_aside(path, error)
+            raise ValueError(f"{path.name} is not a conversation ({error})") from None
+        return conversation
+
+    def _put_aside(self, path: Path, error: Exception) -> None:
+        aside = path.with_name(path.name + BAD_SUFFIX)
+        try:
+            path.replace(aside)
+            where = f"moved to {aside}"
+        except OSError as failure:
+            where = f"could not be moved: {failure.strerror or failure}"
+        line = f"the conversation file {path} is unusable ({error}) and was set aside: {where}"
+        log.warning(line)
+        self.set_aside.append(line)
+
+    def notices(self) -> list[str]:
+        """The lines about files set aside since last asked (the page shows them once)."""
+        lines, self.set_aside[:] = list(self.set_aside), []
+        return lines
 
     def list(self) -> list[Conversation]:
-        """Newest first."""
+        """Newest first; an unusable file is set aside (``load``) and the others listed."""
         found = []
         for path in self.folder.glob("*.json"):
             try:
                 found.append(self.load(path.stem))
-            except (OSError, ValueError, TypeError, KeyError):
+            except (OSError, ValueError):
                 continue
         return sorted(found, key=lambda c: c.updated, reverse=True)
 
@@ -126,7 +182,7 @@ class ConversationStore:
             text = conversation.to_markdown()
         else:
             raise ValueError(f"unknown export format {kind!r}")
-        return atomic_write(folder / f"{conversation.id}.{kind}", text)
+        return atomic_write(folder / f"{conversation.id}.{kind}", text, private=True)  # 0600, as the chats are
 
 
 def export_folder(root: Path | None = None) -> Path:

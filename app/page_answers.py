@@ -110,7 +110,11 @@ class AnswerHandlers:
             if update.stop_reason == "length":
                 answer[LIMITED], session.unfinished = True, update.unfinished
                 yield {chat.chatbot: chat_messages(conversation)}  # the line under it
+            if update.stop_reason == "stopped":  # its bubble says so, now and when reopened
+                answer["stopped"] = True
         self.conversations.save(conversation)
+        if answer.get("stopped"):
+            yield {chat.chatbot: chat_messages(conversation)}
 
     def _start(self, session: Session, messages: list[dict], settings: ChatSettings) -> Iterator[AnswerUpdate]:
         """The answer's updates; a refusal (too long, the line full) raises PpdError before anything changes."""

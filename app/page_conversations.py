@@ -1,4 +1,5 @@
-"""The page's conversation: opening, saving, clicking a message, deleting, undoing, clearing and exporting it.
+"""The page's conversation: opening, saving, clicking a message, deleting, undoing, a new chat and exporting it;
+the saved conversations' list (the open one marked), its search, rename and delete.
 
 Each event returns ``{component: update}`` (components of ``Page``); what it leaves out stays as it is.
 """
@@ -8,13 +9,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import gradio as gr
 
-from app.history import Conversation, ConversationStore, export_folder
+from app.history import NAME_CHARS, Conversation, ConversationStore, export_folder
 from app.model_host import ModelHost
 from app.page_layout import Page, Session
-from app.page_text import chat_messages, conversation_choices, exchange, one_line, selection_line
+from app.page_text import chat_messages, conversation_choices, exchange, one_line, quoted, selection_line
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
@@ -23,16 +25,18 @@ log = logging.getLogger(__name__)
 class ConversationHandlers:
     """The events that change which conversation a page shows, or what it holds, without the model answering."""
 
-    def __init__(self, host: ModelHost, store: ConversationStore, page: Page):
+    def __init__(self, host: ModelHost, store: ConversationStore, page: Page, api: str = ""):
         self.host = host
+        self.api = api  # the API's line on the page ("": none served), ``{url}`` standing for the page's address
         self.store = store
         self.page = page
         self._export_dir: Path | None = None  # made on the first export
         self._restored = False  # the first page after launch with none of its own reopens the latest conversation
 
-    def load(self, session: Session, page_conversation: str | None = None) -> dict:
+    def load(self, session: Session, page_conversation: str | None = None, request: gr.Request | None = None) -> dict:
         """A page opens: the conversation it had before a reload (``page_conversation``, kept by the browser), else on the
-        first page after launch the latest one, else a new one."""
+        first page after launch the latest one, else a new one. A conversation file set aside as unusable is a
+        warning on the page."""
         opened = self._saved(page_conversation)
         if opened is None and not self._restored:
             opened = next(iter(self.store.list()), None)
@@ -40,10 +44,27 @@ class ConversationHandlers:
         if opened is not None:
             session.conversation = opened
         conversation, page = session.conversation, self.page
+        listed = self.listed(session)
+        for line in self.store.notices():
+            gr.Warning(line)
         return {page.session: session, page.chat.chatbot: chat_messages(conversation),
-                page.settings.system: conversation.system_prompt,
-                page.history.saved: gr.update(choices=conversation_choices(self.store), value=None),
+                page.settings.system: conversation.system_prompt, page.history.saved: listed,
+                page.history.name: conversation.name, page.api: self.api_line(request),
                 page.chat.context: self.context(conversation), page.page_id: conversation.id}
+
+    def api_line(self, request: gr.Request | None) -> str:
+        """The API's line, at the address the page was reached by; "" where the server serves no API."""
+        host = request.headers.get("host") if request is not None else None
+        if not self.api or not host:
+            return ""
+        scheme = urlsplit(str(getattr(request, "url", ""))).scheme or "http"
+        return self.api.format(url=f"{scheme}://{host}/v1")
+
+    def listed(self, session: Session) -> dict:
+        """The saved conversations' list for ``session``: those its search finds, the open one selected."""
+        choices = conversation_choices(self.store, query=session.search)
+        opened = session.conversation.id if any(value == session.conversation.id for _, value in choices) else None
+        return gr.update(choices=choices, value=opened)
 
     def _saved(self, conversation_id: str | None) -> Conversation | None:
         """The saved conversation ``conversation_id``; None where there is none (never saved, deleted, unreadable)."""
@@ -74,7 +95,7 @@ class ConversationHandlers:
         """After the conversation changed: the saved list, the context meter and the page's conversation id (a save may
         have given it a new one)."""
         conversation, page = session.conversation, self.page
-        return {page.history.saved: gr.update(choices=conversation_choices(self.store)),
+        return {page.history.saved: self.listed(session),
                 page.chat.context: self.context(conversation), page.page_id: conversation.id}
 
     def save(self, conversation: Conversation) -> float:
@@ -141,26 +162,74 @@ class ConversationHandlers:
         else:
             self.store.delete(conversation.id)
 
-    def clear(self, session: Session) -> dict:
-        """A new conversation, with a new id; the old one stays saved."""
+    def clear(self, session: Session, note: str = "") -> dict:
+        """New chat: a new conversation, with a new id; the old one stays saved (``note``: the line shown)."""
         session.conversation = Conversation(system_prompt=session.conversation.system_prompt)
-        session.selected = None
+        session.selected = session.deleting = None
         page = self.page
-        return {page.session: session, page.chat.chatbot: [], page.chat.readout: "", page.chat.note: "",
-                page.history.saved: gr.update(value=None), page.chat.context: self.context(session.conversation),
+        return {page.session: session, page.chat.chatbot: [], page.chat.readout: "", page.chat.note: note,
+                page.history.saved: self.listed(session), page.history.name: "",
+                page.history.confirm: gr.update(visible=False), page.chat.context: self.context(session.conversation),
                 page.page_id: session.conversation.id}
 
     def open(self, conversation_id: str, session: Session) -> dict:
-        """A saved conversation opened."""
+        """A saved conversation opened (clicked in the list); one that cannot be opened is a line."""
         page = self.page
-        if not conversation_id:
-            return {page.session: session}
-        session.conversation = self.store.load(conversation_id)
-        session.selected = None
+        if not conversation_id or session.answering:
+            note = "Wait for the answer to end." if conversation_id else ""
+            return {page.session: session, page.chat.note: note, page.history.saved: self.listed(session)}
+        try:
+            session.conversation = self.store.load(conversation_id)
+        except (OSError, ValueError) as error:
+            line = f"Could not open that conversation: {one_line(error)}"
+            return {page.session: session, page.chat.note: line, page.history.saved: self.listed(session)}
+        session.selected = session.deleting = None
         conversation = session.conversation
-        return {page.session: session, page.chat.chatbot: chat_messages(conversation),
+        return {page.session: session, page.chat.chatbot: chat_messages(conversation), page.chat.note: "",
                 page.settings.system: conversation.system_prompt, page.chat.context: self.context(conversation),
+                page.history.name: conversation.name, page.history.confirm: gr.update(visible=False),
                 page.page_id: conversation.id}
+
+    def search(self, query: str, session: Session) -> dict:
+        """The list narrowed to the conversations holding ``query`` (in their title or any message)."""
+        session.search = query or ""
+        return {self.page.session: session, self.page.history.saved: self.listed(session)}
+
+    def rename(self, name: str, session: Session) -> dict:
+        """The open conversation named ``name`` ("": its first message again), saved if it has begun."""
+        conversation, page = session.conversation, self.page
+        conversation.name = " ".join((name or "").split())[:NAME_CHARS]
+        if conversation.messages and not session.answering:  # an answer streaming saves it (with its name) itself
+            self.save(conversation)
+        line = f"Renamed to {quoted(conversation.title)}." if conversation.name else "Named after its first message."
+        return {page.session: session, page.history.saved: self.listed(session), page.history.name: conversation.name,
+                page.chat.note: line, page.page_id: conversation.id}
+
+    def ask_delete(self, session: Session) -> dict:
+        """Delete: what it would remove, with Delete and Cancel (nothing removed yet)."""
+        conversation, page = session.conversation, self.page
+        if not conversation.messages or session.answering:
+            line = "Wait for the answer to end." if session.answering else "This chat is empty: nothing to delete."
+            return {page.session: session, page.chat.note: line, page.history.confirm: gr.update(visible=False)}
+        session.deleting = conversation.id
+        count = len(conversation.messages)
+        line = (f"Delete {quoted(conversation.title)} and its {count} message{'s' if count != 1 else ''} from this "
+                "computer? This cannot be undone.")
+        return {page.session: session, page.history.confirm_line: line, page.history.confirm: gr.update(visible=True)}
+
+    def delete_conversation(self, session: Session) -> dict:
+        """Delete confirmed: the open conversation's file goes, and the page opens a new chat."""
+        conversation, page = session.conversation, self.page
+        if session.answering or session.deleting != conversation.id:  # it changed since Delete was asked
+            session.deleting = None
+            line = "Wait for the answer to end." if session.answering else ""
+            return {page.session: session, page.chat.note: line, page.history.confirm: gr.update(visible=False)}
+        self.store.delete(conversation.id)
+        return self.clear(session, f"Deleted {quoted(conversation.title)}.")
+
+    def cancel_delete(self, session: Session) -> dict:
+        session.deleting = None
+        return {self.page.session: session, self.page.history.confirm: gr.update(visible=False)}
 
     def export(self, kind: str, session: Session):
         """The conversation as a file to download (``kind``: "json" or "md"); None for an empty one."""
@@ -168,4 +237,4 @@ class ConversationHandlers:
             gr.Warning("The conversation is empty.")
             return None
         self._export_dir = self._export_dir or export_folder()
-        return str(self.store.export(session.conversation, kind, self._export_dir))
+        return gr.update(value=str(self.store.export(session.conversation, kind, self._export_dir)), visible=True)

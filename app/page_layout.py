@@ -20,9 +20,16 @@ if TYPE_CHECKING:
 # The page's own status lines say what is going on; Gradio 6 draws its progress overlay and elapsed-time counter
 # ("0.1s") on every output of a running event whatever ``show_progress`` says (gradio-app/gradio#12406): not on these.
 OWN_LINES = ("startup", "device", "training", "train-cost", "model-note", "calibration", "verdict", "readout", "note",
-             "context", "switched")
+             "context", "switched", "api", "saved")
 PAGE_STYLE = "<style>" + ", ".join(f'#{line} [data-testid="status-tracker"]' for line in OWN_LINES) + \
-    " { display: none !important; }</style>"
+    " { display: none !important; }" + \
+    " #saved .wrap { flex-direction: column; align-items: stretch; } #saved label { width: 100%; }</style>"
+MATHS = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False},
+         {"left": "\\(", "right": "\\)", "display": False}, {"left": "\\[", "right": "\\]", "display": True}]
+SIDEBAR_WIDTH = 280  # px: at 1400 px the model picker keeps its label on one line beside it
+PHONE_SIDEBAR = """() => { if (window.innerWidth < 768) {
+  const open = document.querySelector('#conversations.open');
+  if (open) open.querySelector('.toggle-button').click(); } }"""  # run once the page has loaded
 TRAIN, RESUME_TRAINING, STOP_TRAINING = "Train PPD tokens for this model", "Resume training", "Stop training"
 SEND, LOADING, NO_MODEL = "Send", "Loading model…", "No model loaded"
 
@@ -44,6 +51,8 @@ class Session:
     chosen: set[str] = field(default_factory=set)  # sampling widgets set on this page: a model's defaults keep off them
     selected: tuple | None = None  # the message clicked in the chat: (index, role, content), checked before use
     unfinished: Unfinished | None = None  # the last answer, cut at the length limit, as decoded (Continue's ids)
+    search: str = ""  # the saved conversations' search box: the list shows those that hold it
+    deleting: str | None = None  # the conversation Delete asked about, until confirmed or cancelled
 
 
 def new_session() -> Session:
@@ -77,13 +86,13 @@ class ChatPanel:
 
 def chat_panel() -> ChatPanel:
     # the pencil on a user message edits it (answered again from there); the last answer has Retry and Undo; a click on
-    # any message offers to delete it or answer again from it
+    # any message offers to delete it or answer again from it; $…$ and $$…$$ are maths, as \(…\) and \[…\]
     with gr.Row(elem_id="switched-row"):  # shown after a model switch, over a conversation another model answered
         switched = gr.Markdown("", visible=False, elem_id="switched")
         new_for_model = gr.Button("New chat for this model", size="sm", scale=0, visible=False,
                                   elem_id="new-chat-for-model")
     chatbot = gr.Chatbot(label="Chat · click a message to delete it or answer again from it", height=460,
-                         elem_id="chat", sanitize_html=True, editable="user")
+                         elem_id="chat", sanitize_html=True, editable="user", latex_delimiters=MATHS)
     with gr.Row():  # on a phone the buttons go under the box (its min_width), not beside a box 178 px wide
         message = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5, min_width=300,
                              elem_id="message")
@@ -92,7 +101,7 @@ def chat_panel() -> ChatPanel:
         stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop", visible=False)  # shown while an answer streams
     with gr.Row():
         regenerate = gr.Button("Regenerate", size="sm")
-        clear = gr.Button("Clear", size="sm", elem_id="clear")
+        clear = gr.Button("New chat", size="sm", elem_id="clear")  # the old one stays saved, in Conversations
         resume = gr.Button("Continue", size="sm", visible=False, elem_id="continue")
     with gr.Row(visible=False, elem_id="selection") as selection:
         selected = gr.Markdown("", elem_id="selected")
@@ -132,7 +141,7 @@ def model_panel() -> ModelPanel:
         choice = gr.Dropdown([], label="Model, hf:OWNER/REPO or a local path",
                              info="A local .gguf file or model folder works too; hf:OWNER/REPO:FILE.gguf picks one file",
                              allow_custom_value=True, interactive=True, scale=4, elem_id="model")
-        load = gr.Button("Load", scale=1, elem_id="load-model")
+        load = gr.Button("Load", scale=1, min_width=80, elem_id="load-model")  # the picker keeps its label on one line
     with gr.Row():
         training = gr.Markdown("", elem_id="training")
         train = gr.Button(TRAIN, visible=False, size="sm", elem_id="train")  # or Resume, or Stop
@@ -226,20 +235,46 @@ def settings_panel() -> SettingsPanel:
 
 @dataclass
 class HistoryPanel:
-    saved: gr.Dropdown
+    """The saved conversations, in the sidebar: a search box, the list (the open one selected), rename, delete (asked
+    again first) and export."""
+
+    search: gr.Textbox
+    saved: gr.Radio
+    name: gr.Textbox
+    rename: gr.Button
+    delete: gr.Button
+    confirm: gr.Column  # shown after Delete: what it removes, and Delete or Cancel
+    confirm_line: gr.Markdown
+    confirm_delete: gr.Button
+    cancel: gr.Button
     export_json: gr.Button
     export_md: gr.Button
     exported: gr.File
 
 
 def history_panel() -> HistoryPanel:
-    with gr.Accordion("Conversations", open=False):
-        saved = gr.Dropdown([], label="Open a saved conversation", interactive=True, elem_id="saved")
+    # open at the top of a wide page; closed on a phone (``PHONE_SIDEBAR``), where it would cover the chat
+    with gr.Sidebar(label="Conversations", open=True, width=SIDEBAR_WIDTH, elem_id="conversations"):
+        gr.Markdown("### Conversations")
+        search = gr.Textbox(placeholder="Search conversations", show_label=False, container=False,
+                            elem_id="search-conversations")
+        saved = gr.Radio([], label="Saved conversations, newest first; the open one is marked", elem_id="saved")
+        name = gr.Textbox(placeholder="A name for the open conversation", show_label=False, container=False,
+                          elem_id="conversation-name")
+        with gr.Row():
+            rename = gr.Button("Rename", size="sm", min_width=80, elem_id="rename")
+            delete = gr.Button("Delete", size="sm", variant="stop", min_width=80, elem_id="delete-conversation")
+        with gr.Column(visible=False, elem_id="confirm-delete") as confirm:
+            confirm_line = gr.Markdown("", elem_id="confirm-line")
+            with gr.Row():
+                confirm_delete = gr.Button("Delete", size="sm", variant="stop", elem_id="confirm-delete-button")
+                cancel = gr.Button("Cancel", size="sm", elem_id="cancel-delete")
         with gr.Row():
             export_json = gr.Button("Export JSON", size="sm")
             export_md = gr.Button("Export Markdown", size="sm")
-        exported = gr.File(label="Export", interactive=False)
-    return HistoryPanel(saved, export_json, export_md, exported)
+        exported = gr.File(label="Export", interactive=False, visible=False, elem_id="exported")  # shown with one
+    return HistoryPanel(search, saved, name, rename, delete, confirm, confirm_line, confirm_delete, cancel, export_json,
+                        export_md, exported)
 
 
 def device_block() -> gr.Markdown:
@@ -293,6 +328,7 @@ class Page:
     session: gr.State  # this page's ``Session``
     page_id: gr.BrowserState  # the browser's copy of the page's conversation id: a reload reopens it
     startup: gr.Markdown  # the model's loading progress, until it is ready
+    api: gr.Markdown  # where the OpenAI-compatible API is, when this server serves it
     timer: gr.Timer  # on while the page follows something (a model loading, a training, a background calibration)
     model_note: gr.Markdown  # what this model is, where that matters to a chat
     chat: ChatPanel
@@ -318,6 +354,8 @@ def build_page() -> Page:
     page_id = gr.BrowserState(None, storage_key="ppd-conversation")
     gr.HTML(PAGE_STYLE, container=False, padding=False)  # in the page itself: `launch` and `mount_gradio_app` alike
     gr.Markdown(f"## ppd · local chat with Parallel Prompt Decoding\nSpeeds are {SPEED_DEFINITION}.")
+    api = gr.Markdown("", elem_id="api")
+    history = history_panel()  # the sidebar
     startup = gr.Markdown("", elem_id="startup")
     timer = gr.Timer(1.0, active=False)
     with gr.Row():
@@ -328,8 +366,7 @@ def build_page() -> Page:
         with gr.Column(scale=2):
             model = model_panel()
             settings = settings_panel()
-            history = history_panel()
             device = device_block()
             calibration = calibration_panel()
-    return Page(session, page_id, startup, timer, model_note, chat, compare, model, settings, history, device,
+    return Page(session, page_id, startup, api, timer, model_note, chat, compare, model, settings, history, device,
                 calibration)

@@ -19,11 +19,13 @@ from ppd_core import ChosenSampling, TrainingCost, chains_text
 INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
 LENGTH_LIMIT = "\n\n*(stopped at the length limit: Continue goes on from here)*"  # an answer cut at Max new tokens
 LIMITED = "length_limit"  # a saved answer's mark: it ended at the length limit
+STOPPED = "\n\n*(stopped)*"  # shown after an answer ended by Stop
 
 
 def chat_messages(conversation: Conversation, streaming: bool = False) -> list[dict]:
     """The chat's messages for the page; an interrupted answer, or one cut at the length limit, says so (unless it is
-    the one streaming)."""
+    the one streaming), and one ended by Stop says it was stopped (the marks are the page's: the conversation and the
+    model keep the text)."""
     shown = [{"role": m["role"], "content": m["content"]} for m in conversation.messages]
     for message, original in zip(shown, conversation.messages):
         if streaming and original is conversation.messages[-1]:
@@ -32,6 +34,8 @@ def chat_messages(conversation: Conversation, streaming: bool = False) -> list[d
             message["content"] += INTERRUPTED
         elif original.get(LIMITED):
             message["content"] += LENGTH_LIMIT
+        elif original.get("stopped"):
+            message["content"] += STOPPED
     return shown
 
 
@@ -119,10 +123,11 @@ def spoken_time(stamp: float, now: float | None = None, seconds: bool = False) -
     return f"{day} {clock}" if seconds else day
 
 
-def conversation_choices(store: ConversationStore, now: float | None = None) -> list[tuple[str, str]]:
+def conversation_choices(store: ConversationStore, now: float | None = None, query: str = "") -> list[tuple[str, str]]:
     """(label, id), newest first: the title and when it was last written; labels that would read alike give the
-    time to the second, and a number where even that repeats."""
-    conversations = store.list()
+    time to the second, and a number where even that repeats. With ``query``, only the conversations that hold it
+    (case aside) in their title or a message."""
+    conversations = [c for c in store.list() if holds(c, query)]
     labels = [f"{c.title} · {spoken_time(c.updated, now)}" for c in conversations]
     alike = Counter(labels)
     labels = [f"{c.title} · {spoken_time(c.updated, now, seconds=True)}" if alike[label] > 1 else label
@@ -135,6 +140,13 @@ def conversation_choices(store: ConversationStore, now: float | None = None) -> 
             label = f"{label} ({numbered[label]})"
         choices.append((label, conversation.id))
     return choices
+
+
+def holds(conversation: Conversation, query: str) -> bool:
+    """Whether ``query`` (its words, in any order, case aside) is in the conversation's title or messages."""
+    words = query.casefold().split()
+    text = " ".join([conversation.title, *(m["content"] for m in conversation.messages)]).casefold()
+    return all(word in text for word in words)
 
 
 def exchange(messages: list[dict], index: int) -> tuple[int, int]:

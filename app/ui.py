@@ -17,7 +17,7 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.page_answers import AnswerHandlers
 from app.page_conversations import ConversationHandlers
-from app.page_layout import Page, Session, build_page
+from app.page_layout import PHONE_SIDEBAR, Page, Session, build_page
 from app.page_model import ModelHandlers
 from app.page_text import chosen_label, continuable, switch_panels
 
@@ -27,16 +27,16 @@ MODEL = dict(concurrency_limit=None)  # events that run the model: they queue in
 class Handlers:
     """The page's events, by what they are about; each takes and returns the page's ``Session``."""
 
-    def __init__(self, host: ModelHost, store: ConversationStore, page: Page):
+    def __init__(self, host: ModelHost, store: ConversationStore, page: Page, api: str = ""):
         self.host, self.page = host, page
         self.chat = Chat(host)
-        self.conversations = ConversationHandlers(host, store, page)
+        self.conversations = ConversationHandlers(host, store, page, api)
         self.answers = AnswerHandlers(self.chat, self.conversations, page)
         self.model = ModelHandlers(host, page)
 
-    def load(self, session: Session, page_conversation: str | None = None) -> dict:
+    def load(self, session: Session, page_conversation: str | None = None, request: gr.Request = None) -> dict:
         """A page opens (``ConversationHandlers.load``), with what depends on the model (``model_panels``)."""
-        loaded = self.conversations.load(session, page_conversation)  # it sets the session's conversation
+        loaded = self.conversations.load(session, page_conversation, request)  # it sets the session's conversation
         resume = gr.update(visible=continuable(session.conversation))  # Continue: an answer cut at the length limit
         return {**loaded, **self.model.model_panels(fresh_page=True), **self.model.switch_line(session),
                 self.page.chat.resume: resume}
@@ -68,7 +68,8 @@ def wire_answers(handlers: Handlers, page: Page) -> None:
 
 
 def wire_conversation(handlers: Handlers, page: Page) -> None:
-    """Clicking, deleting and undoing messages, Clear, the context meter, the saved conversations and exports."""
+    """Clicking, deleting and undoing messages, New chat, the context meter and exports (the saved conversations'
+    list: ``wire_conversation_list``)."""
     conversations, chat, history, session = handlers.conversations, page.chat, page.history, page.session
     chat.chatbot.undo(conversations.undo, [session],
                       [chat.chatbot, chat.message, chat.note, session, history.saved, chat.context, page.page_id],
@@ -80,7 +81,8 @@ def wire_conversation(handlers: Handlers, page: Page) -> None:
                       api_name=False)
     # whatever changes the conversation puts the offer for a clicked message away (its index would point elsewhere)
     gr.on([chat.send.click, chat.message.submit, chat.regenerate.click, chat.chatbot.retry, chat.chatbot.edit,
-           chat.chatbot.undo, chat.again.click, chat.clear.click, chat.chatbot.clear, history.saved.change],
+           chat.chatbot.undo, chat.again.click, chat.clear.click, chat.chatbot.clear, history.saved.input,
+           history.confirm_delete.click],
           lambda: gr.update(visible=False), None, chat.selection, queue=False, api_name=False)
     # another conversation, or this one changed by hand: no answer of this page's to continue
     gr.on([chat.clear.click, chat.chatbot.clear, chat.new_for_model.click, chat.chatbot.undo, chat.delete.click,
@@ -94,15 +96,36 @@ def wire_conversation(handlers: Handlers, page: Page) -> None:
     page.settings.system.blur(context, [session, page.settings.system], chat.context, queue=False, api_name=False)
     # the context meter once the model is ready (or another one is): the startup line changes then
     page.startup.change(context, [session, page.settings.system], chat.context, queue=False, api_name=False)
-    # the chat's own trash icon is the Clear button: a new conversation (else it only emptied the display, and the
+    # the chat's own trash icon is the New chat button: a new conversation (else it only emptied the display, and the
     # next message brought the cleared turns back, to the page and to the model)
-    # New chat for this model (after a switch) is Clear too
+    # New chat for this model (after a switch) is New chat too
     gr.on([chat.clear.click, chat.chatbot.clear, chat.new_for_model.click], conversations.clear, [session],
-          [session, chat.chatbot, chat.readout, chat.note, history.saved, chat.context, page.page_id], api_name=False)
-    history.saved.change(conversations.open, [history.saved, session],
-                         [session, chat.chatbot, page.settings.system, chat.context, page.page_id], api_name=False)
+          conversation_outputs(page), api_name=False)
     history.export_json.click(lambda s: conversations.export("json", s), [session], [history.exported], api_name=False)
     history.export_md.click(lambda s: conversations.export("md", s), [session], [history.exported], api_name=False)
+
+
+def conversation_outputs(page: Page) -> list:
+    """What opening another conversation (or a new one) changes."""
+    chat, history = page.chat, page.history
+    return [page.session, chat.chatbot, chat.readout, chat.note, page.settings.system, chat.context, page.page_id,
+            history.saved, history.name, history.confirm]
+
+
+def wire_conversation_list(handlers: Handlers, page: Page) -> None:
+    """The sidebar: a click on a saved conversation opens it; search, rename, delete (asked again first)."""
+    conversations, history, session = handlers.conversations, page.history, page.session
+    history.saved.input(conversations.open, [history.saved, session], conversation_outputs(page), api_name=False)
+    history.search.change(conversations.search, [history.search, session], [session, history.saved], queue=False,
+                         api_name=False, show_progress="hidden")
+    gr.on([history.rename.click, history.name.submit], conversations.rename, [history.name, session],
+          [session, history.saved, history.name, page.chat.note, page.page_id], api_name=False)
+    history.delete.click(conversations.ask_delete, [session],
+                         [session, page.chat.note, history.confirm_line, history.confirm], queue=False, api_name=False)
+    history.confirm_delete.click(conversations.delete_conversation, [session], conversation_outputs(page),
+                                 api_name=False)
+    history.cancel.click(conversations.cancel_delete, [session], [session, history.confirm], queue=False,
+                         api_name=False)
 
 
 def wire_model(handlers: Handlers, page: Page) -> None:
@@ -140,20 +163,30 @@ def wire_model(handlers: Handlers, page: Page) -> None:
                                show_progress="hidden")
 
 
-def build(host: ModelHost, store: ConversationStore | None = None) -> tuple[gr.Blocks, Handlers]:
-    """The page over ``host`` (its conversations in ``store``), with its events' handlers."""
+def build(host: ModelHost, store: ConversationStore | None = None, api: str = "") -> tuple[gr.Blocks, Handlers]:
+    """The page over ``host`` (its conversations in ``store``), with its events' handlers; ``api``: the line saying
+    where the server's API is (``api_line``), "" where it serves none."""
     with gr.Blocks(title="ppd chat") as app:
         page = build_page()
-        handlers = Handlers(host, store or ConversationStore(), page)
+        handlers = Handlers(host, store or ConversationStore(), page, api)
         app.load(handlers.load, [page.session, page.page_id],
-                 [page.session, page.chat.chatbot, page.settings.system, page.history.saved, page.chat.context,
-                  page.page_id, page.chat.resume, *page.model_panels], show_progress="hidden")
+                 [page.session, page.chat.chatbot, page.settings.system, page.history.saved, page.history.name,
+                  page.api, page.chat.context, page.page_id, page.chat.resume, *page.model_panels],
+                 show_progress="hidden")
+        app.load(None, None, None, js=PHONE_SIDEBAR, api_name=False)
         wire_answers(handlers, page)
         wire_conversation(handlers, page)
+        wire_conversation_list(handlers, page)
         wire_model(handlers, page)
     app.queue(default_concurrency_limit=1)
     return app, handlers
 
 
-def build_app(host: ModelHost, store: ConversationStore | None = None) -> gr.Blocks:
-    return build(host, store)[0]
+def build_app(host: ModelHost, store: ConversationStore | None = None, api: str = "") -> gr.Blocks:
+    return build(host, store, api)[0]
+
+
+def api_line(key: bool = False) -> str:
+    """``build``'s ``api`` for a server that serves the OpenAI-compatible API (``key``: with a key)."""
+    return ("API: `{url}` (OpenAI-compatible: a client's base URL" + (", with the server's API key" if key else "")
+            + "; `/health` says the model's state)")

@@ -223,10 +223,8 @@ def test_two_pages_keep_two_conversations(running_app, tmp_path):
         page = pages[0]
         page.reload()
         expect(page.locator("#device")).to_contain_text("Device", timeout=60_000)
-        page.get_by_text("Conversations", exact=True).click()
-        for question in questions:
-            page.locator("#saved input").click()
-            page.get_by_role("option", name=question, exact=False).first.click()
+        for question in questions:  # in the sidebar's list
+            page.locator("#saved label").filter(has_text=question).first.click()
             bot = page.locator("#chat [data-testid='bot']").last
             user = page.locator("#chat [data-testid='user']")
             expect(user).to_have_count(1, timeout=30_000)

@@ -56,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
                         train_options=train_options)
     # gradio's import first (loading the model beside it measured no sooner to a first answer, and the page later)
     from app.server import Serving, server_app
-    from app.ui import build_app
+    from app.ui import api_line, build_app
 
-    app = server_app(service, guard_policy(args), page=build_app(service), auth=auth, api_key=api_key,
-                     serve_api=serve_api)
+    page = build_app(service, api=api_line(api_key is not None) if serve_api else "")  # the page says where /v1 is
+    app = server_app(service, guard_policy(args), page=page, auth=auth, api_key=api_key, serve_api=serve_api)
     print(f"ppd: chat on http://{url_host(args.host)}:{args.port} (Ctrl+C to quit); the page shows the model loading",
           file=sys.stderr)
 

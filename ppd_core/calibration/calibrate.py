@@ -24,7 +24,8 @@ from ppd_core.calibration.latency import (
     CONTEXTS, CPU_SIZES, GPU_SIZES, measure_fixed, measure_latency,
 )
 from ppd_core.calibration.count import CalibrationCount, Pace, plan
-from ppd_core.calibration.profiles import DeviceProfile, ProfileError, load_profile, save_profile
+from ppd_core.calibration.profiles import (DeviceProfile, ProfileError, load_profile, profile_path, save_profile,
+                                           set_aside)
 from ppd_core.calibration.records import AcceptanceRecord, AcceptanceStats, candidate_files, find_record, now, save_record
 from ppd_core.calibration.step_policy import FIXED_LADDER, StepPolicy
 from ppd_core.calibration.tree_search import (
@@ -314,11 +315,15 @@ def by_turn(search: TreeAndChains, lookup: LookupStats, plain_seconds: float) ->
 
 
 def find_profile(loaded: LoadedModel, prompt_tokens: PromptTokens) -> DeviceProfile | None:
-    """The profile saved for this device, model and prompt tokens; a corrupt or stale one is ignored with a warning."""
+    """The profile saved for this device, model and prompt tokens; a corrupt or stale one is set aside (``NAME.bad``)
+    with a warning, so that no start trips on it again."""
+    key = profile_key(loaded, prompt_tokens)
     try:
-        return load_profile(profile_key(loaded, prompt_tokens))
+        return load_profile(key)
     except ProfileError as error:
-        log.warning("ignoring the saved calibration: %s; recalibrating", error)
+        aside = set_aside(profile_path(key))
+        where = f"moved to {aside}" if aside is not None else "it could not be moved"
+        log.warning("ignoring the saved calibration: %s; %s; recalibrating", error, where)
         return None
 
 

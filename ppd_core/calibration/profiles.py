@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import platformdirs
 
-from ppd_core.calibration.step_policy import StepPolicy
+from ppd_core.calibration.step_policy import KINDS, StepPolicy
 from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 from ppd_core.tree import TreeFamily, TreeSpec, family_from_specs
@@ -87,10 +89,43 @@ class DeviceProfile:
             fields["trees"] = [TreeSpec.from_json(items) for items in data["trees"]]
             fields["latency_ms"] = {int(c): {int(s): float(ms) for s, ms in curve.items()} for c, curve in data["latency_ms"].items()}
             profile = DeviceProfile(**fields)
+            check_shape(profile)
             profile.family()  # every tree must build
-        except (KeyError, TypeError, ValueError) as error:
-            raise ProfileError(f"profile is malformed ({error})") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+            raise ProfileError(f"profile is malformed ({type(error).__name__}: {error})") from None
         return profile
+
+
+def conforms(value, hint) -> bool:
+    """Whether ``value`` (read from JSON) is of the annotated type ``hint``: int, float, str, dict, a dataclass, and
+    lists and dicts of those; a float must be finite, a bool is no number."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        return isinstance(value, list) and all(conforms(item, args[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items())
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def check_shape(profile: DeviceProfile) -> None:
+    """Every field of the type its annotation says, every latency curve positive ms from 1 token on, the step policy
+    one decoding runs: a ValueError naming what is wrong (a start must never trip on it later)."""
+    hints = typing.get_type_hints(DeviceProfile)
+    wrong = [name for name in hints if not conforms(getattr(profile, name), hints[name])]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)} of the wrong type")
+    if not profile.trees:
+        raise ValueError("no trees")
+    for context, curve in profile.latency_ms.items():
+        if not curve or min(curve) != 1 or min(curve.values()) <= 0:
+            raise ValueError(f"latency_ms at context {context}: not positive ms from 1 token on")
+    policy = profile.policy
+    if policy.kind not in KINDS or (policy.kind == "fixed" and policy.rows not in policy.fixed_ms):
+        raise ValueError(f"step_policy {profile.step_policy!r} is not one decoding can run")
 
 
 def key_hash(key: dict) -> str:
@@ -116,6 +151,17 @@ def read_profile(path: Path) -> DeviceProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{path} is not a profile object")
     return DeviceProfile.from_json(data)
+
+
+def set_aside(path: Path) -> Path | None:
+    """Move an unusable profile file out of every later start's way, to ``NAME.bad`` beside it (kept, to look at);
+    None where it could not be moved."""
+    aside = path.with_name(path.name + ".bad")
+    try:
+        path.replace(aside)
+    except OSError:
+        return None
+    return aside
 
 
 def load_profile(key: dict, folder: Path | None = None) -> DeviceProfile | None:
