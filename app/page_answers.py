@@ -66,7 +66,7 @@ class AnswerHandlers:
         """
         conversation, chat = session.conversation, self.page.chat
         answer = answer if answer is not None else {"role": "assistant", "content": ""}
-        answer.pop(LIMITED, None)
+        answer.pop(LIMITED, None), answer.pop("stopped", None)
         answer["interrupted"], session.unfinished = True, None
         self.conversations.save(conversation)
         waiting = [] if conversation.messages and conversation.messages[-1] is answer else [
@@ -103,17 +103,9 @@ class AnswerHandlers:
             yield {chat.chatbot: chat_messages(conversation), chat.note: line}
             return
         if update is not None and update.stats is not None:  # finished or stopped by the user: a whole answer
-            del answer["interrupted"]
-            if conversation.messages[-1] is not answer:
-                conversation.messages.append(answer)
-            answer[MODEL_KEY] = update.model  # the line over the chat tells another model's answers
-            if update.stop_reason == "length":
-                answer[LIMITED], session.unfinished = True, update.unfinished
-                yield {chat.chatbot: chat_messages(conversation)}  # the line under it
-            if update.stop_reason == "stopped":  # its bubble says so, now and when reopened
-                answer["stopped"] = True
+            finished(session, answer, update)
         self.conversations.save(conversation)
-        if answer.get("stopped"):
+        if answer.get(LIMITED) or answer.get("stopped"):  # the line in its bubble
             yield {chat.chatbot: chat_messages(conversation)}
 
     def _start(self, session: Session, messages: list[dict], settings: ChatSettings) -> Iterator[AnswerUpdate]:
@@ -287,3 +279,17 @@ class AnswerHandlers:
         yield {panel.plain: f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.vanilla_text}",
                panel.ppd: f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
                panel.verdict: result.verdict()}
+
+
+def finished(session: Session, answer: dict, update: AnswerUpdate) -> None:
+    """A whole answer (it ended, or the user stopped it): in the conversation, with the model that wrote it (the line
+    over the chat tells another model's answers) and how it ended, when its bubble says so (the length limit, Stop)."""
+    conversation = session.conversation
+    del answer["interrupted"]
+    if conversation.messages[-1] is not answer:
+        conversation.messages.append(answer)
+    answer[MODEL_KEY] = update.model
+    if update.stop_reason == "length":
+        answer[LIMITED], session.unfinished = True, update.unfinished
+    elif update.stop_reason == "stopped":
+        answer["stopped"] = True
