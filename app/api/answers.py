@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 
 from app.api.decoding import Decoding
 from app.api.errors import error_response
@@ -16,8 +17,9 @@ from app.api.schemas import Job, Outcome
 from app.tools import HeldText, parse
 
 
-async def whole(decoding: Decoding, job: Job, request: Request):
-    """The answer as one object once it is done; a client that left gets the 499 no one reads (and stops it)."""
+async def outcome_of(decoding: Decoding, request: Request) -> Outcome | JSONResponse:
+    """The answer's ``Outcome`` once it is done, or what the request gets instead: a client that left, the 499 no one
+    reads (and it stops the answer); an answer ppd's shutdown cut short, a 503. Every whole answer reads it."""
     async with aclosing(decoding.events(request.is_disconnected)) as events:
         async for kind, value in events:
             if kind == "error":
@@ -29,6 +31,14 @@ async def whole(decoding: Decoding, job: Job, request: Request):
     if outcome.finish_reason == "cancelled":  # ppd is quitting: the answer was cut short, or never began
         return error_response(503, "ppd is shutting down: the answer was cut short; ask again once it is back",
                               code="server_shutting_down", kind="server_error")
+    return outcome
+
+
+async def whole(decoding: Decoding, job: Job, request: Request):
+    """The answer as one object once it is done (``outcome_of``)."""
+    outcome = await outcome_of(decoding, request)
+    if not isinstance(outcome, Outcome):
+        return outcome
     if job.completion:
         return {"id": job.id, "object": "text_completion", "created": job.created,
                 "model": answered_by(job, outcome),

@@ -13,8 +13,9 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict
 
+from app.api.answers import outcome_of
 from app.api.decoding import Decoding
-from app.api.errors import ApiError, error_response
+from app.api.errors import ApiError
 from app.api.prompts import fim_tokens, token_ids
 from app.api.responses import answered_by
 from app.api.schemas import CompletionRequest, Job, Outcome
@@ -94,14 +95,8 @@ def final(job: Job, outcome: Outcome, content: str) -> dict:
 
 
 async def whole_infill(decoding: Decoding, job: Job, http: Request):
-    async with aclosing(decoding.events(http.is_disconnected)) as events:
-        async for kind, value in events:
-            if kind == "error":
-                raise value
-            if kind == "gone":
-                return error_response(499, "the client closed the request", code="client_closed")
-            if kind == "done":
-                return final(job, value, value.text or "")
+    outcome = await outcome_of(decoding, http)
+    return final(job, outcome, outcome.text or "") if isinstance(outcome, Outcome) else outcome
 
 
 async def streamed_infill(decoding: Decoding, job: Job) -> AsyncIterator[str]:

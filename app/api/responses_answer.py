@@ -11,8 +11,8 @@ from contextlib import aclosing
 
 from fastapi import Request
 
+from app.api.answers import outcome_of
 from app.api.decoding import Decoding
-from app.api.errors import error_response
 from app.api.responses import answered_by, ppd_figures
 from app.api.responses_request import ResponsesRequest
 from app.api.schemas import Job, Outcome
@@ -67,14 +67,9 @@ def final_output(job: Job, text: str, message_id: str) -> list[dict]:
 
 
 async def whole_response(decoding: Decoding, job: Job, http: Request, request: ResponsesRequest):
-    async with aclosing(decoding.events(http.is_disconnected)) as events:
-        async for kind, value in events:
-            if kind == "error":
-                raise value
-            if kind == "gone":
-                return error_response(499, "the client closed the request", code="client_closed")
-            if kind == "done":
-                outcome: Outcome = value
+    outcome = await outcome_of(decoding, http)
+    if not isinstance(outcome, Outcome):
+        return outcome
     return response_object(job, request, outcome, final_output(job, outcome.text or "", new_id("msg")))
 
 
