@@ -124,7 +124,7 @@ def test_saved_conversations_are_private(tmp_path):
     assert mode(path) == 0o600 and mode(path.parent) == 0o700
     assert store.list()[0].messages[0]["content"] == "secret ✓"
     exported = store.export(store.list()[0], "md", tmp_path / "out")
-    assert mode(exported) == 0o644 and "secret ✓" in exported.read_text(encoding="utf-8")
+    assert mode(exported) == 0o600 and "secret ✓" in exported.read_text(encoding="utf-8")  # an export is as private
     assert sorted(p.name for p in path.parent.iterdir()) == [".store.lock", path.name]  # no temp left behind
 
 

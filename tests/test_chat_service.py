@@ -9,9 +9,15 @@ from app.chat import Chat
 from app.chat_settings import ChatSettings
 from app.highlight import LOOKUP_MARK, PROMPT_MARK, Highlighter
 from app.history import Conversation, ConversationStore
+from app.page_text import LENGTH_LIMIT, LIMITED
 from app.model_host import ModelHost
 from app.system_info import device_panel, guess_sources
 from ppd_core import Engine, EngineConfig, SamplingParams
+
+
+def shown(answer: dict) -> str:
+    """A whole answer as its bubble shows it: its text, and the length limit's line when it ended there."""
+    return answer["content"] + (LENGTH_LIMIT if answer.get(LIMITED) else "")
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +276,7 @@ def test_a_failure_mid_answer_keeps_the_message_and_the_partial_answer_saved(ser
     *_, answered, _ = handlers.answers.regenerate(session, *SETTINGS)
     chat = answered[page.chat.chatbot]
     saved = store.load(session.conversation.id).messages
-    assert len(saved) == 2 and "interrupted" not in saved[1] and chat[-1]["content"] == saved[1]["content"]
+    assert len(saved) == 2 and "interrupted" not in saved[1] and chat[-1]["content"] == shown(saved[1])
     assert [c.id for c in store.list()] == [session.conversation.id]
 
 
@@ -401,7 +407,7 @@ def test_a_full_disk_during_an_answer_is_one_line_and_the_next_save_catches_up(s
                                          r"it is kept on this page and saved again later\.$"):
         *_, answered, _ = handlers.answers.send("Tell me more.", session, *SETTINGS)
     chat = answered[handlers.page.chat.chatbot]
-    assert len(session.conversation.messages) == 4 and chat[-1]["content"] == session.conversation.messages[-1]["content"]
+    assert len(session.conversation.messages) == 4 and chat[-1]["content"] == shown(session.conversation.messages[-1])
     assert store.load(session.conversation.id).messages == first  # the previous file, untouched
     monkeypatch.setattr(app.history, "atomic_write", real_write)  # room again: the next save writes everything
     list(handlers.answers.send("Thanks.", session, *SETTINGS))
@@ -446,7 +452,9 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
     assert shown["top_p"]["value"] == 0.9 and shown["top_k"]["value"] == 40 and "llama-server" in shown["top_k"]["label"]
     assert shown["repeat_penalty"]["value"] == 1.15 and shown["repeat_last_n"]["value"] == -1
     picker = handlers.load(new_session())[page.model.choice]
-    assert picker["value"] == "default" and picker["choices"][0] == "default"  # the loaded model's name, as --model takes it
+    # the loaded model's name, as --model takes it, labelled with what it is
+    assert picker["value"] == "default" and picker["choices"][0][1] == "default"
+    assert picker["choices"][0][0].endswith("(default)")
     later = handlers.model.model_panels()  # the timer's next tick: the user's choices stay
     assert not any(widget in later for widget in widgets.values()) and "value" not in later[page.model.choice]
     settings = ChatSettings(temperature=0.6, top_p=0.9, top_k=20)

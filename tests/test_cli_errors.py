@@ -75,7 +75,8 @@ def fake_chat_app(monkeypatch):
             service.shutdown(1.0)
 
     monkeypatch.setattr("app.commands.chat.load_engine", lambda args, **_: calibrated)
-    monkeypatch.setitem(sys.modules, "app.ui", types.SimpleNamespace(build_app=lambda service: "the page"))
+    page = types.SimpleNamespace(build_app=lambda service, api="": "the page", api_line=lambda key=False: "API: /v1")
+    monkeypatch.setitem(sys.modules, "app.ui", page)
     monkeypatch.setattr("app.server.server_app", server_app)
     monkeypatch.setattr("app.server.Serving", Serving)
     monkeypatch.delenv("PPD_AUTH", raising=False)
