@@ -18,7 +18,7 @@ import litellm  # noqa: E402
 import openai  # noqa: E402
 import pydantic  # noqa: E402
 import pytest  # noqa: E402
-from instructor.core.exceptions import InstructorRetryException  # noqa: E402
+from instructor.core.exceptions import IncompleteOutputException, InstructorRetryException  # noqa: E402
 from langchain_core.exceptions import OutputParserException  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
@@ -63,12 +63,14 @@ def test_instructor_constrained_modes_give_a_valid_object(client_server, mode): 
 @pytest.mark.parametrize("mode", [instructor.Mode.JSON, instructor.Mode.MD_JSON])
 def test_instructor_prompted_modes_give_an_object_or_its_validation_error(client_server, mode):  # noqa: F811
     """JSON (a ``json_object`` answer) and MD_JSON (a fenced block, no constraint) only ask for the schema in words:
-    the tiny model may answer another object (as on llama-server); the client gets a City or instructor's own
-    error, never a hang or a transport error."""
+    the tiny model may answer another object, or go on past ``max_tokens`` (finish_reason "length"); the client gets
+    a City or instructor's own error for what happened, never a hang or a transport error."""
     client = instructor.from_openai(openai_client(client_server), mode=mode)
     try:
         city = client.chat.completions.create(model="m", response_model=City, messages=ASK, temperature=0,
                                               max_tokens=48, max_retries=0)
+    except IncompleteOutputException as error:  # the answer ended at max_tokens, and instructor says so
+        assert "max_tokens" in str(error)
     except (InstructorRetryException, pydantic.ValidationError) as error:
         assert "City" in str(error) or "validation" in str(error).lower()
     else:
