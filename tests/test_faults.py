@@ -87,6 +87,8 @@ def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_
         assert chat[1]["content"] == answer["content"] + INTERRUPTED
         list(handlers.answers.regenerate(session, "", 0.0, 1.0, 32, True, "lossless", False))
         expected = engine.generate(engine.chat_ids([user]), "vanilla", 32).text
-        assert store.load(saved.id).messages == [user, {"role": "assistant", "content": expected}]
+        # whole now, by the model named, and ended at the 32-token limit (its bubble says so)
+        assert store.load(saved.id).messages == [user, {"role": "assistant", "content": expected,
+                                                        "model": engine.loaded.name, "length_limit": True}]
     finally:
         engine.forget_conversation()

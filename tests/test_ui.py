@@ -78,7 +78,8 @@ def test_gradio_client_streams_the_answer_of_ppd_generate(running_app, capsys):
     expected = json.loads(capsys.readouterr().out)["text"]
     assert code == 0 and answers[-1] == expected and "Paris" in expected
     saved = store.list()
-    assert saved and saved[0].messages[-1] == {"role": "assistant", "content": expected}
+    assert saved and {**saved[0].messages[-1], "model": None} == {"role": "assistant", "content": expected, "model": None}
+    assert saved[0].messages[-1]["model"] == service.engine.loaded.name  # the model that wrote it, saved with it
 
 
 def test_browser_chat_stop_compare_and_calibrate(running_app, tmp_path):
