@@ -84,9 +84,10 @@ def wire_conversation(handlers: Handlers, page: Page) -> None:
            chat.chatbot.undo, chat.again.click, chat.clear.click, chat.chatbot.clear, history.saved.input,
            history.confirm_delete.click],
           lambda: gr.update(visible=False), None, chat.selection, queue=False, api_name=False)
-    # another conversation, or this one changed by hand: no answer of this page's to continue
+    # another conversation, or this one changed by hand: no answer of this page's to continue (the list's ``input``,
+    # a user's pick: its ``change`` also fires when an answer refreshes the list)
     gr.on([chat.clear.click, chat.chatbot.clear, chat.new_for_model.click, chat.chatbot.undo, chat.delete.click,
-           history.saved.change], lambda: gr.update(visible=False), None, chat.resume, queue=False, api_name=False)
+           history.saved.input], lambda: gr.update(visible=False), None, chat.resume, queue=False, api_name=False)
     gr.on([chat.clear.click, chat.chatbot.clear, chat.new_for_model.click], lambda: switch_panels(chat, ""), None,
           [chat.switched, chat.new_for_model], queue=False, api_name=False)
 
