@@ -160,7 +160,7 @@ def test_cli_sampling_is_seeded_and_validated(capsys):
     typical = json.loads(run_cli(capsys, *args, "--acceptance", "typical")[1])
     assert typical["sampling"]["distribution_preserving"] is False
     code, out, err = run_cli(capsys, "generate", "hi", "--temperature", "0.5", "--top-p", "0")
-    assert code == 2 and err.strip() == "ppd: error: top-p must be in (0, 1], got 0.0"
+    assert code == 2 and err.strip() == "ppd: error: top-p must be greater than 0 and at most 1, got 0.0"
 
 
 @pytest.mark.slow

@@ -186,11 +186,11 @@ def test_a_switch_says_the_conversation_continues_and_a_base_model_answers_witho
     page.context.close()
 
 
-def test_a_launching_chat_shows_send_off_and_no_spinners_until_its_model_is_ready(base_gguf, tmp_path):
+def test_a_launching_chat_shows_send_off_and_no_spinners_until_its_model_is_ready(base_gguf, tmp_path, running):
     """`ppd chat` as a new user starts it, its model still downloading: before, Send was orange (primary) and
     clickable and every widget showed a spinner while the page loaded. Now Send is off, plain and says "Loading
     model…" both while the page loads and while the model does, and no spinner shows; then Send, primary."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     with FakeHub() as hub:
         hub.repos["me/tiny-base"] = {"tiny-base.gguf": base_gguf.read_bytes()}
@@ -203,9 +203,10 @@ def test_a_launching_chat_shows_send_off_and_no_spinners_until_its_model_is_read
                                     str(port), "--model", "hf:me/tiny-base:tiny-base.gguf"],
                                    cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-                page = browser.new_page(viewport=WIDE)
+            # the module's Chromium (one Playwright per process: a second one inside the first's loop is refused)
+            context = running[1].new_context(viewport=WIDE)
+            try:
+                page = context.new_page()
                 joins = []  # the page's first queued event (its load) is held: the page as it is before it answers
                 page.route("**/queue/join*", lambda route: joins.append(route) if not joins else route.continue_())
                 reach(page, f"http://127.0.0.1:{port}/", process)
@@ -223,7 +224,8 @@ def test_a_launching_chat_shows_send_off_and_no_spinners_until_its_model_is_read
                 expect(send).to_be_enabled(timeout=180_000)
                 expect(send).to_have_text("Send")
                 assert "primary" in send.get_attribute("class")
-                browser.close()
+            finally:
+                context.close()
         finally:
             held_download.set()
             process.terminate()
