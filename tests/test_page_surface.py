@@ -34,11 +34,12 @@ def test_the_device_panels_figures_are_behind_details_and_its_surface_is_plain_w
     profile = read_profile(ROOT / "profiles" / "llamacpp-amd-epyc-avx2build-2threads.json")
     policy = dataclasses.replace(profile.policy, fixed_ms={1: 80.06, 2: 163.06, 4: 170.2, 8: 190.5})
     profile = dataclasses.replace(profile, step_policy=policy.to_json())
-    llama_default.replan(lookup=3)
+    before = llama_default.plan  # the session's engine, as earlier tests left it: this test's own plan, then theirs
+    llama_default.replan(None, tree="medium", lookup=3)
     try:
         snapshot = llama_default.snapshot()
     finally:
-        llama_default.replan(lookup=None)
+        llama_default.plan = before
     snapshot = dataclasses.replace(snapshot, profile=profile, tree={**snapshot.tree, "step_policy": profile.policy.line()})
     panel = device_panel(snapshot)
     shown, details = surface(panel), panel[panel.index("<details>"):]
