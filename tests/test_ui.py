@@ -141,7 +141,8 @@ def test_send_is_off_and_enter_sends_nothing_while_an_answer_streams(running_app
 
     url, service, store = running_app
     slow_down(service, monkeypatch, 0.05)  # the answer streams for seconds on any machine
-    monkeypatch.setattr(service, "background", "A background job runs (test).")
+    # ``background`` is a property of the host's calibration job: the class's, for this test only
+    monkeypatch.setattr(type(service), "background", property(lambda _: "A background job runs (test)."))
     story, fruit = "Tell me a long story about a lighthouse keeper and a whale.", "Name one fruit."
 
     def conversation() -> list:
