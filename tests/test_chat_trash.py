@@ -5,7 +5,6 @@ back, to the page and to the model (Chromium on the real page, the default model
 import re
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,12 +12,10 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
+from page_open import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 FIRST, SECOND = "Name one fruit.", "Name one color."
 
 

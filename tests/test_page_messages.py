@@ -7,7 +7,6 @@ exchange undone; a context meter under the chat. After each change the model is 
 import socket
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -15,12 +14,10 @@ from app.history import Conversation, ConversationStore
 from app.model_host import ModelHost
 from app.ui import build, build_app
 from ppd_core import Engine, EngineConfig
+from page_open import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 MAX_NEW = 32  # answers kept short: the module runs in a few minutes on two slow cores
 WIDE, NARROW = {"width": 1400, "height": 1100}, {"width": 420, "height": 900}
 FRUIT, COLOR, ANIMAL, CITY = "Name one fruit.", "Name one color.", "Name one animal.", "Name one city."

@@ -25,7 +25,8 @@ from ppd_core.training.answers import read_cache
 from conftest import tiny_llama
 from page_lines import shown_lines
 from ppd_core import Engine, EngineConfig
-from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
+from page_open import CHROMIUM, CHROMIUM_ARGS
+from test_ui import free_port
 from test_training_lock import OLD_APP, ROOT, data_home, kill_left_over, options, wait_for  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow
