@@ -234,7 +234,7 @@ from app.cli import entry
 port, options = sys.argv[1], sys.argv[2:]
 build_app = app.ui.build_app
 
-def build_training_app(service, store=None):
+def build_training_app(service, store=None, api=""):
     service.train_options = options  # tiny trainings
 
     def train():  # Train clicked on the page once the model is ready
@@ -243,7 +243,7 @@ def build_training_app(service, store=None):
         service.training().start()
 
     threading.Thread(target=train, daemon=True).start()
-    return build_app(service, store)
+    return build_app(service, store, api)
 
 app.ui.build_app = build_training_app
 sys.argv[1:] = ["chat", "--port", port, "--tree", "medium", "--threads", "1"]
