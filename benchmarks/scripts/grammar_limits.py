@@ -5,7 +5,7 @@
 For schemas with n ``enum`` values and with n optional string properties, on the default GGUF (llama.cpp): seconds to
 turn the schema into GBNF (llama-server's converter, ``schema_grammar``), to build the grammar, and to mask one full
 vocabulary row at the answer's start (``Grammar.allowed``: what every sampled token costs at least). Run on a quiet
-machine; the costs grow with n, and ``app/schema_bounds.py`` caps n at 200 where masking stays near a second or less.
+machine; the costs grow with n, and ``app/schema_bounds.py`` caps n at 200 (benchmarks/README.md has the figures).
 """
 
 from __future__ import annotations
