@@ -15,7 +15,7 @@ from app.ui import build_app
 from page_lines import inside, shown_lines
 from ppd_core import Engine, EngineConfig
 from page_open import CHROMIUM, CHROMIUM_ARGS
-from test_ui import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ import urllib.request
 import pytest
 
 from page_open import CHROMIUM, CHROMIUM_ARGS, reach
-from test_page_readout import ROOT, free_port
+from test_page_readout import ROOT
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 COUNTED = re.compile(r"Calibrating this device in the background \([a-z' ]+ \d+/\d+")  # it holds the model, counting

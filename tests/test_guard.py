@@ -22,7 +22,7 @@ from app.server import make_server, server_app
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
 from page_open import CHROMIUM, CHROMIUM_ARGS
-from test_ui import free_port
+from ports import free_port
 
 FOREIGN = "http://localhost:9999"
 QUESTION = [{"role": "user", "content": "Name the capital city of France."}]

@@ -19,7 +19,8 @@ from app.model_host import ModelHost
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
 from page_open import CHROMIUM, CHROMIUM_ARGS
-from test_ui import free_port, slow_down
+from test_ui import slow_down
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

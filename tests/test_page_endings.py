@@ -21,8 +21,9 @@ from base_gguf import SHOWN, write_base_gguf
 from fake_hub import FakeHub
 from ppd_core import Engine, EngineConfig
 from page_open import CHROMIUM, CHROMIUM_ARGS, reach
-from test_page_messages import WIDE, free_port
+from test_page_messages import WIDE
 from tiny_gguf import default_vocabulary
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,6 @@ harness, not ppd."""
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from app.ui import build_app
 from ppd_core import Engine, EngineConfig, LatencyCurve, calibrate_with_curve
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
 from page_open import CHROMIUM, CHROMIUM_ARGS, reach
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,12 +40,6 @@ COPY = "Repeat your previous answer word for word."
 ESTIMATE = re.compile(r"([0-9.]+)x faster than plain decoding|([0-9.]+)x the speed of plain decoding|"
                       r"as fast as plain decoding \(([0-9.]+)x\)")
 TIMER_TEXT = re.compile(r"\b\d+\.\d+s\b")  # Gradio's elapsed-time counter ("0.1s")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def load(spec: str, progress=None) -> Engine:

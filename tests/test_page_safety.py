@@ -19,7 +19,7 @@ from app.server import make_server, server_app
 from app.ui import api_line, build_app
 from ppd_core import Engine, EngineConfig
 from page_open import CHROMIUM, CHROMIUM_ARGS
-from test_ui import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from app.ui import build_app
 from ppd_core import Engine, EngineConfig
 from ppd_core.calibration.profiles import read_profile
 from page_open import CHROMIUM, CHROMIUM_ARGS
-from test_ui import free_port
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBER_LIST = re.compile(r"\d+(?:\.\d+)?/\d+(?:\.\d+)?(?:/\d+)?")  # "1/2/4", "80.06/163.06", "0/3/3"

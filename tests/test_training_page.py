@@ -26,8 +26,8 @@ from conftest import tiny_llama
 from page_lines import shown_lines
 from ppd_core import Engine, EngineConfig
 from page_open import CHROMIUM, CHROMIUM_ARGS
-from test_ui import free_port
 from test_training_lock import OLD_APP, ROOT, data_home, kill_left_over, options, wait_for  # noqa: F401 - fixtures
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

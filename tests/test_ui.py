@@ -1,7 +1,6 @@
 """The chat app launched for real: gradio_client against its API, and Chromium clicking its UI."""
 
 import json
-import socket
 import time
 
 import pytest
@@ -12,15 +11,10 @@ from app.model_host import ModelHost
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
 from page_open import CHROMIUM, CHROMIUM_ARGS
+from ports import free_port
 
 
 NO_PENALTY = (1.0, 64, 0.0, 0.0)  # the page's repetition penalties off (it opens with a repeat penalty of 1.1)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def text_of(content) -> str:
