@@ -189,7 +189,8 @@ def calibration_summary(profile, tree_name: str = "") -> str:
     chosen = " and ".join(filter(None, (trees, "copied chains" if chains else ""))) or "plain steps"
     return (  # two lines at most in the side column at 1400 px, the rest behind a toggle
         f"**Calibrated for this device:** {chosen}.\n\n"
-        f"<details><summary>Details</summary>\n\nEach answer's speedup is under the chat. Expected speedup, calibration's forecast for the chosen tree alone: "
+        f"<details><summary>Details</summary>\n\nEach answer's speedup is under the chat. "
+        f"Expected speedup, calibration's forecast for the chosen tree alone: "
         f"{profile.expected_speedup:.2f}x ({profile.expected_tokens_per_step:.2f} tokens per step expected)"
         f"{lookup_summary(profile)}. Trees of {', '.join(map(str, profile.tree_sizes))} tokens by guess depth. "
         f"Measured {profile.created}, took {profile.calibration_seconds:.0f} s.\n\n</details>"
