@@ -108,3 +108,57 @@ def right_guesses(chain: Sequence[int], answer: Sequence[int], i: int) -> int:
     while right < len(chain) and i + right < len(answer) and answer[i + right] == chain[right]:
         right += 1
     return right
+
+
+# ---- the tree protocol (issue 51): every drafter proposes candidate nodes; one merge per step builds the tree ----
+
+
+@dataclass
+class Guesses:
+    """One drafter's candidate nodes for one step, parents before children.
+
+    A node is a token under the root (parent -1) or under an earlier node of the same proposal, with the drafter's
+    estimate of the chance it is accepted given its parent is (the PPD paper's Proposition B.1: a tree's expected
+    accepted tokens is the sum over its nodes of the product of these along the node's path). A chain is a tree with
+    one branch.
+    """
+
+    tokens: list[int] = field(default_factory=list)  # [M] the node tokens
+    parents: list[int] = field(default_factory=list)  # [M] -1: under the root; else an earlier index in this list
+    probs: list[float] = field(default_factory=list)  # [M] P(accepted | parent accepted), in (0, 1]
+    prompt_counts: list[int] = field(default_factory=list)  # [M] prompt-token rows on each node ([]: none)
+    limit: int | None = None  # the most nodes of this proposal the step may keep (None: the step's budget decides)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int, prob: float, prompt_count: int = 0) -> int:
+        """Append a node; its index (a parent for later nodes)."""
+        if not -1 <= parent < len(self.tokens):
+            raise ValueError(f"parent {parent} of a new node is not an earlier node")
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.probs.append(float(prob))
+        if prompt_count or self.prompt_counts:
+            self.prompt_counts.extend([0] * (len(self.tokens) - 1 - len(self.prompt_counts)))
+            self.prompt_counts.append(int(prompt_count))
+        return len(self.tokens) - 1
+
+    @staticmethod
+    def chain(tokens: Sequence[int], probs: Sequence[float]) -> Guesses:
+        """A chain: token i under token i - 1, the first under the root."""
+        return Guesses(list(map(int, tokens)), list(range(-1, len(tokens) - 1)), list(map(float, probs)))
+
+    def depths(self) -> list[int]:
+        """[M] each node's depth (1: under the root)."""
+        out: list[int] = []
+        for parent in self.parents:
+            out.append(1 if parent < 0 else out[parent] + 1)
+        return out
+
+    def path_probs(self) -> list[float]:
+        """[M] each node's expected acceptance: the product of ``probs`` along its path."""
+        out: list[float] = []
+        for parent, prob in zip(self.parents, self.probs):
+            out.append(prob if parent < 0 else out[parent] * prob)
+        return out
