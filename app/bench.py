@@ -59,8 +59,8 @@ class ModeTotals:
     seconds: float = 0.0
     steps: int = 0
     decode_tokens: int = 0
-    from_prompt_tokens: int = 0  # accepted guesses by source
-    from_lookup: int = 0
+    accepted: dict[str, int] = field(default_factory=dict)  # accepted guesses by source (a drafter's name)
+    drafted: dict[str, int] = field(default_factory=dict)  # tree nodes each source owned
     peak_bytes: int = 0
     answers: list[list[int]] = field(default_factory=list)
 
@@ -78,9 +78,16 @@ class ModeTotals:
         if with_steps:
             out["steps"] = self.steps
             out["mean_accepted"] = round(self.decode_tokens / self.steps, 4) if self.steps else 0.0
-            per_step = {"prompt_tokens": self.from_prompt_tokens, "lookup": self.from_lookup}
-            out["accepted_per_step_by_source"] = {k: round(v / self.steps, 4) if self.steps else 0.0 for k, v in per_step.items()}
+            names = list(dict.fromkeys([*self.drafted, *self.accepted]))
+            for key, counts in (("accepted_per_step_by_source", self.accepted), ("drafted_per_step_by_source", self.drafted)):
+                out[key] = {json_name(name): round(counts.get(name, 0) / self.steps, 4) if self.steps else 0.0
+                            for name in names}
         return out
+
+
+def json_name(source: str) -> str:
+    """A source's name as a JSON key: "prompt tokens" -> "prompt_tokens"."""
+    return source.replace(" ", "_")
 
 
 @dataclass
@@ -118,8 +125,9 @@ def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int,
         total.seconds += stats.seconds
         total.steps += stats.steps
         total.decode_tokens += sum(stats.accepted_per_step)
-        total.from_prompt_tokens += stats.from_guesses - stats.from_lookup
-        total.from_lookup += stats.from_lookup
+        for mine, theirs in ((total.accepted, stats.accepted), (total.drafted, stats.drafted)):
+            for name, count in theirs.items():
+                mine[name] = mine.get(name, 0) + count
         total.peak_bytes = max(total.peak_bytes, memory.peak)
     totals[0].answers.append(result.tokens)
     return result.tokens

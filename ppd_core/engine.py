@@ -18,8 +18,9 @@ from ppd_core import decoding
 from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.engine_load import EngineConfig, load_parts, settle_plan
 from ppd_core.errors import PpdError
-from ppd_core.drafters.forced import ForcedText, GrammarDrafter, char_tokens
-from ppd_core.drafters.lookup import LookupDrafter
+from ppd_core.drafters.forced import ForcedText, char_tokens
+from ppd_core.drafters.merge import Merger
+from ppd_core.drafters.registry import DraftContext, answer_drafters
 from ppd_core.loaded import LoadedModel
 from ppd_core.drafters.base import ChainPolicy
 from ppd_core.memory import release_free_heap
@@ -83,6 +84,8 @@ class Engine:
         self._vanilla = vanilla_family()
         self._prompt_table = prompt_tokens.table() if prompt_tokens.num_prompt_tokens else None  # [n * V, hidden]
         self._char_tokens: dict[str, int] | None = None  # the forced-text drafter's single-character tokens
+        self._merger = Merger()  # the steps' merge: the tree shapes it built serve every answer
+        self._drafter_memory: dict[str, object] = {}  # what guess sources keep across answers, by name
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
@@ -205,17 +208,17 @@ class Engine:
         backend = self.loaded.backend
         constraint = self._constraint(grammar) if grammar is not None else None
         backend.pad_steps(plan.padded_rows if ppd else None)  # the profile's step shape for PPD; plain: 1-token steps
-        speculator = decoding.Speculator(backend, family, self._prompt_table)
-        forcing = constraint is not None and ppd
-        lookup = [LookupDrafter(chains, input_ids, constraint)] if chains is not None else []
-        forced = [GrammarDrafter(self.new_forced_text(), plan.new_forced_chains(), constraint)] if forcing else []
+        acceptance = plan.profile.acceptance if ppd and plan.profile is not None else None
+        speculator = decoding.Speculator(backend, family, self._prompt_table, acceptance, self._merger)
+        context = DraftContext(input_ids, chains, constraint, self.new_forced_text, plan.new_forced_chains,
+                               backend.vocab_size, self._drafter_memory)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
-                                   grammar=constraint, drafters=lookup + forced)
+                                   grammar=constraint, drafters=answer_drafters(context) if ppd else [])
         steps = decoding.generate(speculator, request)
         ends = TurnEnd(turn_stops(self.tokenizer)) if chat else None
         try:
-            yield from self._events(steps, stats, tokens, text, chains, ends)
+            yield from self._events(steps, stats, tokens, text, ends)
         except GeneratorExit:  # stopped by the consumer between steps: the cache is consistent
             if cache is not None:
                 self._keep_cache(cache, list(input_ids) + tokens, chains)
@@ -226,7 +229,7 @@ class Engine:
             self._keep_cache(cache, list(input_ids) + tokens, chains)
 
     @staticmethod
-    def _events(steps: Iterator[StepStats], stats: GenerationStats, tokens: list[int], text, chains,
+    def _events(steps: Iterator[StepStats], stats: GenerationStats, tokens: list[int], text,
                 ends: TurnEnd | None) -> Iterator[GenerationEvent]:
         """``stream``'s events from the decoding's ``steps``, adding to ``stats``, ``tokens`` and ``text``; with
         ``ends`` (the stop texts' ``TurnEnd``; none are empty) a step is cut at the token completing one, the answer
@@ -241,9 +244,6 @@ class Engine:
                 step.stop = "eos" if ends.hit else step.stop
                 delta, shown = text.text[len(shown) : ends.shown], text.text[: ends.shown]
             stats.add(step)
-            if step.chain_match >= 0:  # the lookup proposed: what its policy made of it
-                done = f"drafted {step.chain} copied tokens" if step.chain else "drafted none"
-                stats.lookup_note = f"{done} ({chains.why(step.chain_match, step.chain)})"
             tokens.extend(step.tokens)
             yield GenerationEvent(shown, delta, list(tokens), step, stats, step.stop)
             if step.stop:
@@ -252,6 +252,7 @@ class Engine:
     def close(self) -> None:
         """Give the model's memory back (before another model loads: one model in memory at a time)."""
         self._kept = None
+        self._drafter_memory.clear()
         self.loaded.backend.close()
         self.loaded.release_model()
         gc.collect()

@@ -182,8 +182,8 @@ def test_cli_bench_writes_the_contract(tmp_path):
         assert key in result
     assert set(result["tree"]) >= {"tokens_per_step", "candidates", "prompt_tokens"}
     assert set(result["ppd"]) == {"new_tokens", "seconds", "tok_s", "peak_mem_mb", "steps", "mean_accepted",
-                                  "accepted_per_step_by_source"}
-    assert set(result["ppd"]["accepted_per_step_by_source"]) == {"prompt_tokens", "lookup"}
+                                  "accepted_per_step_by_source", "drafted_per_step_by_source"}
+    assert set(result["ppd"]["accepted_per_step_by_source"]) == set(result["ppd"]["drafted_per_step_by_source"]) >= {"prompt_tokens", "lookup"}
     assert result["identical"] is True and result["questions"] == 2 and result["ppd"]["peak_mem_mb"] > 100
     assert result["vanilla"]["new_tokens"] == result["ppd"]["new_tokens"] > 0
     groups = result["groups"]  # per turn and per category (these questions have none: "-")

@@ -1,6 +1,7 @@
 """The drafter protocol, as transformers' candidate generators and llama.cpp's ``common_speculative``: each step every
-drafter ``propose``s into the step's ``Draft`` (the prompt tokens choose the tree, then one chain at most joins it),
-and ``observe``s the ``Verified`` step: which node was accepted, the tokens emitted, the step's logits.
+drafter ``propose``s its candidate nodes (``Guesses``) into the step's ``Draft``, one merge (``merge``) builds the step's
+tree from them under the row budget, and every drafter ``observe``s the ``Verified`` step: the tree, which path was
+accepted, what became of each of its nodes, the step's logits. ``observe`` only learns.
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ import numpy as np
 
 from ppd_core.sampling.logits import StepLogits
 from ppd_core.stats import StepStats
-from ppd_core.tree import ChainedTrees, Tree, root_only_tree
+from ppd_core.tree import Tree
 
 
 class Drafter(Protocol):
-    """A guess source: one per answer."""
+    """A guess source: one per answer, named ("prompt tokens", "lookup", "grammar", ...)."""
+
+    name: str
 
     def propose(self, draft: Draft) -> None:
-        """Add this step's guesses to ``draft``."""
+        """Add this step's guesses to ``draft`` (``draft.add(self.name, guesses)``), or nothing."""
 
     def observe(self, verified: Verified) -> None:
-        """Learn from a step (the prefill included): what it accepted and emitted."""
+        """Learn from a step (the prefill included): what it accepted and emitted. A drafter may keep a ``note``
+        attribute (words on its last choice): the step's ``stats.notes`` carries it."""
 
 
 class ChainPolicy(Protocol):
@@ -35,6 +39,10 @@ class ChainPolicy(Protocol):
     def length(self, match: int, offered: int) -> int:
         """Tokens to draft of the ``offered`` a match of class ``match`` proposes (0: none)."""
 
+    def chances(self, match: int, count: int) -> list[float] | None:
+        """[count] P(chain token j right | the ones before it right) after a match of class ``match``, as far as the
+        policy knows them; None: it keeps none."""
+
     def observe(self, match: int, right: int, drafted: int, offered: int) -> None:
         """What the step showed: the first ``right`` of the ``offered`` tokens were right, ``drafted`` were drafted."""
 
@@ -44,62 +52,46 @@ class ChainPolicy(Protocol):
 
 @dataclass
 class Draft:
-    """One step's guesses: the tree to verify, the guess table its candidates read, and the chain drafted into it."""
+    """One step's proposals, by drafter name in the order they came, and what the merge needs besides."""
 
-    tree: Tree = field(default_factory=root_only_tree)
-    guesses: np.ndarray | None = None  # [depth, ranks] int64: candidate (depth d, rank r) is guesses[d - 1, r]
-    max_rows: int = 0  # rows the decoder takes in one step
-    chain: list[int] = field(default_factory=list)  # the chain's tokens, at depths 1, 2, ...
-    owner: Drafter | None = None  # whose chain it is
+    max_rows: int  # rows the decoder takes in one step: the budget
+    num_prompt_tokens: int = 0  # n: prompt tokens the trees' rows may carry (the prompt tokens' drafter's)
+    ensemble_size: int = 1  # V: rows per prompt token
+    root_prompts: int = 0  # prompt tokens on the root (set by the prompt tokens' drafter; V rows each)
+    proposals: dict[str, Guesses] = field(default_factory=dict)
 
-    @property
-    def room(self) -> int:
-        """Rows left for a chain beside the tree."""
-        return max(0, self.max_rows - self.tree.num_tokens)
-
-    def offer(self, owner: Drafter, chain: Sequence[int]) -> None:
-        """One chain a step: a later drafter's replaces an earlier one's where it is at least as long."""
-        if chain and len(chain) >= len(self.chain):
-            self.chain, self.owner = list(chain), owner
-
-    def merged(self, chained: ChainedTrees) -> Draft:
-        """The draft with its chain merged into the tree and the guess table (``ChainedTrees.step``)."""
-        if not self.chain:
-            return self
-        tree, guesses = chained.step(self.tree, self.guesses, self.chain)
-        return Draft(tree, guesses, self.max_rows, self.chain, self.owner)
-
-    def node_tokens(self, root: int) -> np.ndarray:
-        """[N] int64: the tree's node tokens, the root first, then each candidate's guess."""
-        tree, tokens = self.tree, np.array([root], dtype=np.int64)
-        if tree.num_nodes == 1:
-            return tokens
-        return np.concatenate([tokens, self.guesses[tree.candidate_depths - 1, tree.candidate_ranks]])
+    def add(self, name: str, guesses: Guesses) -> None:
+        """``name``'s proposal for this step (one per drafter)."""
+        if name in self.proposals:
+            raise ValueError(f"{name} proposed twice in one step")
+        self.proposals[name] = guesses
 
 
 @dataclass
 class Verified:
-    """What one step showed: the drafters observe it."""
+    """What one step showed (the prefill included: its tree is the last prompt token alone): the drafters observe it."""
 
-    draft: Draft  # what was verified (its tree the step's)
-    logits: StepLogits  # the step's rows
-    last: int  # the last accepted node
+    node_tokens: np.ndarray  # [N] int64: the tree's node tokens, the root first, breadth-first
+    parents: tuple[int, ...]  # [N] each node's parent index, -1 for the root
+    logits: StepLogits  # the step's rows: node i's is row i (prompt-token rows after the nodes)
+    path: list[int]  # the accepted node indices, root first
+    kept: dict[str, list[int]]  # per drafter that proposed: the node each of its proposal's became (-1: none)
     stats: StepStats  # the emitted tokens: the accepted path's, then the model's own next token
-    from_chain: int = 0  # how many accepted guesses were the chain's
+    tree: Tree  # the step's tree buffers (the prompt-token rows: ``prompt_counts``, ``prompt_slots``)
 
-
-def propose(drafters: Sequence[Drafter], max_rows: int, chained: ChainedTrees) -> Draft:
-    """The step's draft: each drafter's guesses in turn, the chain merged into the tree."""
-    draft = Draft(max_rows=max_rows)
-    for drafter in drafters:
-        drafter.propose(draft)
-    return draft.merged(chained)
+    @property
+    def last(self) -> int:
+        """The last accepted node."""
+        return self.path[-1]
 
 
 def observe(drafters: Sequence[Drafter], verified: Verified) -> None:
-    """Every drafter learns what the step accepted."""
+    """Every drafter learns what the step accepted; the notes they keep go to the step's stats."""
     for drafter in drafters:
         drafter.observe(verified)
+        note = getattr(drafter, "note", "")
+        if note:
+            verified.stats.notes[drafter.name] = note
 
 
 def right_guesses(chain: Sequence[int], answer: Sequence[int], i: int) -> int:
@@ -108,9 +100,6 @@ def right_guesses(chain: Sequence[int], answer: Sequence[int], i: int) -> int:
     while right < len(chain) and i + right < len(answer) and answer[i + right] == chain[right]:
         right += 1
     return right
-
-
-# ---- the tree protocol (issue 51): every drafter proposes candidate nodes; one merge per step builds the tree ----
 
 
 @dataclass

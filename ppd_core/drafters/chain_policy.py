@@ -43,6 +43,9 @@ class FixedChains:
     def length(self, match: int, offered: int) -> int:
         return min(self.lengths[match], offered)
 
+    def chances(self, match: int, count: int) -> list[float] | None:
+        return None  # nothing learnt: the drafter's prior
+
     def observe(self, match: int, right: int, drafted: int, offered: int) -> None:
         pass
 
@@ -98,6 +101,10 @@ class AdaptiveChains:
         expected = self.tokens_per_step + np.concatenate([[0.0], np.cumsum(survival)])  # [offered + 1]
         rates = [expected[length] / self.latency(self.tree_size + length) for length in range(offered + 1)]
         return int(np.argmax(rates))
+
+    def chances(self, match: int, count: int) -> list[float]:
+        """[count] ``conditional``'s chances of a chain's first ``count`` tokens (the merge's acceptance estimates)."""
+        return self.conditional(match)[:count].tolist()
 
     def observe(self, match: int, right: int, drafted: int, offered: int) -> None:
         """A step after a match of class ``match`` drafted ``drafted`` of the ``offered`` chain tokens proposed, and

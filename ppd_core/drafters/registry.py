@@ -1,0 +1,61 @@
+"""The answer's drafters by name: each source registers a factory that makes its drafter for one answer from a
+``DraftContext`` (None: the source is off for it). The engine builds them in registration order, after the model's
+own prompt tokens (``decoding.Speculator.prompt_drafter``); a new source adds a module to this package and a line
+here, nothing in the engine or the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ppd_core.drafters.base import ChainPolicy, Drafter
+from ppd_core.drafters.forced import GrammarDrafter
+from ppd_core.drafters.lookup import LookupDrafter
+
+if TYPE_CHECKING:
+    from ppd_core.drafters.forced import ForcedText
+    from ppd_core.grammar import Grammar
+
+
+@dataclass
+class DraftContext:
+    """What a factory may use to make one answer's drafter."""
+
+    input_ids: Sequence[int]  # the whole prompt: the conversation so far, ready for the answer
+    chains: ChainPolicy | None = None  # the conversation's lookup chain policy (None: lookup off)
+    grammar: Grammar | None = None  # the answer's grammar state (None: free text)
+    forced_text: Callable[[], ForcedText] | None = None  # a new answer's forced-text reader (with a grammar)
+    forced_chains: Callable[[], ChainPolicy] | None = None  # a new answer's forced-text chain policy
+    vocab_size: int = 0
+    # what a source keeps per loaded model across answers, by its name (the engine's, emptied with the model)
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+Factory = Callable[[DraftContext], Drafter | None]
+
+
+def lookup(context: DraftContext) -> Drafter | None:
+    """Chains copied from the conversation (``lookup``), where the plan has a chain policy."""
+    return None if context.chains is None else LookupDrafter(context.chains, context.input_ids, context.grammar)
+
+
+def grammar(context: DraftContext) -> Drafter | None:
+    """The text the grammar forces (``forced``), where the answer has a grammar."""
+    if context.grammar is None or context.forced_text is None or context.forced_chains is None:
+        return None
+    return GrammarDrafter(context.forced_text(), context.forced_chains(), context.grammar)
+
+
+FACTORIES: dict[str, Factory] = {"lookup": lookup, "grammar": grammar}  # in drafting order (ties: the earlier)
+
+
+def answer_drafters(context: DraftContext, names: Sequence[str] | None = None) -> list[Drafter]:
+    """The drafters of one answer, in registration order: those of ``names`` (None: every registered one) that are
+    on for it."""
+    unknown = set(names or ()) - set(FACTORIES)
+    if unknown:
+        raise ValueError(f"no guess source named {', '.join(sorted(unknown))}; known: {', '.join(FACTORIES)}")
+    made = (factory(context) for name, factory in FACTORIES.items() if names is None or name in names)
+    return [drafter for drafter in made if drafter is not None]
