@@ -79,7 +79,8 @@ class ModeTotals:
             out["steps"] = self.steps
             out["mean_accepted"] = round(self.decode_tokens / self.steps, 4) if self.steps else 0.0
             names = list(dict.fromkeys([*self.drafted, *self.accepted]))
-            for key, counts in (("accepted_per_step_by_source", self.accepted), ("drafted_per_step_by_source", self.drafted)):
+            for key, counts in (("accepted_per_step_by_source", self.accepted),
+                                ("drafted_per_step_by_source", self.drafted)):
                 out[key] = {json_name(name): round(counts.get(name, 0) / self.steps, 4) if self.steps else 0.0
                             for name in names}
         return out
