@@ -73,8 +73,7 @@ class AnswerSpeed:
             names = stats.source_names
             per_step = ", ".join(f"{name} {stats.accepted.get(name, 0) / steps:.2f}" for name in names)
             items.append(f"guessed tokens accepted per step: {per_step or 'none drafted'}")
-            items += [f"{name}: {source_line(stats, name)}" for name in names
-                      if name in stats.notes or (name != "prompt tokens" and stats.drafted.get(name))]
+            items += [f"{name}: {source_line(stats, name)}" for name in names]
             if self.estimate is not None and self.estimate.speedup is not None:
                 items.append("the speedup is estimated from this device's calibrated step costs: each step's rows "
                              "priced against plain 1-token steps; Compare measures it")
