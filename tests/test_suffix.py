@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from ppd_core.drafters.suffix import (CONVERSATION, HISTORY, SuffixDrafter, SuffixMemory, match_class)
+from ppd_core.drafters.suffix import CONVERSATION, HISTORY, SuffixDrafter, SuffixMemory, make, match_class
 from ppd_core.drafters.suffix_automaton import GrowingText, SuffixAutomaton
 
 
@@ -161,3 +161,13 @@ def test_nodes_left_out_of_the_tree_are_judged_by_the_emitted_tokens():
     drafter.observe(fake_verified([guesses.tokens[0], guesses.tokens[1]], kept=[1, -1, -1], path=[0, 1]))
     assert [acceptance.accepted[CONVERSATION][cls][d] for d in range(3)] == [1.0, 1.0, 0.0]  # depth 3 not shown
     assert [acceptance.expected[CONVERSATION][cls][d] for d in range(3)] == [1.0, 1.0, 0.0]
+
+
+def test_an_answer_joins_the_history_when_the_next_one_starts():
+    memory = SuffixMemory()
+    first = make(SimpleNamespace(input_ids=[1, 2, 3], memory={"suffix": memory}))
+    first.observe(fake_verified([40, 41, 42]))
+    assert memory.tokens == 0 and first.memory is memory
+    second = SuffixDrafter([5, 40, 41], memory=memory, floor=0.0)
+    assert list(memory.answers) == [[40, 41, 42]]
+    assert second.guesses().tokens == [42] and second.source == HISTORY

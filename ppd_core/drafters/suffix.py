@@ -77,6 +77,7 @@ class SuffixMemory:
         self.answers: deque[list[int]] = deque()
         self.automaton = SuffixAutomaton()
         self.acceptance = Acceptance()
+        self.pending: list[int] | None = None  # the answer being written (it joins when the next one starts)
 
     @property
     def tokens(self) -> int:
@@ -98,9 +99,17 @@ class SuffixMemory:
             total -= len(self.answers.popleft()) + 1
         self.automaton = SuffixAutomaton(token for kept in self.answers for token in (SEPARATOR, *kept))
 
+    def begin(self, answer: list[int]) -> None:
+        """A new answer starts, to be written into ``answer``: the one before it, now finished, joins the history
+        (so no hook is needed at an answer's end: a model answers one request at a time)."""
+        if self.pending is not None:
+            self.remember(self.pending)
+        self.pending = answer
+
     def clear(self) -> None:
         """Forget the answers (the learnt acceptance holds no text and stays)."""
         self.answers.clear()
+        self.pending = None
         self.automaton = SuffixAutomaton()
 
 
@@ -114,11 +123,12 @@ class SuffixDrafter:
         """``context``: the tokens before the answer (the conversation and the prompt)."""
         context = list(context)
         self.memory = SuffixMemory(0) if memory is None else memory
+        self.answer: list[int] = []
+        self.memory.begin(self.answer)
         self.limit, self.floor, self.max_depth = limit, floor, max_depth
         self.text = GrowingText(context)
         self.history = self.memory.automaton  # read-only during the answer
         self.history_match = self.history.match(context[-MATCH_WINDOW:])
-        self.answer: list[int] = []
         self.proposal = Guesses()
         self.source, self.match_class = CONVERSATION, 0
         self.depths: list[int] = []
@@ -206,5 +216,14 @@ class SuffixDrafter:
             acceptance.record(self.source, self.match_class, depth, self.frequencies[i], right[i])
 
     def finish(self) -> None:
-        """The answer is done: it joins the model's earlier answers."""
-        self.memory.remember(self.answer)
+        """The answer is done: it joins the model's earlier answers now (else when the next drafter starts)."""
+        if self.memory.pending is self.answer:
+            self.memory.pending = None
+            self.memory.remember(self.answer)
+
+
+def make(context) -> SuffixDrafter:
+    """The registry's factory (``drafters.registry``: ``FACTORIES["suffix"] = suffix.make``): a drafter over the
+    answer's prompt (``context.input_ids``) and its model's ``SuffixMemory`` (``context.memory["suffix"]``)."""
+    memory = context.memory.setdefault(SuffixDrafter.name, SuffixMemory())
+    return SuffixDrafter(context.input_ids, memory)
