@@ -90,7 +90,7 @@ class FakeDraft:
 
 
 def fake_verified(tokens, kept=None, path=(0,)):
-    """A step that emitted ``tokens``; ``kept``: the suffix drafter's nodes' merged indices; ``path``: accepted nodes."""
+    """A step that emitted ``tokens``; ``kept``: the suffix nodes' merged indices; ``path``: the accepted nodes."""
     return SimpleNamespace(stats=SimpleNamespace(tokens=list(tokens)), kept={} if kept is None else {"suffix": kept},
                            path=list(path))
 

@@ -1,13 +1,14 @@
 """Suffix trees against today's n-gram lookup chains, replayed offline on greedy MT-Bench answers (issue 51, item 3).
 
-    python benchmarks/scripts/suffix_replay.py [--limit 20] [--max-new-tokens 128] [--threads 1]
+    python benchmarks/scripts/suffix_replay.py [--start 0] [--limit 20] [--max-new-tokens 128] [--threads 1]
         [--corpus benchmarks/measurements/suffix-corpus.json] [--budgets 2 4 8 12] [--floors 0.05]
         [--profile FILE] [--json FILE] [--generate-only]
 
 1. The corpus: the default GGUF on llama.cpp (plain greedy decoding, ppd's own engine) answers the first ``--limit``
    MT-Bench questions, both turns (the second after its own first answer in the chat template, as ``ppd bench
-   --turns 2`` asks it), ``--max-new-tokens`` each. Prompt and answer token ids are kept in ``--corpus`` after every
-   question, so a later run goes on where one stopped and the replay needs no model.
+   --turns 2`` asks it; ``--start``: the replay skips that many of them, e.g. those a prior was fitted on),
+   ``--max-new-tokens`` each. Prompt and answer token ids are kept in ``--corpus`` after every question, so a
+   later run goes on where one stopped and the replay needs no model.
 2. The replay, step by step as decoding goes: the prefill emits the first answer token; a step at position i drafts
    from the text before i only, accepts the longest drafted path the answer agrees with (a tokens) and moves on to
    i + a + 1. (i) ``NgramIndex`` chains of L = budget tokens (a longer chain never accepts fewer, so L = budget is
@@ -109,7 +110,8 @@ def replay_suffix(memory: SuffixMemory, prompt: list[int], answer: list[int], li
         guesses = drafter.guesses()
         path = tree_path(guesses.tokens, guesses.parents, answer, i)[: len(answer) - i - 1]
         steps.append((len(guesses), len(path) + 1))
-        drafter.observe(step(answer[i:i + len(path) + 1], list(range(1, len(guesses) + 1)), [0, *(k + 1 for k in path)]))
+        kept = list(range(1, len(guesses) + 1))  # every node in the tree, node k as node k + 1 after the root
+        drafter.observe(step(answer[i:i + len(path) + 1], kept, [0, *(k + 1 for k in path)]))
         i += len(path) + 1
     drafter.finish()
     return steps
@@ -169,8 +171,8 @@ def timing(corpus: dict, context_length: int = 4000, steps: int = 2000) -> dict:
     drafter, index = SuffixDrafter(context, limit=8), NgramIndex(context)
     start = time.perf_counter()
     for token in going_on:
-        drafter.guesses()
-        drafter.observe(step([token], [], [0]))
+        guesses = drafter.guesses()
+        drafter.observe(step([token], [-1] * len(guesses), [0]))
     out["suffix_propose_observe_us"] = round((time.perf_counter() - start) / len(going_on) * 1e6, 1)
     start = time.perf_counter()
     for token in going_on:
@@ -191,6 +193,7 @@ def timing(corpus: dict, context_length: int = 4000, steps: int = 2000) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--start", type=int, default=0, help="replay the questions from this one on (0: the first)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--corpus", default=str(CORPUS))
@@ -203,14 +206,14 @@ def main() -> None:
     corpus = generate_corpus(Path(args.corpus), args.limit, args.max_new_tokens, args.threads)
     if args.generate_only:
         return
-    corpus = dict(corpus, conversations=corpus["conversations"][: args.limit])
+    corpus = dict(corpus, conversations=corpus["conversations"][args.start : args.limit])
     from ppd_core.calibration.tree_search import step_seconds
 
     seconds = step_seconds(profile_latency(args.profile))
     results, learnt = replay_all(corpus, args.budgets, args.floors, seconds)
     report({
-        "command": f"python benchmarks/scripts/suffix_replay.py --limit {args.limit} --max-new-tokens "
-                   f"{args.max_new_tokens} --budgets {' '.join(map(str, args.budgets))} --floors "
+        "command": f"python benchmarks/scripts/suffix_replay.py --start {args.start} --limit {args.limit} "
+                   f"--max-new-tokens {args.max_new_tokens} --budgets {' '.join(map(str, args.budgets))} --floors "
                    f"{' '.join(map(str, args.floors))} --profile {Path(args.profile).name}",
         "corpus": {"path": str(Path(args.corpus).relative_to(ROOT)) if Path(args.corpus).is_relative_to(ROOT)
                    else args.corpus, "model": corpus.get("model"), "conversations": len(corpus["conversations"])},
