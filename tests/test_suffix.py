@@ -9,7 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from ppd_core.drafters.suffix import CONVERSATION, HISTORY, SuffixDrafter, SuffixMemory, make, match_class
+from ppd_core.drafters.suffix import (CONVERSATION, HISTORY, MATCH_CLASSES, SuffixDrafter, SuffixMemory, make,
+                                     match_class)
 from ppd_core.drafters.suffix_automaton import GrowingText, SuffixAutomaton
 
 
@@ -171,3 +172,16 @@ def test_an_answer_joins_the_history_when_the_next_one_starts():
     second = SuffixDrafter([5, 40, 41], memory=memory, floor=0.0)
     assert list(memory.answers) == [[40, 41, 42]]
     assert second.guesses().tokens == [42] and second.source == HISTORY
+
+
+def test_a_class_below_the_floor_is_still_judged_and_climbs_back():
+    passage = list(range(100, 200))
+    context, memory = [*passage, 1, *passage[:20]], SuffixMemory()
+    memory.acceptance.prior[CONVERSATION] = [0.5] * len(MATCH_CLASSES)
+    for steps in range(40):
+        drafter = SuffixDrafter(context, memory=memory, limit=1, floor=0.9)
+        guesses = drafter.guesses()
+        if len(guesses):
+            break
+        drafter.observe(fake_verified([passage[20]]))  # nothing drafted; the model's own token was the one left out
+    assert len(guesses) == 1 and guesses.tokens == [passage[20]] and steps > 0

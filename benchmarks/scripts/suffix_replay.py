@@ -1,7 +1,7 @@
 """Suffix trees against today's n-gram lookup chains, replayed offline on greedy MT-Bench answers (issue 51, item 3).
 
     python benchmarks/scripts/suffix_replay.py [--start 0] [--limit 20] [--max-new-tokens 128] [--threads 1]
-        [--corpus benchmarks/measurements/suffix-corpus.json] [--budgets 2 4 8 12] [--floors 0.05]
+        [--corpus benchmarks/measurements/suffix-corpus.json] [--budgets 2 4 8 12] [--floors 0 0.05 0.3]
         [--profile FILE] [--json FILE] [--generate-only]
 
 1. The corpus: the default GGUF on llama.cpp (plain greedy decoding, ppd's own engine) answers the first ``--limit``
@@ -12,11 +12,13 @@
 2. The replay, step by step as decoding goes: the prefill emits the first answer token; a step at position i drafts
    from the text before i only, accepts the longest drafted path the answer agrees with (a tokens) and moves on to
    i + a + 1. (i) ``NgramIndex`` chains of L = budget tokens (a longer chain never accepts fewer, so L = budget is
-   the best fixed L by tokens per step); (ii) ``SuffixDrafter`` trees of at most ``budget`` nodes (its floor cuts
-   them shorter). Both without and with the session's earlier answers in the index (the conversations before this
-   one, in corpus order, as a per-model history holds them: ``SuffixMemory``, 8192 tokens; for the n-gram index,
-   the same answers before the prompt, so its most recent occurrence, the conversation's, wins). The suffix
-   drafter's learnt acceptance lives in its ``SuffixMemory`` and goes on across the session either way.
+   the best fixed L by tokens per step), and today's calibrated chains (a length per match class with the most
+   tokens per second on the curve, ``lookup.chain_lengths``, fitted on these same answers: optimistic for them);
+   (ii) ``SuffixDrafter`` trees of at most ``budget`` nodes (its floor cuts them shorter: 0 fills the budget). Both
+   without and with the session's earlier answers in the index (the conversations before this one, in corpus order,
+   as a per-model history holds them: ``SuffixMemory``, 8192 tokens; for the n-gram index, the same answers before
+   the prompt, so its most recent occurrence, the conversation's, wins). The suffix drafter's learnt acceptance lives
+   in its ``SuffixMemory`` and goes on across the session either way.
    Reported per turn (first turns, follow-ups): tokens per step, rows drafted per step, and the speedup on
    ``--profile``'s step-latency curve (step seconds at 1 + rows; plain decoding at 1).
 3. ``per_step_us``: mean microseconds of one propose + observe (suffix: 8-node trees; n-gram: 8-token chains) on a
@@ -29,13 +31,15 @@ import argparse
 import json
 import time
 import tracemalloc
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 from measurement import DEFAULT_PROFILE, MT_BENCH, ROOT, machine, profile_latency, report
 
 from ppd_core.drafters.base import right_guesses
-from ppd_core.drafters.lookup import NgramIndex
+from ppd_core.drafters.lookup import MATCH_CLASSES as LOOKUP_CLASSES
+from ppd_core.drafters.lookup import LookupStats, NgramIndex, chain_lengths, match_class
 from ppd_core.drafters.suffix import CONVERSATION, HISTORY, MATCH_CLASSES, SuffixDrafter, SuffixMemory
 from ppd_core.drafters.suffix_automaton import SEPARATOR, SuffixAutomaton
 
@@ -87,11 +91,14 @@ def step(tokens: list[int], kept: list[int] | None = None, path: list[int] | Non
     return SimpleNamespace(stats=SimpleNamespace(tokens=tokens), kept={"suffix": kept or []}, path=path or [0])
 
 
-def replay_ngram(history: list[int], prompt: list[int], answer: list[int], length: int) -> list[tuple[int, int]]:
-    """[(rows drafted, tokens emitted)] per step of chains of ``length``."""
+def replay_ngram(history: list[int], prompt: list[int], answer: list[int],
+                 lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """[(rows drafted, tokens emitted)] per step of chains of ``lengths[c]`` after a match of class c
+    (``lookup.MATCH_CLASSES``)."""
     index, steps, i = NgramIndex([*history, *prompt, *answer[:1]]), [], 1
     while i < len(answer):
-        chain, _ = index.propose(length)
+        chain, match = index.propose(max(lengths))
+        chain = chain[: lengths[match_class(match)]] if chain else chain
         gained = min(right_guesses(chain, answer, i), len(answer) - i - 1)
         steps.append((len(chain), gained + 1))
         index.extend(answer[i:i + gained + 1])
@@ -130,8 +137,9 @@ def replay_all(corpus: dict, budgets: list[int], floors: list[float], seconds) -
     results, learnt = {}, {}
     for with_history in (False, True):
         setting = "with earlier answers" if with_history else "conversation only"
-        methods = {f"ngram chain L={b}": ("ngram", b, 0.0) for b in budgets}
-        methods |= {f"suffix tree <={b} floor {f}": ("suffix", b, f) for b in budgets for f in floors}
+        methods = {f"ngram chain L={b}": ("ngram", [b] * len(LOOKUP_CLASSES), 0.0) for b in budgets}
+        methods["ngram chains calibrated"] = ("ngram", calibrated_lengths(corpus, with_history, seconds), 0.0)
+        methods |= {f"suffix tree <={b} floor {f}": ("suffix", [b], f) for b in budgets for f in floors}
         for method, (kind, budget, floor) in methods.items():
             memory = SuffixMemory(HISTORY_TOKENS if with_history else 0)
             history: list[int] = []
@@ -142,14 +150,28 @@ def replay_all(corpus: dict, budgets: list[int], floors: list[float], seconds) -
                     if kind == "ngram":
                         by_turn[turn] += replay_ngram(history[-HISTORY_TOKENS:], prompt, answer, budget)
                     else:
-                        by_turn[turn] += replay_suffix(memory, prompt, answer, budget, floor)
+                        by_turn[turn] += replay_suffix(memory, prompt, answer, max(budget), floor)
                     if with_history:
                         history += [SEPARATOR, *answer]
             results.setdefault(setting, {})[method] = {name: summary(by_turn[turn], seconds)
                                                        for name, turn in TURNS.items()}
-            if kind == "suffix" and with_history and budget == max(budgets) and floor == floors[0]:
+            if method == "ngram chains calibrated":
+                results[setting][method]["lengths"] = budget
+            if kind == "suffix" and with_history and budget == [max(budgets)] and floor == floors[0]:
                 learnt = learnt_ratios(memory)
     return results, learnt
+
+
+def calibrated_lengths(corpus: dict, with_history: bool, seconds) -> list[int]:
+    """Today's lookup as calibration sets it: a chain length per match class with the most tokens per second on the
+    curve (``lookup.chain_lengths``), fitted on these very answers (an optimistic figure for the n-gram side)."""
+    stats, history = LookupStats.empty(), []
+    for conversation in corpus["conversations"]:
+        for turn, record in enumerate(conversation["turns"], 1):
+            stats.add_answer([*history[-HISTORY_TOKENS:], *record["prompt"]], record["answer"], turn)
+            if with_history:
+                history += [SEPARATOR, *record["answer"]]
+    return chain_lengths(stats, 1.0, 1, seconds)
 
 
 def learnt_ratios(memory: SuffixMemory) -> dict:
@@ -198,7 +220,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--corpus", default=str(CORPUS))
     parser.add_argument("--budgets", type=int, nargs="+", default=[2, 4, 8, 12])
-    parser.add_argument("--floors", type=float, nargs="+", default=[0.05])
+    parser.add_argument("--floors", type=float, nargs="+", default=[0.0, 0.05, 0.3])
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE))
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "measurements" / "suffix-replay.json"))
     parser.add_argument("--generate-only", action="store_true")

@@ -137,6 +137,7 @@ class SuffixDrafter:
         self.source, self.match_class = CONVERSATION, 0
         self.depths: list[int] = []
         self.frequencies: list[float] = []  # [M] each proposed node's r
+        self.shadow: tuple[int, int, int, float] | None = None  # the best node left out: token, parent, depth, r
 
     def best_match(self) -> tuple[int, SuffixAutomaton, Match]:
         """The source, automaton and match that propose: the longer match, the conversation's on a tie."""
@@ -149,13 +150,16 @@ class SuffixDrafter:
         """This step's proposal (and what ``observe`` needs to learn from it)."""
         self.source, automaton, match = self.best_match()
         self.proposal, self.depths, self.frequencies = Guesses(limit=self.limit), [], []
+        self.shadow = None
         if match.length:
             self.match_class = match_class(match.length)
             self._grow(automaton, match.state)
         return self.proposal
 
     def _grow(self, automaton: SuffixAutomaton, state: int) -> None:
-        """Best first by path product: pop the likeliest open node, keep it, open its continuations."""
+        """Best first by path product: pop the likeliest open node, keep it, open its continuations. The best node
+        left out (below the floor or past the limit) is kept aside as ``shadow``: the emitted tokens judge it too, so
+        a class whose estimates fell below the floor can climb back."""
         acceptance, source, match = self.memory.acceptance, self.source, self.match_class
         guesses, heap, order = self.proposal, [], 0
 
@@ -177,12 +181,15 @@ class SuffixDrafter:
         while heap and len(guesses) < self.limit:
             key, _, token, parent, child, depth, prob, frequency = heapq.heappop(heap)
             if -key < self.floor:
-                break
+                self.shadow = (token, parent, depth, frequency)
+                return
             index = guesses.add(token, parent, prob)
             self.depths.append(depth)
             self.frequencies.append(frequency)
             if depth < self.max_depth:
                 open_children(child, index, depth + 1, -key)
+        if heap:
+            self.shadow = tuple(heap[0][i] for i in (2, 3, 5, 7))
 
     def propose(self, draft: Draft) -> None:
         guesses = self.guesses()
@@ -192,9 +199,9 @@ class SuffixDrafter:
     def observe(self, verified: Verified) -> None:
         """Learn from the proposal's nodes the step could judge; the emitted tokens join the conversation's index."""
         tokens = list(verified.stats.tokens)
-        if len(self.proposal):
+        if len(self.proposal) or self.shadow:
             self._learn(verified.kept.get(self.name), set(verified.path), tokens)
-        self.proposal = Guesses()
+        self.proposal, self.shadow = Guesses(), None
         self.text.extend(tokens)
         match, history = self.history_match, self.history
         for token in tokens:
@@ -218,6 +225,10 @@ class SuffixDrafter:
             else:
                 continue
             acceptance.record(self.source, self.match_class, depth, self.frequencies[i], right[i])
+        if self.shadow is not None:
+            token, parent, depth, frequency = self.shadow
+            if (parent < 0 or right[parent]) and depth <= len(tokens):
+                acceptance.record(self.source, self.match_class, depth, frequency, tokens[depth - 1] == token)
 
     def finish(self) -> None:
         """The answer is done: it joins the model's earlier answers now (else when the next drafter starts)."""
