@@ -12,11 +12,11 @@ first by path product, as the PPD paper's expected-length formula ranks nodes, u
 best path product left falls below ``floor``: deep after a long match that keeps proving right, shallow and wide
 after a short one.
 
-Cost and memory (``python benchmarks/scripts/suffix_replay.py --start 20 --limit 40``, its ``cost``; nice'd on a
-2-core AMD EPYC beside a test run): one step's propose (8 nodes at most) and observe on a 4,000-token context took
-74-83 us (``NgramIndex``: 7.5 us), building the automaton of a 4,000-token prompt 11-18 ms; the automaton holds 479
-bytes a token (tracemalloc), so the memory is at most 479 B x (the context's tokens + ``HISTORY_TOKENS``): 7.8 MB
-with an 8,192-token context.
+Cost and memory (``python benchmarks/scripts/suffix_replay.py --start 20 --limit 40``, its ``cost``, and its
+``timing`` alone; nice'd on a 2-core AMD EPYC beside a test run, whose load makes the spread): one step's propose (8
+nodes at most) and observe on a 4,000-token context took 37-83 us over six runs (``NgramIndex``: 5.5-16.5 us),
+building the automaton of a 4,000-token prompt 11-25 ms; the automaton holds 479 bytes a token (tracemalloc), so the
+memory is at most 479 B x (the context's tokens + ``HISTORY_TOKENS``): 7.8 MB with an 8,192-token context.
 
 Replayed on 20 MT-Bench conversations (questions 21-40, both turns, 128 greedy tokens of the default GGUF; same
 command, ``benchmarks/measurements/suffix-replay-21-40.json``), at the same row budget a suffix tree accepts more
