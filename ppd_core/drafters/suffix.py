@@ -20,7 +20,7 @@ memory is at most 479 B x (the context's tokens + ``HISTORY_TOKENS``): 7.8 MB wi
 
 Replayed on 20 MT-Bench conversations (questions 21-40, both turns, 128 greedy tokens of the default GGUF; same
 command, ``benchmarks/measurements/suffix-replay-21-40.json``), at the same row budget a suffix tree accepts more
-than an n-gram chain (the conversation alone; the earlier answers add about 0.1 to both on first turns): with the
+than an n-gram chain (the conversation alone; with the earlier answers too, the gap grows on first turns): with the
 budget filled (floor 0), 1.59 / 1.69 / 1.73 tokens a step against 1.55 / 1.62 / 1.63 on first turns at 4 / 8 / 12
 rows, 2.25 / 2.60 / 2.78 against 2.16 / 2.42 / 2.52 on follow-ups; with the default floor it still accepts more than
 the chain of the same budget with 1-43% fewer rows (the more, the larger the budget). On a steep CPU step curve
