@@ -21,8 +21,8 @@
    in its ``SuffixMemory`` and goes on across the session either way.
    Reported per turn (first turns, follow-ups): tokens per step, rows drafted per step, and the speedup on
    ``--profile``'s step-latency curve (step seconds at 1 + rows; plain decoding at 1).
-3. ``per_step_us``: mean microseconds of one propose + observe (suffix: 8-node trees; n-gram: 8-token chains) on a
-   4,000-token context made of the corpus's texts, and ``bytes_per_token`` of the automata (tracemalloc).
+3. ``cost``: mean microseconds of one propose + observe (suffix: 8-node trees; n-gram: 8-token chains) on a
+   4,000-token context made of the corpus's texts, the automaton's build time and bytes per token (tracemalloc).
 """
 
 from __future__ import annotations
