@@ -1,0 +1,183 @@
+"""What would Token Recycling's trees accept on first turns? An offline replay of greedy answers, by row budget.
+
+    python benchmarks/scripts/recycling_offline.py [--limit 20] [--max-new-tokens 128] [--threads 2]
+        [--cache FILE.npz] [--shape 4,2,2,1,1,1 ...] [--json FILE]
+
+The default GGUF on llama.cpp answers the first ``--limit`` MT-Bench questions' first turns (the engine's chat template,
+``Engine.chat_ids``), plain greedy decoding one token a step; every step's row (its top-k next tokens) is kept in
+``--cache`` (so a rerun, or one that was stopped, decodes only the questions missing there). Then the answers are
+replayed in order, one ``RecyclingTable`` across all of them (as one loaded model across a session), as decoding with
+the recycling drafter alone would step: at an answer position, with root the last emitted token, the tree is grown
+from the table as it stands then (the prefill's row and the rows of every earlier position: never the root's own row,
+which that step computes), the merge keeps the B - 1 nodes of highest path product under the drafter's learnt
+estimates (B rows with the root), the step accepts the longest path the greedy answer follows and emits one more token,
+the drafter learns from those emitted tokens only, and the next step starts after them. Tokens per step = answer
+tokens after the prefill's / steps, as ``GenerationStats.mean_accepted`` counts them.
+
+A real run fills the table from every row of its tree; plain steps give one row (the root's), so this replay's
+table holds the accepted paths' rows alone: it underestimates what the tree's other rows would add (or overwrite).
+Acceptance counts persist across answers too (the engine would hold them with the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from app.questions import DEFAULT_QUESTIONS, read_questions
+from ppd_core import Engine, EngineConfig
+from ppd_core.drafters.recycling import DEFAULT_K, DEFAULT_SHAPE, AcceptanceCounts, RecyclingTable, expand, outcomes
+
+BUDGETS = (2, 4, 8, 12)
+
+
+def decode(engine: Engine, prompt: list[int], max_new_tokens: int, k: int) -> tuple[list[int], np.ndarray]:
+    """Plain greedy decoding: the answer [T] and each step's top-k [T, k] (row j's input is the prompt's last token
+    for j = 0, else answer[j - 1]; its best is answer[j])."""
+    decoder, eos = engine.loaded.backend, engine.loaded.eos_token_ids
+    cache = decoder.new_cache()
+    logits = decoder.prefill(cache, prompt)
+    answer, tops = [], []
+    while True:
+        tops.append(logits.top_k(np.array([0]), k)[0])
+        answer.append(int(logits.argmax()[0]))
+        if answer[-1] in eos or len(answer) >= max_new_tokens:
+            break
+        logits = decoder.prefill(cache, [answer[-1]])
+    decoder.truncate(cache, 0)
+    return answer, np.array(tops, dtype=np.int32)
+
+
+def decode_all(args, k: int) -> tuple[list[dict], int]:
+    """Every question's prompt end, answer and rows, from ``--cache`` where it has them; the vocabulary's size."""
+    path = Path(args.cache)
+    stored = dict(np.load(path)) if path.exists() else {}
+    questions = read_questions(DEFAULT_QUESTIONS, args.limit)
+    engine = None
+    for i, question in enumerate(questions):
+        if f"answer{i}" in stored:
+            continue
+        if engine is None:
+            engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False,
+                                              threads=args.threads))
+            stored["vocab_size"] = np.array([engine.loaded.backend.vocab_size])
+        start = time.perf_counter()
+        prompt = engine.chat_ids([{"role": "user", "content": question.turns[0]}])
+        answer, tops = decode(engine, prompt, args.max_new_tokens, k)
+        stored |= {f"prompt_last{i}": np.array([prompt[-1]]), f"answer{i}": np.array(answer), f"tops{i}": tops}
+        np.savez(path, **stored)
+        print(f"question {i + 1}/{len(questions)}: {len(answer)} tokens, {time.perf_counter() - start:.1f} s",
+              file=sys.stderr, flush=True)
+    if engine is not None:
+        engine.close()
+    return [{"prompt_last": int(stored[f"prompt_last{i}"][0]), "answer": stored[f"answer{i}"].tolist(),
+             "tops": stored[f"tops{i}"]} for i in range(len(questions))], int(stored["vocab_size"][0])
+
+
+def kept_nodes(proposal, estimates: np.ndarray, rows: int) -> np.ndarray:
+    """The merge with one source: the ``rows - 1`` nodes of highest path product (ties: the earlier), a closed tree
+    (a child's product is below its parent's)."""
+    probs = estimates[proposal.depths - 1, proposal.ranks]
+    path = probs.copy()
+    for i, parent in enumerate(proposal.parents.tolist()):
+        if parent >= 0:
+            path[i] *= path[parent]
+    return np.sort(np.argsort(-path, kind="stable")[: rows - 1])
+
+
+def subtree(proposal, keep: np.ndarray):
+    """The proposal's nodes ``keep`` (ascending, closed under parents), parents renumbered."""
+    renumber = -np.ones(len(proposal) + 1, dtype=np.int64)
+    renumber[keep] = np.arange(len(keep))
+    return type(proposal)(proposal.tokens[keep], renumber[proposal.parents[keep]], proposal.depths[keep],
+                          proposal.ranks[keep])
+
+
+class Replay:
+    """One budget's decoding: where its next step starts, what it learnt, what it emitted."""
+
+    def __init__(self, rows: int, shape: tuple[int, ...], k: int):
+        self.rows, self.shape = rows, shape
+        self.counts = AcceptanceCounts.new(len(shape), k)
+        self.steps = self.tokens = 0
+        self.next = 0  # the answer position of the next step's root
+
+    def step(self, table: RecyclingTable, answer: list[int], t: int) -> None:
+        """The step whose root is answer[t]: grown, merged, verified against the answer, learnt from."""
+        proposal = expand(table.ids, answer[t], self.shape)
+        future = answer[t + 1 :]  # what greedy decoding emits next: used only to score, then what the step emitted
+        accepted = 0
+        if len(proposal):
+            merged = subtree(proposal, kept_nodes(proposal, self.counts.estimates(), self.rows))
+            accepted = int(outcomes(merged, future[: len(self.shape) + 1])[1].sum())
+        accepted = min(accepted, len(future) - 1)  # the answer's end: its last token is emitted, never guessed past
+        emitted = future[: accepted + 1]
+        if len(proposal):
+            tried, right = outcomes(proposal, emitted)  # learns what the step emitted, nothing after
+            self.counts.add(proposal.depths[tried], proposal.ranks[tried], right[tried])
+        self.steps, self.tokens, self.next = self.steps + 1, self.tokens + len(emitted), t + len(emitted)
+
+
+def replay(answers: list[dict], vocab_size: int, shape: tuple[int, ...], k: int, budgets=BUDGETS) -> dict:
+    """Every budget's tokens per step over the answers in order, one table across them."""
+    table = RecyclingTable.empty(vocab_size, k)
+    runs = {rows: Replay(rows, shape, k) for rows in budgets}
+    halves = {rows: [] for rows in budgets}  # per answer: (tokens, steps)
+    for answer_rows in answers:
+        answer, tops = answer_rows["answer"], answer_rows["tops"]
+        table.update(np.array([answer_rows["prompt_last"]]), tops[:1])  # the prefill's row; it emits answer[0]
+        before = {rows: (run.tokens, run.steps) for rows, run in runs.items()}
+        for run in runs.values():
+            run.next = 0
+        for t in range(len(answer) - 1):  # a step per root answer[t], until the last token is emitted
+            for run in runs.values():
+                if run.next == t:
+                    run.step(table, answer, t)
+            table.update(np.array([answer[t]]), tops[t + 1 : t + 2])  # the root's row, computed by the step at t
+        for rows, run in runs.items():
+            halves[rows].append((run.tokens - before[rows][0], run.steps - before[rows][1]))
+    out = {}
+    for rows, run in runs.items():
+        split = len(answers) // 2
+        first, second = (np.array(halves[rows][:split]).sum(0), np.array(halves[rows][split:]).sum(0))
+        out[f"{rows} rows"] = {
+            "tokens_per_step": round(run.tokens / run.steps, 4), "steps": run.steps,
+            "first_half_tokens_per_step": round(first[0] / first[1], 4) if split else None,
+            "second_half_tokens_per_step": round(second[0] / second[1], 4),
+            "estimates_at_the_end": np.round(run.counts.estimates()[:, : max(shape)], 3).tolist(),
+        }
+    out["table_rows_filled"] = table.filled()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache", default="recycling-offline-answers.npz")
+    parser.add_argument("--shape", action="append", default=None, help="children per depth, e.g. 4,2,2,1,1,1")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] if args.shape else [DEFAULT_SHAPE]
+    answers, vocab_size = decode_all(args, DEFAULT_K)
+    result = {
+        "command": " ".join(["python", *sys.argv]),
+        "model": "the default GGUF on llama.cpp, greedy plain decoding, MT-Bench first turns",
+        "questions": len(answers), "answer_tokens": sum(len(a["answer"]) for a in answers),
+        "rows": "B rows = the root + B - 1 recycled guesses",
+        "by_shape": {",".join(map(str, shape)): replay(answers, vocab_size, shape, DEFAULT_K) for shape in shapes},
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
