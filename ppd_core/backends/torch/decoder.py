@@ -188,5 +188,5 @@ class DeviceLogits:
         wanted = k - above.sum(-1, keepdim=True)  # [m, 1] tied entries to keep
         chosen = above | (tied & (tied.cumsum(-1) <= wanted))  # [m, vocab], k per row
         index = chosen.nonzero()[:, 1].view(-1, k)  # [m, k], ascending
-        order = values.gather(-1, index).argsort(-1, descending=True, stable=True)  # by value, then index
+        order = values.gather(-1, index).sort(dim=-1, descending=True, stable=True).indices  # by value, then index
         return index.gather(-1, order).cpu().numpy().astype(np.int64)  # [m, k]
