@@ -195,7 +195,9 @@ def test_the_prior_holds_until_there_are_counts():
     counts = AcceptanceCounts.new(3, 8)
     assert np.allclose(counts.estimates(), np.array(PRIOR_MEAN)[None].repeat(3, 0))
     counts.add(np.array([1, 1]), np.array([0, 0]), np.array([True, False]))
-    assert np.isclose(counts.estimates()[0, 0], (1 + counts.prior_strength * PRIOR_MEAN[0]) / (2 + counts.prior_strength))
+    strength = counts.prior_strength
+    assert np.isclose(counts.estimates()[0, 0], (1 + strength * PRIOR_MEAN[0]) / (2 + strength))  # one of two
+    assert np.allclose(counts.estimates()[1:], np.array(PRIOR_MEAN)[None])  # other depths untouched
 
 
 # ---- the real model ----

@@ -27,11 +27,16 @@ import sys
 import time
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from app.questions import DEFAULT_QUESTIONS, read_questions
 from ppd_core import Engine, EngineConfig
-from ppd_core.drafters.recycling import DEFAULT_K, DEFAULT_SHAPE, AcceptanceCounts, RecyclingTable, expand, outcomes
+from ppd_core.drafters.recycling import (
+    DEFAULT_K, DEFAULT_SHAPE, AcceptanceCounts, RecyclingDrafter, RecyclingTable, expand, outcomes,
+)
+from ppd_core.tree import Tree, TreeSpec, build_tree
 
 BUDGETS = (2, 4, 8, 12)
 
@@ -155,6 +160,68 @@ def replay(answers: list[dict], vocab_size: int, shape: tuple[int, ...], k: int,
     return out
 
 
+def real_tree(proposal, root: int, depth: int) -> tuple[Tree, np.ndarray]:
+    """The step's tree of a (merged) proposal and its node tokens [N], the root first, in the tree's node order."""
+    paths: list[tuple[int, ...]] = []
+    for parent, rank in zip(proposal.parents.tolist(), proposal.ranks.tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (rank,))  # ranks are distinct among siblings
+    tree = build_tree(TreeSpec({(): 0, **{path: 0 for path in paths}}), 0, 1, max_depth=depth)
+    token_of = dict(zip(paths, proposal.tokens.tolist())) | {(): root}
+    return tree, np.array([token_of[path] for path in tree.paths], dtype=np.int64)
+
+
+def greedy_path(tree: Tree, node_tokens: np.ndarray, logits) -> tuple[list[int], list[int]]:
+    """The accepted node indices (root first) and the emitted tokens: greedy verification."""
+    best = logits.argmax(slice(0, tree.num_nodes)).tolist()  # [N]
+    path, node = [0], 0
+    while True:
+        child = next((j for j in range(tree.num_nodes) if tree.parents[j] == node and node_tokens[j] == best[node]),
+                     None)
+        if child is None:
+            return path, [int(node_tokens[i]) for i in path[1:]] + [best[node]]
+        path.append(child)
+        node = child
+
+
+def live(args, answers: list[dict], rows: int, shape: tuple[int, ...]) -> dict:
+    """Real tree steps on llama.cpp with the recycling drafter alone at ``rows`` rows: the table fills from every row
+    of every step, as in a real run; the answers are compared with plain decoding's."""
+    engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False,
+                                      threads=args.threads))
+    decoder, eos = engine.loaded.backend, engine.loaded.eos_token_ids
+    drafter = RecyclingDrafter(RecyclingTable.empty(decoder.vocab_size), limit=rows - 1, shape=shape)
+    steps = tokens = identical = 0
+    for question, plain in zip(read_questions(DEFAULT_QUESTIONS, args.limit), answers):
+        prompt = engine.chat_ids([{"role": "user", "content": question.turns[0]}])
+        cache = decoder.new_cache()
+        logits = decoder.prefill(cache, prompt)
+        out = [int(logits.argmax()[0])]
+        drafter.observe(SimpleNamespace(node_tokens=np.array([prompt[-1]]), logits=logits,
+                                        stats=SimpleNamespace(tokens=out[:1])))
+        while len(out) < args.max_new_tokens and out[-1] not in eos:
+            drafter.propose(SimpleNamespace(add=lambda name, guesses: None))
+            proposal = drafter.proposed or expand(drafter.table.ids, out[-1], ())  # none: the root alone
+            proposal = subtree(proposal, kept_nodes(proposal, drafter.counts.estimates(), rows))
+            tree, node_tokens = real_tree(proposal, out[-1], len(shape))
+            cached = decoder.cache_length(cache)
+            logits = decoder.tree_logits(cache, tree, node_tokens, None)
+            path, emitted = greedy_path(tree, node_tokens, logits)
+            decoder.keep(cache, cached, path)
+            drafter.observe(SimpleNamespace(node_tokens=node_tokens, logits=logits,
+                                            stats=SimpleNamespace(tokens=emitted)))
+            stop = next((i + 1 for i, t in enumerate(emitted) if t in eos), len(emitted))
+            emitted = emitted[: min(stop, args.max_new_tokens - len(out))]
+            out, steps, tokens = out + emitted, steps + 1, tokens + len(emitted)
+        decoder.truncate(cache, 0)
+        identical += out == plain["answer"]
+        print(f"live {rows} rows: {steps} steps, {tokens / max(steps, 1):.3f} tokens/step so far", file=sys.stderr,
+              flush=True)
+    engine.close()
+    return {"tokens_per_step": round(tokens / steps, 4), "steps": steps, "answers_identical_to_plain": identical,
+            "table_rows_filled": drafter.table.filled(),
+            "estimates_at_the_end": np.round(drafter.counts.estimates()[:, : max(shape)], 3).tolist()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", type=int, default=20)
@@ -162,6 +229,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache", default="recycling-offline-answers.npz")
     parser.add_argument("--shape", action="append", default=None, help="children per depth, e.g. 4,2,2,1,1,1")
+    parser.add_argument("--live", type=int, action="append", default=None,
+                        help="also decode for real with recycling trees of this many rows (the table from every row)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] if args.shape else [DEFAULT_SHAPE]
@@ -173,6 +242,8 @@ def main() -> None:
         "rows": "B rows = the root + B - 1 recycled guesses",
         "by_shape": {",".join(map(str, shape)): replay(answers, vocab_size, shape, DEFAULT_K) for shape in shapes},
     }
+    for rows in args.live or ():
+        result[f"live {rows} rows, shape {','.join(map(str, shapes[0]))}"] = live(args, answers, rows, shapes[0])
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
