@@ -68,6 +68,16 @@ def test_top_k_orders_by_value_then_index_on_host_and_device(seed):
     assert host.top_k(np.array([1]), 4).tolist() == [[0, 1, 2, 3]]
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+def test_top_k_on_a_gpu_equals_the_host():
+    values = np.random.default_rng(3).integers(0, 4, size=(6, 49152)).astype(np.float32)  # ties across every cut
+    values[2] = np.random.default_rng(4).standard_normal(49152)
+    device = DeviceLogits(torch.from_numpy(values).to("cuda"))
+    for k in (1, 8):
+        assert np.array_equal(device.top_k(np.array([5, 2, 0]), k), HostLogits(values).top_k(np.array([5, 2, 0]), k))
+
+
 def test_top_k_of_real_valued_rows_equals_a_full_sort():
     values = np.random.default_rng(7).standard_normal((6, 1000)).astype(np.float32)
     assert np.array_equal(top_k(values, 8), np.argsort(-values, axis=-1, kind="stable")[:, :8])
