@@ -14,8 +14,9 @@ the step's merge keeps the nodes of highest path product.
 
 Cost on the host (2-core Xeon, nice'd beside a running test suite, load about 4.6; the default vocabulary, a full
 table): ``propose`` 0.35-0.42 ms (76 nodes), ``observe`` of an 8-row step about 2.3 ms, of which 1.9 ms are the rows'
-top-8 (``StepLogits.top_k``: an argpartition of 49152 floats a row), against 40-70 ms for a 4-8-row step of the
-default model on this CPU (``python benchmarks/scripts/recycling_cost.py``, three runs).
+top-8 (``StepLogits.top_k``: an argpartition of 49152 floats a row) (``python benchmarks/scripts/recycling_cost.py``,
+three runs); a step of the default model on llama.cpp, 2 threads, costs 38.86 ms at 4 rows and 68.26 ms at 8 on such
+a CPU (DESIGN.md's step curve).
 """
 
 from __future__ import annotations
