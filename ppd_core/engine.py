@@ -20,7 +20,7 @@ from ppd_core.engine_load import EngineConfig, load_parts, settle_plan
 from ppd_core.errors import PpdError
 from ppd_core.drafters.forced import ForcedText, char_tokens
 from ppd_core.drafters.merge import Merger
-from ppd_core.drafters.registry import DraftContext, answer_drafters
+from ppd_core.drafters.registry import DraftContext, answer_drafters, check_names
 from ppd_core.loaded import LoadedModel
 from ppd_core.drafters.base import ChainPolicy
 from ppd_core.memory import release_free_heap
@@ -86,18 +86,22 @@ class Engine:
         self._char_tokens: dict[str, int] | None = None  # the forced-text drafter's single-character tokens
         self._merger = Merger()  # the steps' merge: the tree shapes it built serve every answer
         self._drafter_memory: dict[str, object] = {}  # what guess sources keep across answers, by name
+        self.drafters: tuple[str, ...] | None = None  # the guess sources beside the prompt tokens (None: the default)
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
         """Load the model and prompt tokens (``engine_load``), then give the plan its profile: the saved one, or a
         calibration now that ``progress`` hears (``settle_plan``). A failure frees the model first."""
+        drafters = None if config.drafters is None else check_names(config.drafters)
         parts = load_parts(config, progress)
         try:
             plan = settle_plan(parts, config.tree, config.auto_calibrate, progress)
         except BaseException:  # nothing of a failed load stays in memory
             parts.loaded.backend.close()
             raise
-        return cls(parts.loaded, parts.prompt_tokens, plan, parts.max_context)
+        engine = cls(parts.loaded, parts.prompt_tokens, plan, parts.max_context)
+        engine.drafters = drafters
+        return engine
 
     def replan(self, profile: DeviceProfile | None | str = "same", **options) -> DecodePlan:
         """Decode with ``profile`` (None: none; "same": the plan's) and the ``PlanOptions`` fields in ``options``
@@ -214,7 +218,7 @@ class Engine:
                                backend.vocab_size, self._drafter_memory)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
-                                   grammar=constraint, drafters=answer_drafters(context) if ppd else [])
+                                   grammar=constraint, drafters=answer_drafters(context, self.drafters) if ppd else [])
         steps = decoding.generate(speculator, request)
         ends = TurnEnd(turn_stops(self.tokenizer)) if chat else None
         try:

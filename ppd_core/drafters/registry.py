@@ -10,9 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ppd_core.drafters import suffix as suffix_source
 from ppd_core.drafters.base import ChainPolicy, Drafter
 from ppd_core.drafters.forced import GrammarDrafter
 from ppd_core.drafters.lookup import LookupDrafter
+from ppd_core.drafters.recycling import AcceptanceCounts, RecyclingDrafter, RecyclingTable
+from ppd_core.errors import PpdError
 
 if TYPE_CHECKING:
     from ppd_core.drafters.forced import ForcedText
@@ -48,14 +51,40 @@ def grammar(context: DraftContext) -> Drafter | None:
     return GrammarDrafter(context.forced_text(), context.forced_chains(), context.grammar)
 
 
-FACTORIES: dict[str, Factory] = {"lookup": lookup, "grammar": grammar}  # in drafting order (ties: the earlier)
+def recycling(context: DraftContext) -> Drafter | None:
+    """The model's own top-k next tokens per token (``recycling``): its table and acceptance counts are the loaded
+    model's, kept across answers (vocabulary x 8 token ids: 1.5 MB for a 49,152-token vocabulary)."""
+    if context.vocab_size < 1:
+        return None
+    table, counts = context.memory.setdefault("recycling", (RecyclingTable.empty(context.vocab_size), None))
+    drafter = RecyclingDrafter(table, counts=counts)
+    context.memory["recycling"] = (table, drafter.counts)
+    return drafter
+
+
+def suffix(context: DraftContext) -> Drafter | None:
+    """Continuations of the longest earlier match in this conversation and the model's earlier answers (``suffix``)."""
+    return suffix_source.make(context)
+
+
+# in drafting order (ties: the earlier)
+FACTORIES: dict[str, Factory] = {"lookup": lookup, "grammar": grammar, "recycling": recycling, "suffix": suffix}
+# on unless the user names others (``--drafters``): the sources calibration prices today; recycling and suffix wait
+# for it to price them per device (issue 51, item 4), measured first with ``--drafters``
+DEFAULT_SOURCES = ("lookup", "grammar")
+
+
+def check_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as registered source names; a PpdError (one line) naming an unknown one."""
+    unknown = [name for name in names if name not in FACTORIES]
+    if unknown:
+        raise PpdError(f"no guess source named {', '.join(unknown)}; choose from {', '.join(FACTORIES)}")
+    return tuple(names)
 
 
 def answer_drafters(context: DraftContext, names: Sequence[str] | None = None) -> list[Drafter]:
-    """The drafters of one answer, in registration order: those of ``names`` (None: every registered one) that are
+    """The drafters of one answer, in registration order: those of ``names`` (None: ``DEFAULT_SOURCES``) that are
     on for it."""
-    unknown = set(names or ()) - set(FACTORIES)
-    if unknown:
-        raise ValueError(f"no guess source named {', '.join(sorted(unknown))}; known: {', '.join(FACTORIES)}")
-    made = (factory(context) for name, factory in FACTORIES.items() if names is None or name in names)
+    chosen = check_names(DEFAULT_SOURCES if names is None else names)
+    made = (factory(context) for name, factory in FACTORIES.items() if name in chosen)
     return [drafter for drafter in made if drafter is not None]
