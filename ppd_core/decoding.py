@@ -43,6 +43,7 @@ class Speculator:
     prompt_table: np.ndarray | None = None  # [n * V, hidden] float32
     acceptance: Sequence[Sequence[float]] | None = None  # calibration's p_d(r) of the prompt tokens, [n][k]
     merger: Merger = field(default_factory=Merger)  # the steps' merge (it keeps the tree shapes it built)
+    rows: int | None = None  # every source's nodes together fill at most this many rows a step (None: the decoder's)
 
     @property
     def top_k(self) -> int:
@@ -54,9 +55,9 @@ class Speculator:
         return PromptTokenDrafter(self.family, self.top_k, hook, self.acceptance)
 
     def new_draft(self) -> Draft:
-        """An empty draft for a step: the decoder's row budget, the prompt tokens' shape."""
-        tree = self.family.trees[0]
-        return Draft(self.decoder.max_tree_rows, tree.num_prompt_tokens, tree.ensemble_size)
+        """An empty draft for a step: the row budget (``rows``, at most the decoder's), the prompt tokens' shape."""
+        tree, most = self.family.trees[0], self.decoder.max_tree_rows
+        return Draft(most if self.rows is None else min(self.rows, most), tree.num_prompt_tokens, tree.ensemble_size)
 
 
 @dataclass
