@@ -66,6 +66,8 @@ def top_k(values: np.ndarray, k: int) -> np.ndarray:
     """[..., k] int64 indices of the k largest of ``values`` [..., vocab], largest first (ties: lower index)."""
     vocab = values.shape[-1]
     k = min(k, vocab)
+    if k < 1:  # no guesses asked for (a tree without candidates at a depth)
+        return np.zeros((*values.shape[:-1], 0), dtype=np.int64)
     part = np.argpartition(values, vocab - k, axis=-1)[..., vocab - k :]  # [..., k] unordered (no negated copy)
     picked = np.take_along_axis(values, part, -1)  # [..., k]
     # argpartition picks any of the entries tied with the k-th largest; the lower indices are the ones to keep
