@@ -21,6 +21,8 @@ a CPU (DESIGN.md's step curve).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,40 +34,44 @@ from ppd_core.drafters.base import Guesses
 if TYPE_CHECKING:
     from ppd_core.drafters.base import Draft, Verified
 
-DEFAULT_K = 8  # next tokens kept per token (the table's width)
-DEFAULT_LIMIT = 8  # nodes a step may keep of one proposal
-# Children per node at depths 1, 2, ...: a step here keeps 1-11 guesses, not the paper's ~80, and the merge keeps them
-# by path product, so the shape only has to hold every node a small budget could want: the 4 likeliest next tokens (rank
-# 0 is right about a quarter of the time, ranks 1-3 about 1 in 10, 20, 30), 2 under each, then rank-0 chains to depth
-# 6 (once on the right track the next rank-0 guess is right about half the time and more). 76 nodes at most. Measured
-# by the offline replay (plain greedy rows only, 20 MT-Bench first turns, 2427 tokens; command below), the shape
-# hardly matters at these budgets: tokens per step at 4 / 8 / 12 rows 1.270 / 1.358 / 1.385 with this shape,
-# 1.272 / 1.346 / 1.363 with 3,1,1,1,1,1,1,1, 1.270 / 1.360 / 1.399 with 8,2,1,1,1, 1.274 / 1.317 / 1.338 with
-# 2,2,2,1,1,1; the estimates at the end at 4 rows, depth 1 ranks 0-3: 0.24 0.09 0.05 0.03, rank 0 at depths 2 and 3:
-# 0.42 0.64.
-#   python benchmarks/scripts/recycling_offline.py --limit 20 --cache /tmp/rec/answers.npz --shape 4,2,2,1,1,1
-#       --shape 3,1,1,1,1,1,1,1 --shape 8,2,1,1,1 --shape 2,2,2,1,1,1
-DEFAULT_SHAPE = (4, 2, 2, 1, 1, 1)
-# the Beta prior of P(accepted | parent accepted) by rank, the same at every depth (depth 1's as measured above), worth
-# PRIOR_STRENGTH steps
-PRIOR_MEAN = (0.3, 0.1, 0.05, 0.03, 0.02, 0.02, 0.01, 0.01)
+DEFAULT_K = 4  # next tokens kept per token and per token pair (the tables' width)
+PAIR_SLOTS = 1 << 16  # token pairs kept (a hashed table: the newest pair in a slot wins)
+DEFAULT_LIMIT = 12  # nodes a step may keep of one proposal
+# Children a node may have at depth 1, 2, ...: the grown tree takes the best of them by path product
+DEFAULT_WIDTHS = (4, 2, 2, 2, 2, 2)
+# P(accepted | parent accepted) is learnt by class: whether the node came from its pair's row (the two tokens before
+# it as in the row's input, a closer context than its token's alone), its depth (1, 2, 3+) and the model's own
+# probability of the token in the row it came from, in these bins
+PROB_EDGES = np.array([0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+DEPTH_CLASSES = 3
+CLASSES = 2 * DEPTH_CLASSES * (len(PROB_EDGES) + 1)
+# the Beta prior of a class: its bin's middle probability, discounted (the row was computed in another context),
+# worth PRIOR_STRENGTH steps
+PRIOR_DISCOUNT = 0.8
 PRIOR_STRENGTH = 4.0
 
 
 @dataclass
 class RecyclingTable:
-    """Per token, the model's k likeliest next tokens the last time a step computed a row with it as the input.
+    """Per token, and per pair of tokens, the model's k likeliest next tokens (and their probabilities) the last time
+    a step computed a row with it as the input (the pair: with that token before it).
 
-    Memory: vocab x k x 4 bytes (int32): 49152 x 8 x 4 = 1,572,864 bytes (1.5 MiB) for the default model's vocabulary
-    at the default k = 8 (``nbytes``).
+    Memory (``nbytes``), for the default model's vocabulary of 49,152 at k = 4: 786,432 B of token ids and 393,216 B
+    of probabilities (float16), and 65,536 pair slots x (8 + 16 + 8) B = 2,097,152 B: 3.3 MB.
     """
 
     ids: np.ndarray  # [vocab, k] int32: best first; -1: not seen yet
+    probs: np.ndarray  # [vocab, k] float16: the model's probability of each, in its row
+    pair_keys: np.ndarray  # [slots] int64: the pair held (before * vocab + token); -1: none
+    pair_ids: np.ndarray  # [slots, k] int32
+    pair_probs: np.ndarray  # [slots, k] float16
 
     @staticmethod
-    def empty(vocab_size: int, k: int = DEFAULT_K) -> RecyclingTable:
-        """A table for a model of ``vocab_size`` tokens that knows nothing yet."""
-        return RecyclingTable(np.full((vocab_size, k), -1, dtype=np.int32))
+    def empty(vocab_size: int, k: int = DEFAULT_K, slots: int = PAIR_SLOTS) -> RecyclingTable:
+        """A table for a model of ``vocab_size`` tokens that knows nothing yet (``slots`` a power of two)."""
+        return RecyclingTable(np.full((vocab_size, k), -1, dtype=np.int32), np.zeros((vocab_size, k), np.float16),
+                              np.full(slots, -1, dtype=np.int64), np.full((slots, k), -1, dtype=np.int32),
+                              np.zeros((slots, k), np.float16))
 
     @property
     def vocab_size(self) -> int:
@@ -77,76 +83,115 @@ class RecyclingTable:
 
     @property
     def nbytes(self) -> int:
-        return self.ids.nbytes
+        return sum(a.nbytes for a in (self.ids, self.probs, self.pair_keys, self.pair_ids, self.pair_probs))
 
     def filled(self) -> int:
         """How many tokens have a row."""
         return int((self.ids[:, 0] >= 0).sum())
 
-    def update(self, node_tokens: np.ndarray, top: np.ndarray) -> None:
-        """Each of ``node_tokens`` [N] gets the next tokens ``top`` [N, >= k] (best first) of its row; a token twice
-        in ``node_tokens`` keeps its last row's."""
-        self.ids[np.asarray(node_tokens, dtype=np.int64)] = top[:, : self.k]
+    def slots(self, keys: np.ndarray) -> np.ndarray:
+        """[n] the pair slots of ``keys`` [n] int64 (a multiplicative hash)."""
+        shift = np.uint64(64 - int(np.log2(len(self.pair_keys))))
+        return ((keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> shift).astype(np.int64)
+
+    def update(self, before: np.ndarray, tokens: np.ndarray, top: np.ndarray, probs: np.ndarray) -> None:
+        """Rows with inputs ``tokens`` [N], ``before`` [N] the token before each (-1: unknown), gave the next tokens
+        ``top`` [N, >= k] (best first) with probabilities ``probs`` [N, >= k]; a token (pair) twice keeps its last."""
+        tokens, before = np.asarray(tokens, dtype=np.int64), np.asarray(before, dtype=np.int64)
+        self.ids[tokens], self.probs[tokens] = top[:, : self.k], probs[:, : self.k]
+        known = before >= 0
+        keys = before[known] * self.vocab_size + tokens[known]
+        slots = self.slots(keys)
+        self.pair_keys[slots], self.pair_ids[slots], self.pair_probs[slots] = keys, top[known, : self.k], probs[
+            known, : self.k]
+
+    def row(self, before: int, token: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """The next tokens [k] and probabilities [k] after ``token`` with ``before`` before it: the pair's row where
+        the table has it (True), else the token's (False)."""
+        if before >= 0:
+            key = before * self.vocab_size + token
+            slot = int(self.slots(np.array([key]))[0])
+            if self.pair_keys[slot] == key:
+                return self.pair_ids[slot], self.pair_probs[slot], True
+        return self.ids[token], self.probs[token], False
+
+
+def node_classes(paired: np.ndarray, depths: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """[n] each node's estimate class from whether it came from a pair's row, its depth and its row probability."""
+    bins = np.searchsorted(PROB_EDGES, probs, side="right")
+    return ((paired.astype(np.int64) * DEPTH_CLASSES + np.minimum(depths, DEPTH_CLASSES) - 1) * (len(PROB_EDGES) + 1)
+            + bins)
+
+
+def class_priors() -> np.ndarray:
+    """[CLASSES] each class's prior mean: its bin's middle, discounted."""
+    edges = np.concatenate([[0.0], PROB_EDGES, [1.0]])
+    middles = (edges[:-1] + edges[1:]) / 2  # [bins]
+    return np.tile(middles * PRIOR_DISCOUNT, 2 * DEPTH_CLASSES)
 
 
 @dataclass
 class AcceptanceCounts:
-    """P(accepted | parent accepted) by (depth, rank) of the recycling tree: counts with a Beta prior."""
+    """P(accepted | parent accepted) by class (``node_classes``): counts with a Beta prior."""
 
-    tried: np.ndarray  # [depths, ranks] float64: nodes whose parent was accepted
-    accepted: np.ndarray  # [depths, ranks] float64: of those, the ones accepted too
-    prior_mean: np.ndarray  # [ranks] float64
+    tried: np.ndarray  # [classes] float64: nodes whose parent was accepted
+    accepted: np.ndarray  # [classes] float64: of those, the ones accepted too
+    prior_mean: np.ndarray  # [classes] float64
     prior_strength: float = PRIOR_STRENGTH
 
     @staticmethod
-    def new(depths: int, ranks: int, prior_mean: Sequence[float] = PRIOR_MEAN,
-            prior_strength: float = PRIOR_STRENGTH) -> AcceptanceCounts:
-        mean = np.array([prior_mean[min(r, len(prior_mean) - 1)] for r in range(ranks)], dtype=np.float64)
-        return AcceptanceCounts(np.zeros((depths, ranks)), np.zeros((depths, ranks)), mean, prior_strength)
+    def new() -> AcceptanceCounts:
+        return AcceptanceCounts(np.zeros(CLASSES), np.zeros(CLASSES), class_priors())
 
     def estimates(self) -> np.ndarray:
-        """[depths, ranks] the posterior means, in (0, 1)."""
+        """[classes] the posterior means, in (0, 1)."""
         return (self.accepted + self.prior_strength * self.prior_mean) / (self.tried + self.prior_strength)
 
-    def add(self, depths: np.ndarray, ranks: np.ndarray, accepted: np.ndarray) -> None:
-        """Nodes at ``depths`` [n] (1: under the root) and ``ranks`` [n] were tried; ``accepted`` [n] bool."""
-        np.add.at(self.tried, (depths - 1, ranks), 1.0)
-        np.add.at(self.accepted, (depths - 1, ranks), accepted.astype(np.float64))
+    def add(self, classes: np.ndarray, accepted: np.ndarray) -> None:
+        """Nodes of ``classes`` [n] were tried; ``accepted`` [n] bool."""
+        np.add.at(self.tried, classes, 1.0)
+        np.add.at(self.accepted, classes, accepted.astype(np.float64))
 
 
 @dataclass
 class Proposal:
-    """A tree grown from the table, breadth-first: parents before children."""
+    """A tree grown from the table, best path product first: parents before children."""
 
     tokens: np.ndarray  # [M] int64
     parents: np.ndarray  # [M] int64: -1 under the root, else an earlier index
     depths: np.ndarray  # [M] int64: 1 under the root
-    ranks: np.ndarray  # [M] int64: the node's column in its parent token's table row
+    classes: np.ndarray  # [M] int64: each node's estimate class
+    probs: np.ndarray  # [M] float64: each node's estimate of P(accepted | parent accepted)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
-def expand(ids: np.ndarray, root: int, shape: Sequence[int]) -> Proposal:
-    """The tree under ``root`` through table ``ids`` [vocab, k]: a node's children are the first ``shape[d - 1]`` of
-    its token's row for a node at depth d - 1 (the root at 0), without unknown (-1) or repeated entries."""
-    tokens, parents, depths, ranks = [np.empty(0, dtype=np.int64) for _ in range(4)]
-    level_tokens, level_index = np.array([root], dtype=np.int64), np.array([-1], dtype=np.int64)  # [n]
-    for depth, width in enumerate(shape, 1):
-        children = ids[level_tokens, :width].astype(np.int64)  # [n, width]
-        earlier = np.tril(np.ones((width, width), dtype=bool), -1)  # [width, width]: column j sees columns < j
-        repeated = ((children[:, :, None] == children[:, None, :]) & earlier).any(-1)  # [n, width]
-        keep = (children >= 0) & ~repeated  # [n, width]
-        if not keep.any():
-            break
-        parent_rows, columns = np.nonzero(keep)  # row-major: by parent, then rank
-        start = len(tokens)
-        tokens = np.concatenate([tokens, children[parent_rows, columns]])
-        parents = np.concatenate([parents, level_index[parent_rows]])
-        depths = np.concatenate([depths, np.full(len(columns), depth, dtype=np.int64)])
-        ranks = np.concatenate([ranks, columns.astype(np.int64)])
-        level_tokens, level_index = tokens[start:], np.arange(start, len(tokens), dtype=np.int64)
-    return Proposal(tokens, parents, depths, ranks)
+def grow(table: RecyclingTable, estimates: np.ndarray, before: int, root: int, limit: int,
+         widths: Sequence[int] = DEFAULT_WIDTHS) -> Proposal:
+    """The ``limit`` nodes of highest path product under ``root`` (``before`` the token before it): a node's children
+    are the first ``widths[d - 1]`` of its row at depth d, their estimates ``estimates`` [classes] by class."""
+    nodes: list[tuple[int, int, int, int, float]] = []  # (token, parent, depth, class, estimate)
+    frontier: list[tuple[float, int, int, int, int, int, float, int]] = []  # a heap, best path product first
+    order = itertools.count()  # ties: the earlier offered
+
+    def offer(parent: int, above: int, token: int, depth: int, path: float) -> None:
+        if depth > len(widths):
+            return
+        ids, probs, paired = table.row(above, token)
+        count = int((ids[: widths[depth - 1]] >= 0).sum())
+        classes = node_classes(np.full(count, paired), np.full(count, depth), probs[:count].astype(np.float64))
+        for child, cls in zip(ids[:count].tolist(), classes.tolist()):
+            p = float(estimates[cls])
+            heapq.heappush(frontier, (-path * p, next(order), child, parent, depth, cls, p, token))
+
+    offer(-1, before, root, 1, 1.0)
+    while frontier and len(nodes) < limit:
+        negative, _, token, parent, depth, cls, p, above = heapq.heappop(frontier)
+        nodes.append((token, parent, depth, cls, p))
+        offer(len(nodes) - 1, above, token, depth + 1, -negative)
+    columns = list(zip(*nodes)) or [(), (), (), (), ()]
+    return Proposal(*(np.array(c, dtype=d) for c, d in zip(columns, (np.int64,) * 4 + (np.float64,))))
 
 
 def outcomes(proposal: Proposal, emitted: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -166,54 +211,56 @@ def outcomes(proposal: Proposal, emitted: Sequence[int]) -> tuple[np.ndarray, np
 
 @dataclass
 class RecyclingDrafter:
-    """Trees through a ``RecyclingTable``, with acceptance learnt by (depth, rank).
+    """Trees grown through a ``RecyclingTable``, with acceptance learnt by class (``node_classes``).
 
-    ``limit``: nodes of its proposal a step may keep. ``shape``: children per node by depth (``DEFAULT_SHAPE``).
+    ``limit``: nodes it proposes a step (the best by path product; the merge keeps what the budget allows).
     ``counts``: the acceptance counts to learn into (pass the engine's to keep them across answers; default: new).
-    A grammar needs nothing here: the step's merge prunes the nodes it forbids.
+    ``before``: the token before the first root (the prompt's second last; -1: unknown). A grammar needs nothing here:
+    the step's merge prunes the nodes it forbids.
 
     It learns from the tokens the step emitted, not from which of its nodes the merge kept: a node whose path above
     it was emitted is decided by the token emitted after that path, kept or not (its parent was accepted; the same
-    prefix from another source is the same node), so the (depth, rank)s the budget left out are learnt too.
+    prefix from another source is the same node).
     """
 
     table: RecyclingTable
     limit: int = DEFAULT_LIMIT
-    shape: tuple[int, ...] = DEFAULT_SHAPE
+    widths: tuple[int, ...] = DEFAULT_WIDTHS
     counts: AcceptanceCounts | None = None
+    before: int = -1
     name: str = "recycling"
     root: int = -1  # the last emitted token: the next tree's root (-1: before the prefill)
     proposed: Proposal | None = field(default=None, repr=False)  # the last proposal, until its step is observed
 
     def __post_init__(self) -> None:
-        if max(self.shape, default=0) > self.table.k:
-            raise ValueError(f"a shape of {max(self.shape)} children needs a table of that width, not {self.table.k}")
+        if max(self.widths, default=0) > self.table.k:
+            raise ValueError(f"{max(self.widths)} children need a table of that width, not {self.table.k}")
         if self.counts is None:
-            self.counts = AcceptanceCounts.new(len(self.shape), self.table.k)
+            self.counts = AcceptanceCounts.new()
 
     def propose(self, draft: Draft) -> None:
-        """The tree under the last emitted token, each node with its (depth, rank)'s estimate."""
+        """The best ``limit`` nodes under the last emitted token, each with its class's estimate."""
         self.proposed = None
         if self.root < 0:
             return
-        proposal = expand(self.table.ids, self.root, self.shape)
+        proposal = grow(self.table, self.counts.estimates(), self.before, self.root, self.limit, self.widths)
         if not len(proposal):
             return
-        probs = self.counts.estimates()[proposal.depths - 1, proposal.ranks]  # [M]
         self.proposed = proposal
-        draft.add(self.name, Guesses(proposal.tokens.tolist(), proposal.parents.tolist(), probs.tolist(),
-                                     limit=self.limit))
+        draft.add(self.name, Guesses(proposal.tokens.tolist(), proposal.parents.tolist(), proposal.probs.tolist()))
 
     def observe(self, verified: Verified) -> None:
         """Fill the table from the step's node rows, learn what the last proposal would have had accepted, and keep
-        the next root."""
+        the next root and the token before it."""
         node_tokens = np.asarray(verified.node_tokens, dtype=np.int64)  # [N]
         rows = min(len(node_tokens), verified.logits.num_rows)
-        self.table.update(node_tokens[:rows], verified.logits.top_k(np.arange(rows), self.table.k))
+        parents = np.asarray(verified.parents[:rows], dtype=np.int64)  # [rows]
+        before = np.where(parents >= 0, node_tokens[np.maximum(parents, 0)], self.before)  # [rows]
+        self.table.update(before, node_tokens[:rows], *verified.logits.top_k_probs(np.arange(rows), self.table.k))
         emitted = list(verified.stats.tokens)
         if self.proposed is not None and emitted:
             tried, accepted = outcomes(self.proposed, emitted)
-            self.counts.add(self.proposed.depths[tried], self.proposed.ranks[tried], accepted[tried])
+            self.counts.add(self.proposed.classes[tried], accepted[tried])
         self.proposed = None
         if emitted:
-            self.root = int(emitted[-1])
+            self.before, self.root = ([int(node_tokens[0])] + [int(t) for t in emitted])[-2:]

@@ -14,7 +14,7 @@ from ppd_core.drafters import suffix as suffix_source
 from ppd_core.drafters.base import ChainPolicy, Drafter
 from ppd_core.drafters.forced import GrammarDrafter
 from ppd_core.drafters.lookup import LookupDrafter
-from ppd_core.drafters.recycling import AcceptanceCounts, RecyclingDrafter, RecyclingTable
+from ppd_core.drafters.recycling import RecyclingDrafter, RecyclingTable
 from ppd_core.errors import PpdError
 
 if TYPE_CHECKING:
@@ -52,12 +52,13 @@ def grammar(context: DraftContext) -> Drafter | None:
 
 
 def recycling(context: DraftContext) -> Drafter | None:
-    """The model's own top-k next tokens per token (``recycling``): its table and acceptance counts are the loaded
-    model's, kept across answers (vocabulary x 8 token ids: 1.5 MB for a 49,152-token vocabulary)."""
+    """The model's own top-k next tokens per token and token pair (``recycling``): its table and acceptance counts
+    are the loaded model's, kept across answers (3.3 MB for a 49,152-token vocabulary: ``RecyclingTable``)."""
     if context.vocab_size < 1:
         return None
     table, counts = context.memory.setdefault("recycling", (RecyclingTable.empty(context.vocab_size), None))
-    drafter = RecyclingDrafter(table, counts=counts)
+    before = int(context.input_ids[-2]) if len(context.input_ids) > 1 else -1
+    drafter = RecyclingDrafter(table, counts=counts, before=before)
     context.memory["recycling"] = (table, drafter.counts)
     return drafter
 

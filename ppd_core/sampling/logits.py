@@ -39,6 +39,9 @@ class StepLogits(Protocol):
     def top_k(self, rows: slice | np.ndarray, k: int) -> np.ndarray:
         """[len(rows), k] int64: each row's k most likely tokens, best first (ties: the lower index)."""
 
+    def top_k_probs(self, rows: slice | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``top_k`` [len(rows), k] int64 and those tokens' softmax probabilities [len(rows), k] float32."""
+
 
 class HostLogits:
     """``StepLogits`` over a NumPy array [rows, vocab] float32."""
@@ -60,6 +63,13 @@ class HostLogits:
 
     def top_k(self, rows: slice | np.ndarray, k: int) -> np.ndarray:
         return top_k(self.values[rows], k)
+
+    def top_k_probs(self, rows: slice | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        values = self.values[rows]  # [m, vocab]
+        best = top_k(values, k)  # [m, k]
+        top = values.max(-1, keepdims=True)  # [m, 1]
+        log_total = np.log(np.exp(values - top).sum(-1, keepdims=True))  # [m, 1]
+        return best, np.exp(np.take_along_axis(values, best, -1) - top - log_total).astype(np.float32)
 
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:

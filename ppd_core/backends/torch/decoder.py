@@ -190,3 +190,12 @@ class DeviceLogits:
         index = chosen.nonzero()[:, 1].view(-1, k)  # [m, k], ascending
         order = values.gather(-1, index).sort(dim=-1, descending=True, stable=True).indices  # by value, then index
         return index.gather(-1, order).cpu().numpy().astype(np.int64)  # [m, k]
+
+    def top_k_probs(self, rows: slice | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        best = self.top_k(rows, k)  # [m, k]
+        if not isinstance(rows, slice):
+            rows = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.values.device)
+        values = self.values[rows].float()  # [m, vocab]
+        picked = values.gather(-1, torch.from_numpy(best).to(values.device))  # [m, k]
+        probs = (picked - values.logsumexp(-1, keepdim=True)).exp()
+        return best, probs.cpu().numpy().astype(np.float32)
