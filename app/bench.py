@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 
+from app.bench_depths import add_counts, depth_table, json_name, per_step_by_depth
 from app.questions import Question
 from app.server_peer import ServerPeer
 from ppd_core import GREEDY, Engine, SamplingParams, chat_model, describe
@@ -61,6 +62,7 @@ class ModeTotals:
     decode_tokens: int = 0
     accepted: dict[str, int] = field(default_factory=dict)  # accepted guesses by source (a drafter's name)
     drafted: dict[str, int] = field(default_factory=dict)  # tree nodes each source owned
+    accepted_by_depth: dict[tuple[str, int], int] = field(default_factory=dict)  # (source, depth 1..) -> accepted
     peak_bytes: int = 0
     answers: list[list[int]] = field(default_factory=list)
 
@@ -83,12 +85,8 @@ class ModeTotals:
                                 ("drafted_per_step_by_source", self.drafted)):
                 out[key] = {json_name(name): round(counts.get(name, 0) / self.steps, 4) if self.steps else 0.0
                             for name in names}
+            out["accepted_per_step_by_depth"] = per_step_by_depth(self.accepted_by_depth, names, self.steps)
         return out
-
-
-def json_name(source: str) -> str:
-    """A source's name as a JSON key: "prompt tokens" -> "prompt_tokens"."""
-    return source.replace(" ", "_")
 
 
 @dataclass
@@ -126,9 +124,7 @@ def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int,
         total.seconds += stats.seconds
         total.steps += stats.steps
         total.decode_tokens += sum(stats.accepted_per_step)
-        for mine, theirs in ((total.accepted, stats.accepted), (total.drafted, stats.drafted)):
-            for name, count in theirs.items():
-                mine[name] = mine.get(name, 0) + count
+        add_counts(total, stats)
         total.peak_bytes = max(total.peak_bytes, memory.peak)
     totals[0].answers.append(result.tokens)
     return result.tokens
@@ -298,6 +294,7 @@ def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig
         for server in servers.values():
             server.close()
     result = summary(engine, len(questions), config, run)
+    print(depth_table(result), file=log, flush=True)
     if servers:
         result["llama_server"] = server_summary(engine, servers, run, result)
     if peer is not None:

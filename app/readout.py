@@ -87,10 +87,19 @@ class AnswerSpeed:
 
 
 def source_line(stats: GenerationStats, name: str) -> str:
-    """What a source's guesses did so far, and its note on the last step: "12 of 15 drafted tokens right; last step
-    drafted 5 copied tokens (first copied token right 91% after 8-15-token matches)"."""
+    """What a source's guesses did so far, what it keeps for the model, and its note on the last step: "12 of 15
+    drafted tokens right; keeps 1.5 MiB for this model; last step drafted 5 copied tokens (...)"."""
     line = f"{stats.accepted.get(name, 0)} of {stats.drafted.get(name, 0)} drafted tokens right"
+    if name in stats.memory_bytes:
+        line += f"; keeps {size_words(stats.memory_bytes[name])} for this model"
     return f"{line}; last step {stats.notes[name]}" if name in stats.notes else line
+
+
+def size_words(size: int) -> str:
+    """"1.5 MiB", "12 KiB", "300 bytes"."""
+    if size >= 2**20:
+        return f"{size / 2**20:.1f} MiB"
+    return f"{size / 2**10:.0f} KiB" if size >= 2**10 else f"{size} bytes"
 
 
 def penalties_line(sampling: SamplingParams) -> str:

@@ -267,6 +267,15 @@ class Engine:
         """Drop the cache kept for the next turn: the next answer processes its whole prompt."""
         self._kept = None
 
+    def forget_answers(self) -> None:
+        """The user deleted saved answers: every guess source's per-model memory that holds answers forgets them (those
+        with a ``forget_answers()`` method, ``DraftContext.memory``); what holds no text stays. Safe beside an answer
+        being written (which keeps what it already read)."""
+        for memory in list(self._drafter_memory.values()):
+            forget = getattr(memory, "forget_answers", None)
+            if callable(forget):
+                forget()
+
     def _take_cache(self, input_ids: Sequence[int]) -> tuple[object, int, ChainPolicy | None]:
         """The kept cache cut to its common prefix with ``input_ids`` (at least one token left to prefill), and the
         kept conversation's chain policy where ``input_ids`` goes on with that whole conversation (a follow-up)."""

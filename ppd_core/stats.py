@@ -19,6 +19,7 @@ class StepStats:
     sources: list[str] = field(default_factory=list)  # [from_guesses] the source of each accepted guess, path order
     drafted: dict[str, int] = field(default_factory=dict)  # nodes each source owned in the step's tree
     notes: dict[str, str] = field(default_factory=dict)  # a source's words on what it did this step (its choice)
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # what a source keeps per loaded model (its drafter's)
 
     def clip(self, keep: int) -> None:
         """Keep the first ``keep`` tokens, and count only the guesses among them."""
@@ -42,6 +43,7 @@ class GenerationStats:
     drafted: dict[str, int] = field(default_factory=dict)  # tree nodes each source owned, over the steps
     accepted_by_depth: dict[tuple[str, int], int] = field(default_factory=dict)  # (source, depth 1..) -> accepted
     notes: dict[str, str] = field(default_factory=dict)  # each source's last note (``StepStats.notes``)
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # each source's last size (``StepStats.memory_bytes``)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     accepted_per_step: list[int] = field(default_factory=list)
@@ -55,6 +57,7 @@ class GenerationStats:
             self.accepted[name] = self.accepted.get(name, 0) + 1
             self.accepted_by_depth[name, depth] = self.accepted_by_depth.get((name, depth), 0) + 1
         self.notes.update(step.notes)
+        self.memory_bytes.update(step.memory_bytes)
         if step.prefill:
             self.prefill_seconds += step.seconds
         else:

@@ -78,8 +78,8 @@ def test_the_history_keeps_the_newest_answers_within_its_budget():
     assert memory.automaton.match([answers[0][5]]).length == 0  # the oldest was dropped
     memory.remember(list(range(500)))  # one answer over the budget keeps its end
     assert memory.tokens <= 100 and memory.automaton.match([499]).length == 1
-    memory.clear()
-    assert memory.tokens == 0
+    memory.forget_answers()
+    assert memory.tokens == 0 and not memory.answers
 
 
 @dataclass

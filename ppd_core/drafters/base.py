@@ -27,7 +27,8 @@ class Drafter(Protocol):
 
     def observe(self, verified: Verified) -> None:
         """Learn from a step (the prefill included): what it accepted and emitted. A drafter may keep a ``note``
-        attribute (words on its last choice): the step's ``stats.notes`` carries it."""
+        attribute (words on its last choice): the step's ``stats.notes`` carries it; and a ``memory_bytes`` attribute
+        (int: the bytes its source keeps for the loaded model across answers): ``stats.memory_bytes`` carries it."""
 
 
 class ChainPolicy(Protocol):
@@ -86,12 +87,15 @@ class Verified:
 
 
 def observe(drafters: Sequence[Drafter], verified: Verified) -> None:
-    """Every drafter learns what the step accepted; the notes they keep go to the step's stats."""
+    """Every drafter learns what the step accepted; the notes and memory sizes they keep go to the step's stats."""
     for drafter in drafters:
         drafter.observe(verified)
         note = getattr(drafter, "note", "")
         if note:
             verified.stats.notes[drafter.name] = note
+        size = getattr(drafter, "memory_bytes", None)
+        if size is not None:
+            verified.stats.memory_bytes[drafter.name] = int(size)
 
 
 def right_guesses(chain: Sequence[int], answer: Sequence[int], i: int) -> int:

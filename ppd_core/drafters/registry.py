@@ -32,7 +32,9 @@ class DraftContext:
     forced_text: Callable[[], ForcedText] | None = None  # a new answer's forced-text reader (with a grammar)
     forced_chains: Callable[[], ChainPolicy] | None = None  # a new answer's forced-text chain policy
     vocab_size: int = 0
-    # what a source keeps per loaded model across answers, by its name (the engine's, emptied with the model)
+    # what a source keeps per loaded model across answers, by its name (the engine's, emptied with the model); one
+    # holding the model's answers has a ``forget_answers()`` method: ``Engine.forget_answers`` calls it when the user
+    # deletes saved answers
     memory: dict[str, Any] = field(default_factory=dict)
 
 

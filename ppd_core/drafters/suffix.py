@@ -31,6 +31,7 @@ the chain of the same budget with 1-43% fewer rows (the more, the larger the bud
 from __future__ import annotations
 
 import heapq
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -89,10 +90,14 @@ class Acceptance:
 
 class SuffixMemory:
     """What the suffix drafter keeps per loaded model across answers: the model's earlier answers (at most ``budget``
-    tokens, the oldest dropped) in one automaton, and the measured acceptance."""
+    tokens, the oldest dropped) in one automaton, and the measured acceptance. It starts empty and is filled only by
+    answers as they are written, so nothing is built before a model's first answer. ``forget_answers`` (the user
+    deleted saved answers) may come from another thread than the answers': a lock keeps the answers and their
+    automaton consistent."""
 
     def __init__(self, budget: int = HISTORY_TOKENS):
         self.budget = budget
+        self._lock = threading.RLock()
         self.answers: deque[list[int]] = deque()
         self.automaton = SuffixAutomaton()
         self.acceptance = Acceptance()
@@ -109,27 +114,39 @@ class SuffixMemory:
         if self.budget <= 1 or not answer:
             return
         answer = list(answer)[-(self.budget - 1):]
-        self.answers.append(answer)
-        if self.tokens + len(answer) + 1 <= self.budget:
-            self.automaton.extend([SEPARATOR, *answer])
-            return
-        total = sum(len(kept) + 1 for kept in self.answers)
-        while len(self.answers) > 1 and total > self.budget * 3 // 4:
-            total -= len(self.answers.popleft()) + 1
-        self.automaton = SuffixAutomaton(token for kept in self.answers for token in (SEPARATOR, *kept))
+        with self._lock:
+            self.answers.append(answer)
+            if self.tokens + len(answer) + 1 <= self.budget:
+                self.automaton.extend([SEPARATOR, *answer])
+                return
+            total = sum(len(kept) + 1 for kept in self.answers)
+            while len(self.answers) > 1 and total > self.budget * 3 // 4:
+                total -= len(self.answers.popleft()) + 1
+            self.automaton = SuffixAutomaton(token for kept in self.answers for token in (SEPARATOR, *kept))
 
     def begin(self, answer: list[int]) -> None:
         """A new answer starts, to be written into ``answer``: the one before it, now finished, joins the history
         (so no hook is needed at an answer's end: a model answers one request at a time)."""
-        if self.pending is not None:
-            self.remember(self.pending)
-        self.pending = answer
+        with self._lock:
+            if self.pending is not None:
+                self.remember(self.pending)
+            self.pending = answer
 
-    def clear(self) -> None:
-        """Forget the answers (the learnt acceptance holds no text and stays)."""
-        self.answers.clear()
-        self.pending = None
-        self.automaton = SuffixAutomaton()
+    def end(self, answer: list[int]) -> None:
+        """``answer`` is finished: it joins the history now, if it is the one being written (not forgotten since)."""
+        with self._lock:
+            if self.pending is answer:
+                self.pending = None
+                self.remember(answer)
+
+    def forget_answers(self) -> None:
+        """Forget the answers, the one being written included (``Engine.forget_answers``: the user deleted saved
+        ones); the learnt acceptance holds no text and stays. A drafter answering meanwhile keeps the automaton it
+        read until its answer ends."""
+        with self._lock:
+            self.answers.clear()
+            self.pending = None
+            self.automaton = SuffixAutomaton()
 
 
 class SuffixDrafter:
@@ -247,9 +264,7 @@ class SuffixDrafter:
 
     def finish(self) -> None:
         """The answer is done: it joins the model's earlier answers now (else when the next drafter starts)."""
-        if self.memory.pending is self.answer:
-            self.memory.pending = None
-            self.memory.remember(self.answer)
+        self.memory.end(self.answer)
 
 
 def make(context) -> SuffixDrafter:
