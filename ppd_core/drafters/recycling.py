@@ -239,6 +239,11 @@ class RecyclingDrafter:
         if self.counts is None:
             self.counts = AcceptanceCounts.new()
 
+    @property
+    def memory_bytes(self) -> int:
+        """What this source keeps for the loaded model: the table (the counts are a few hundred bytes)."""
+        return self.table.nbytes
+
     def propose(self, draft: Draft) -> None:
         """The best ``limit`` nodes under the last emitted token, each with its class's estimate."""
         self.proposed = None
