@@ -142,7 +142,7 @@ def model_panel() -> ModelPanel:
                              info="A local .gguf file or model folder works too; hf:OWNER/REPO:FILE.gguf picks one file",
                              allow_custom_value=True, interactive=True, scale=4, elem_id="model")
         load = gr.Button("Load", scale=1, min_width=80, elem_id="load-model")  # the picker keeps its label on one line
-    with gr.Row():
+    with gr.Column():  # the line over its button: beside the sidebar the column is too narrow for both in a row
         training = gr.Markdown("", elem_id="training")
         train = gr.Button(TRAIN, visible=False, size="sm", elem_id="train")  # or Resume, or Stop
     with gr.Column(visible=False, elem_id="train-offer") as box:

@@ -185,11 +185,12 @@ def calibration_summary(profile, tree_name: str = "") -> str:
     if profile is None:  # --tree auto decodes plainly until calibrated; a named static tree is used as asked
         return ("Not calibrated yet: decoding plainly until it is." if tree_name == "vanilla" else
                 "Not calibrated yet: using a built-in tree.")
-    chains = ", and chains copied from the conversation" if any(profile.lookup_lengths) else ""
-    chosen = "plain 1-token steps" if profile.budget == 1 and not chains else f"trees of up to {profile.budget} tokens"
-    return (  # one line at 1400 px, the rest behind a toggle
-        f"**Calibrated for this device:** {chosen}{chains}. Each answer's speedup is under the chat.\n\n"
-        f"<details><summary>Details</summary>\n\nExpected speedup, calibration's forecast for the chosen tree alone: "
+    chains = any(profile.lookup_lengths)
+    trees = f"trees of up to {profile.budget} tokens" if profile.budget > 1 else ""
+    chosen = " and ".join(filter(None, (trees, "copied chains" if chains else ""))) or "plain steps"
+    return (  # two lines at most in the side column at 1400 px, the rest behind a toggle
+        f"**Calibrated for this device:** {chosen}.\n\n"
+        f"<details><summary>Details</summary>\n\nEach answer's speedup is under the chat. Expected speedup, calibration's forecast for the chosen tree alone: "
         f"{profile.expected_speedup:.2f}x ({profile.expected_tokens_per_step:.2f} tokens per step expected)"
         f"{lookup_summary(profile)}. Trees of {', '.join(map(str, profile.tree_sizes))} tokens by guess depth. "
         f"Measured {profile.created}, took {profile.calibration_seconds:.0f} s.\n\n</details>"

@@ -15,16 +15,11 @@ from app.model_catalog import recent_file
 from app.model_host import ModelHost
 from app.server import make_server
 from ppd_core import Engine, EngineConfig, SamplingParams
+from ports import free_port
 
 KEY = "test-key-3141"
 QUESTION = [{"role": "user", "content": "Name the capital city of France."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start(app, host: str):

@@ -18,7 +18,7 @@ from app.history import Conversation, ConversationStore
 from ppd_core.calibration.calibrate import find_profile, profile_key
 from ppd_core.calibration.profiles import DeviceProfile, ProfileError, profile_path, read_profile, save_profile
 from test_quit import health, launch, quit_seconds, wait_for
-from test_ui import free_port
+from ports import free_port
 
 THREADS = "1"  # the same thread count in the test and in the process: the profile's key holds it
 

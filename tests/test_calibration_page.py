@@ -14,7 +14,8 @@ from app.model_host import ModelHost
 from app.ui import build_app
 from page_lines import inside, shown_lines
 from ppd_core import Engine, EngineConfig
-from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
+from page_open import CHROMIUM, CHROMIUM_ARGS
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -3,9 +3,7 @@ button (then "Clear") does; before, it only emptied the display, and the next me
 back, to the page and to the model (Chromium on the real page, the default model on llama.cpp)."""
 
 import re
-import socket
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,19 +11,12 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
+from page_open import CHROMIUM, CHROMIUM_ARGS
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 FIRST, SECOND = "Name one fruit.", "Name one color."
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def answered(store: ConversationStore, question: str, seconds: float = 180.0):

@@ -16,6 +16,7 @@ from app.cli import main
 from app.commands.options import model_threads
 from app.questions import DEFAULT_QUESTIONS
 from ppd_core.errors import PpdError
+from ports import free_port
 
 
 @pytest.fixture
@@ -39,12 +40,6 @@ def run_cli(capsys, *args):
 def assert_error(capsys, line, *args):
     code, out, err = run_cli(capsys, *args)
     assert (code, out, err) == (2, "", f"ppd: error: {line}\n")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

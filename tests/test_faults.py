@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ from app.model_host import ModelHost
 from app.page_layout import new_session
 from app.page_text import INTERRUPTED
 from app.ui import build
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
 STORY = "Write a long story about a dragon who learns to bake bread."
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def launch_chat(data_home: Path, port: int) -> subprocess.Popen:

@@ -12,12 +12,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
-from test_page_readout import CHROMIUM, CHROMIUM_ARGS, ROOT, free_port
+from page_open import CHROMIUM, CHROMIUM_ARGS, reach
+from test_page_readout import ROOT
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 COUNTED = re.compile(r"Calibrating this device in the background \([a-z' ]+ \d+/\d+")  # it holds the model, counting
@@ -41,14 +42,7 @@ def first_launch(tmp_path_factory):
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
             tab = browser.new_page(viewport={"width": 1400, "height": 1100})
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    tab.goto(f"http://127.0.0.1:{port}/")
-                    break
-                except Exception:  # noqa: BLE001 - not listening yet
-                    assert time.monotonic() < deadline and process.poll() is None
-                    time.sleep(0.5)
+            reach(tab, f"http://127.0.0.1:{port}/", process, 120)
             expect(tab.locator("#startup")).to_contain_text(COUNTED, timeout=300_000)
             yield tab, port
             browser.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ppd_core.loading import default_model_file
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -61,12 +61,6 @@ def test_commands_on_a_gguf_import_neither_torch_nor_transformers(tmp_path, comm
     assert report == {"code": 0, "torch": False, "transformers": False, "libtorch": False}, stderr
     cache = tmp_path / "xdg_cache_home"
     assert not any(cache.rglob("*.safetensors")), "a GGUF must not be converted"
-
-
-def free_port() -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        return probe_socket.getsockname()[1]
 
 
 CHAT_PROBE = textwrap.dedent("""

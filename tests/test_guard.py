@@ -21,7 +21,8 @@ from app.model_host import ModelHost
 from app.server import make_server, server_app
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
-from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
+from page_open import CHROMIUM, CHROMIUM_ARGS
+from ports import free_port
 
 FOREIGN = "http://localhost:9999"
 QUESTION = [{"role": "user", "content": "Name the capital city of France."}]

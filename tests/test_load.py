@@ -2,7 +2,6 @@
 every request ends with its whole answer or a 503, none hangs, and the server is fine afterwards."""
 
 import gc
-import socket
 import threading
 import time
 
@@ -17,6 +16,7 @@ from app.model_host import ModelHost
 from app.page_text import LENGTH_LIMIT
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig, limit_malloc_arenas
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -28,12 +28,6 @@ MAX_TOKENS = 32
 TIMEOUT = 120  # seconds a client waits for its whole answer
 
 NO_PENALTY = (1.0, 64, 0.0, 0.0)  # the page's repetition penalties off (it opens with a repeat penalty of 1.1)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

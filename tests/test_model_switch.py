@@ -1,7 +1,6 @@
 """Switching models in the app: a Hub model picked on the page (a local fake Hub), answered with, and back."""
 
 import gc
-import socket
 
 import httpx
 import huggingface_hub
@@ -17,18 +16,13 @@ from app.model_host import ModelHost
 from app.ui import build_app
 from fake_hub import FakeHub
 from ppd_core import Engine, EngineConfig, hub
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 QUESTION = "Hello there."
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def load(spec: str, progress=None) -> Engine:

@@ -18,7 +18,9 @@ from app.history import Conversation, ConversationStore
 from app.model_host import ModelHost
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
-from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port, slow_down
+from page_open import CHROMIUM, CHROMIUM_ARGS
+from test_ui import slow_down
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,10 @@ from app.ui import build
 from base_gguf import SHOWN, write_base_gguf
 from fake_hub import FakeHub
 from ppd_core import Engine, EngineConfig
-from test_page_messages import CHROMIUM, CHROMIUM_ARGS, WIDE, free_port
+from page_open import CHROMIUM, CHROMIUM_ARGS, reach
+from test_page_messages import WIDE
 from tiny_gguf import default_vocabulary
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -230,18 +232,6 @@ def test_a_launching_chat_shows_send_off_and_no_spinners_until_its_model_is_read
             held_download.set()
             process.terminate()
             process.wait(60)
-
-
-def reach(page, url: str, process: subprocess.Popen) -> None:
-    """Open ``url`` once the app listens (it listens while its model loads)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            page.goto(url)
-            return
-        except Exception:  # noqa: BLE001 - not listening yet
-            assert time.monotonic() < deadline and process.poll() is None, process.stderr.read() if process.poll() else ""
-            time.sleep(0.3)
 
 
 def not_ready(page, send) -> None:

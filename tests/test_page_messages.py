@@ -4,10 +4,8 @@ edited is answered again from there; one answer regenerated, one message deleted
 exchange undone; a context meter under the chat. After each change the model is given exactly the turns the page shows
 (``engine.stream``'s prompt ids against ``engine.chat_ids`` of the saved conversation)."""
 
-import socket
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -15,21 +13,14 @@ from app.history import Conversation, ConversationStore
 from app.model_host import ModelHost
 from app.ui import build, build_app
 from ppd_core import Engine, EngineConfig
+from page_open import CHROMIUM, CHROMIUM_ARGS
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 MAX_NEW = 32  # answers kept short: the module runs in a few minutes on two slow cores
 WIDE, NARROW = {"width": 1400, "height": 1100}, {"width": 420, "height": 900}
 FRUIT, COLOR, ANIMAL, CITY = "Name one fruit.", "Name one color.", "Name one animal.", "Name one city."
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ harness, not ppd."""
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -30,24 +29,17 @@ from app.page_text import SPEEDUP_FIGURE
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig, LatencyCurve, calibrate_with_curve
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
+from page_open import CHROMIUM, CHROMIUM_ARGS, reach
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 FIRST = "Give me three tips for staying healthy."
 COPY = "Repeat your previous answer word for word."
 ESTIMATE = re.compile(r"([0-9.]+)x faster than plain decoding|([0-9.]+)x the speed of plain decoding|"
                       r"as fast as plain decoding \(([0-9.]+)x\)")
 TIMER_TEXT = re.compile(r"\b\d+\.\d+s\b")  # Gradio's elapsed-time counter ("0.1s")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def load(spec: str, progress=None) -> Engine:
@@ -143,14 +135,7 @@ def chat_process(browser, tmp_path_factory):
                                stderr=subprocess.DEVNULL)
     try:
         tab = browser.new_page(viewport={"width": 1400, "height": 1100})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                tab.goto(f"http://127.0.0.1:{port}/")
-                break
-            except Exception:  # noqa: BLE001 - not listening yet
-                assert time.monotonic() < deadline and process.poll() is None
-                time.sleep(0.5)
+        reach(tab, f"http://127.0.0.1:{port}/", process)
         expect(tab.locator("#startup")).to_contain_text("Calibrating this device in the background", timeout=60_000)
         expect(tab.locator("#startup")).not_to_contain_text("Calibrating", timeout=600_000)
         yield tab

@@ -18,7 +18,8 @@ from app.system_info import device_panel
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
 from ppd_core.calibration.profiles import read_profile
-from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
+from page_open import CHROMIUM, CHROMIUM_ARGS
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBER_LIST = re.compile(r"\d+(?:\.\d+)?/\d+(?:\.\d+)?(?:/\d+)?")  # "1/2/4", "80.06/163.06", "0/3/3"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ports import free_port
 
-from test_ui import free_port
 
 pytestmark = pytest.mark.slow
 

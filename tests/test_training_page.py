@@ -25,8 +25,9 @@ from ppd_core.training.answers import read_cache
 from conftest import tiny_llama
 from page_lines import shown_lines
 from ppd_core import Engine, EngineConfig
-from test_ui import CHROMIUM, CHROMIUM_ARGS, free_port
+from page_open import CHROMIUM, CHROMIUM_ARGS
 from test_training_lock import OLD_APP, ROOT, data_home, kill_left_over, options, wait_for  # noqa: F401 - fixtures
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -233,7 +234,7 @@ from app.cli import entry
 port, options = sys.argv[1], sys.argv[2:]
 build_app = app.ui.build_app
 
-def build_training_app(service, store=None):
+def build_training_app(service, store=None, api=""):
     service.train_options = options  # tiny trainings
 
     def train():  # Train clicked on the page once the model is ready
@@ -242,7 +243,7 @@ def build_training_app(service, store=None):
         service.training().start()
 
     threading.Thread(target=train, daemon=True).start()
-    return build_app(service, store)
+    return build_app(service, store, api)
 
 app.ui.build_app = build_training_app
 sys.argv[1:] = ["chat", "--port", port, "--tree", "medium", "--threads", "1"]

@@ -1,9 +1,7 @@
 """The chat app launched for real: gradio_client against its API, and Chromium clicking its UI."""
 
 import json
-import socket
 import time
-from pathlib import Path
 
 import pytest
 
@@ -12,20 +10,11 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
+from page_open import CHROMIUM, CHROMIUM_ARGS
+from ports import free_port
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 
 NO_PENALTY = (1.0, 64, 0.0, 0.0)  # the page's repetition penalties off (it opens with a repeat penalty of 1.1)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def text_of(content) -> str:

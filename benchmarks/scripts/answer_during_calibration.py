@@ -58,7 +58,7 @@ def measure(client: httpx.Client, requests: int, every: float) -> list[dict]:
     rows = []
     while len(rows) < requests:
         health = client.get("/health").json()
-        if not health.get("background", "").startswith("Calibrating"):
+        if not (health.get("background") or "").startswith("Calibrating"):
             break  # the calibration ended
         first = first_token_seconds(client)
         whole = client.post("/v1/chat/completions", json=QUESTION).json()

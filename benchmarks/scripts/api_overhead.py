@@ -16,7 +16,6 @@ the former torch int4 forward.)
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import threading
 import time
@@ -27,13 +26,7 @@ from app.model_host import ModelHost
 from app.questions import DEFAULT_QUESTIONS, read_questions
 from app.server import make_server
 from ppd_core import Engine, EngineConfig
-from measurement import cpu_model, report
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from measurement import cpu_model, free_port, report
 
 
 def main() -> None:

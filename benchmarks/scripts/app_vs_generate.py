@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -23,17 +22,12 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.ui import build_app
 from ppd_core import Engine, EngineConfig
+from measurement import free_port
 
 MAX_NEW = 256  # the app's default "Max new tokens"
 MESSAGE = "Write a short story about a robot who learns to paint."
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def app_round(page) -> tuple[float, int, float]:
