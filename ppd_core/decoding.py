@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ppd_core.backends import Decoder
-from ppd_core.drafters.base import Draft, Drafter, Verified, observe
+from ppd_core.drafters.base import Draft, Drafter, Verified
 from ppd_core.drafters.merge import Merger, StepTree, root_only
 from ppd_core.drafters.prompt_tokens import GuessHook, PromptTokenDrafter, prompt_rows
 from ppd_core.errors import PpdError
@@ -142,6 +142,18 @@ def verify(speculator: Speculator, state: DecodeState, step: StepTree) -> Verifi
                       seconds=time.perf_counter() - start, logprobs=reported,
                       sources=[step.owners[i] for i in path[1:]], drafted=step.drafted)
     return Verified(node_tokens, step.parents, logits, path, step.kept, stats, tree)
+
+
+def observe(drafters: Sequence[Drafter], verified: Verified) -> None:
+    """Every drafter learns what the step accepted; the notes and memory sizes they keep go to the step's stats."""
+    for drafter in drafters:
+        drafter.observe(verified)
+        note = getattr(drafter, "note", "")
+        if note:
+            verified.stats.notes[drafter.name] = note
+        size = getattr(drafter, "memory_bytes", None)
+        if size is not None:
+            verified.stats.memory_bytes[drafter.name] = int(size)
 
 
 def tree_step(speculator: Speculator, state: DecodeState, step: StepTree, drafters: Sequence[Drafter]) -> Verified:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from app.readout import AnswerSpeed, size_words
 from ppd_core import GenerationStats
-from ppd_core.drafters.base import observe
+from ppd_core.decoding import observe
 from ppd_core.stats import StepStats
 
 

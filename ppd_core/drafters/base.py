@@ -86,18 +86,6 @@ class Verified:
         return self.path[-1]
 
 
-def observe(drafters: Sequence[Drafter], verified: Verified) -> None:
-    """Every drafter learns what the step accepted; the notes and memory sizes they keep go to the step's stats."""
-    for drafter in drafters:
-        drafter.observe(verified)
-        note = getattr(drafter, "note", "")
-        if note:
-            verified.stats.notes[drafter.name] = note
-        size = getattr(drafter, "memory_bytes", None)
-        if size is not None:
-            verified.stats.memory_bytes[drafter.name] = int(size)
-
-
 def right_guesses(chain: Sequence[int], answer: Sequence[int], i: int) -> int:
     """How many leading tokens of ``chain`` equal ``answer[i:]``."""
     right = 0

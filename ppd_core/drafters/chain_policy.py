@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppd_core.drafters.lookup import MAX_CHAIN, LookupStats, class_label
+from ppd_core.drafters.lookup import MAX_CHAIN, LookupStats
+from ppd_core.drafters.match_classes import class_label
 
 # calibration's acceptance counts as this many observations of each (class, position): in a two-fold replay of the 80
 # MT-Bench conversations on the AVX-512 EPYC's curve, 4 / 8 / 16 gave 1.079x / 1.086x / 1.092x on second turns

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ppd_core.drafters.base import ChainPolicy, Draft, Guesses, Verified, right_guesses
+from ppd_core.drafters.match_classes import MATCH_CLASSES, class_label, match_class  # noqa: F401 - MATCH_CLASSES: lookup's
 from ppd_core.grammar import allowed_prefix
 
 if TYPE_CHECKING:
@@ -28,24 +29,9 @@ if TYPE_CHECKING:
 
 MAX_NGRAM = 4  # longest suffix looked up
 MAX_MATCH = 16  # a match is followed back this far at most
-MATCH_CLASSES = (1, 2, 3, 4, 8, 16)  # the shortest match length of each class: 1, 2, 3, 4-7, 8-15, 16+
 MAX_CHAIN = 8  # longest chain calibration considers
 PRIOR = 0.5  # a chain token's estimate where the policy keeps no chances (fixed lengths): after the prompt tokens'
 MIN_CHANCE = 1e-6
-
-
-def match_class(length: int) -> int:
-    """The index in ``MATCH_CLASSES`` of a match of ``length`` >= 1 tokens."""
-    return next(i for i in range(len(MATCH_CLASSES) - 1, -1, -1) if length >= MATCH_CLASSES[i])
-
-
-def class_label(index: int) -> str:
-    """"4-7", "16+": the match lengths of a class."""
-    low = MATCH_CLASSES[index]
-    if index + 1 == len(MATCH_CLASSES):
-        return f"{low}+"
-    high = MATCH_CLASSES[index + 1] - 1
-    return str(low) if high == low else f"{low}-{high}"
 
 
 def chains_text(lengths: Sequence[int]) -> str:

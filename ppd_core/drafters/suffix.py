@@ -37,12 +37,12 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ppd_core.drafters.base import Guesses
+from ppd_core.drafters.match_classes import MATCH_CLASSES, match_class
 from ppd_core.drafters.suffix_automaton import SEPARATOR, GrowingText, Match, SuffixAutomaton
 
 if TYPE_CHECKING:
     from ppd_core.drafters.base import Draft, Verified
 
-MATCH_CLASSES = (1, 2, 3, 4, 8, 16)  # the shortest match length of each class: 1, 2, 3, 4-7, 8-15, 16+
 MAX_DEPTH = 16  # deepest node proposed
 LIMIT = 8  # most nodes a proposal offers
 FLOOR = 0.05  # no node whose path product is below this
@@ -55,11 +55,6 @@ CONVERSATION, HISTORY = 0, 1  # the two sources
 # --limit 20, `learnt_ratio_depth1_to_4_with_history`; the history's 8+ classes, unseen there,
 # set below the conversation's), scored on questions 21-40
 PRIOR_RATIO = ((0.33, 0.55, 0.6, 0.8, 0.85, 0.95), (0.2, 0.35, 0.3, 0.3, 0.5, 0.7))
-
-
-def match_class(length: int) -> int:
-    """The index in ``MATCH_CLASSES`` of a match of ``length`` >= 1 tokens."""
-    return next(i for i in range(len(MATCH_CLASSES) - 1, -1, -1) if length >= MATCH_CLASSES[i])
 
 
 class Acceptance:
