@@ -44,6 +44,9 @@ class Speculator:
     acceptance: Sequence[Sequence[float]] | None = None  # calibration's p_d(r) of the prompt tokens, [n][k]
     merger: Merger = field(default_factory=Merger)  # the steps' merge (it keeps the tree shapes it built)
     rows: int | None = None  # every source's nodes together fill at most this many rows a step (None: the decoder's)
+    # [R + 1] what a step of r rows costs in plain steps (r <= R; ``Draft.row_costs``): each step's tree is only as big
+    # as pays; None: every step fills its budget
+    row_costs: tuple[float, ...] | None = None
 
     @property
     def top_k(self) -> int:
@@ -57,7 +60,10 @@ class Speculator:
     def new_draft(self) -> Draft:
         """An empty draft for a step: the row budget (``rows``, at most the decoder's), the prompt tokens' shape."""
         tree, most = self.family.trees[0], self.decoder.max_tree_rows
-        return Draft(most if self.rows is None else min(self.rows, most), tree.num_prompt_tokens, tree.ensemble_size)
+        budget = most if self.rows is None else min(self.rows, most)
+        if self.row_costs is not None:
+            budget = min(budget, len(self.row_costs) - 1)  # no larger than the costs say
+        return Draft(budget, tree.num_prompt_tokens, tree.ensemble_size, row_costs=self.row_costs)
 
 
 @dataclass

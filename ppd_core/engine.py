@@ -20,7 +20,7 @@ from ppd_core.engine_load import EngineConfig, load_parts, settle_plan
 from ppd_core.errors import PpdError
 from ppd_core.drafters.forced import ForcedText, char_tokens
 from ppd_core.drafters.merge import Merger
-from ppd_core.drafters.registry import DraftContext, answer_drafters, check_names
+from ppd_core.drafters.registry import DraftContext, answer_drafters, check_names, sized_per_step
 from ppd_core.loaded import LoadedModel
 from ppd_core.drafters.base import ChainPolicy
 from ppd_core.memory import release_free_heap
@@ -87,6 +87,16 @@ class Engine:
         self._merger = Merger()  # the steps' merge: the tree shapes it built serve every answer
         self._drafter_memory: dict[str, object] = {}  # what guess sources keep across answers, by name
         self.drafters: tuple[str, ...] | None = None  # the guess sources beside the prompt tokens (None: the default)
+        # what a step of r rows costs in plain steps, to size each step's tree by (``Draft.row_costs``); None: the
+        # plan's curve where sources calibration does not price yet are on and no budget was asked for
+        self.row_costs: tuple[float, ...] | None = None
+
+    def _row_costs(self) -> tuple[float, ...] | None:
+        """The costs each step's tree is sized by: ``row_costs`` if set, else the plan's curve where a source beyond
+        the default ones is on and no budget was asked for (``--tree N`` fills N rows)."""
+        if self.row_costs is not None:
+            return self.row_costs
+        return self.plan.row_costs() if self.plan.budget is None and sized_per_step(self.drafters) else None
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
@@ -214,7 +224,8 @@ class Engine:
         backend.pad_steps(plan.padded_rows if ppd else None)  # the profile's step shape for PPD; plain: 1-token steps
         acceptance = plan.profile.acceptance if ppd and plan.profile is not None else None
         speculator = decoding.Speculator(backend, family, self._prompt_table, acceptance, self._merger,
-                                         plan.budget if ppd else None)  # ``--tree N``: N rows a step in all
+                                         plan.budget if ppd else None,  # ``--tree N``: N rows a step in all
+                                         self._row_costs() if ppd else None)
         context = DraftContext(input_ids, chains, constraint, self.new_forced_text, plan.new_forced_chains,
                                backend.vocab_size, self._drafter_memory)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,

@@ -47,6 +47,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     accepted_per_step: list[int] = field(default_factory=list)
+    rows_per_step: list[int] = field(default_factory=list)  # tokens each step's forward pass took
 
     def add(self, step: StepStats) -> None:
         self.new_tokens += len(step.tokens)
@@ -64,6 +65,7 @@ class GenerationStats:
             self.steps += 1
             self.decode_seconds += step.seconds
             self.accepted_per_step.append(len(step.tokens))
+            self.rows_per_step.append(step.tree_tokens)
 
     @property
     def source_names(self) -> list[str]:

@@ -20,9 +20,9 @@ from ppd_core.tree import build_tree, family_from_spec, vanilla_family
 ROOT = 99
 
 
-def merged(*proposals, max_rows=64, root_prompts=0, n=0, grammar=None):
+def merged(*proposals, max_rows=64, root_prompts=0, n=0, grammar=None, row_costs=None):
     """The merge of ``(name, Guesses)`` proposals."""
-    draft = Draft(max_rows, n, 1, root_prompts)
+    draft = Draft(max_rows, n, 1, root_prompts, row_costs=row_costs)
     for name, guesses in proposals:
         draft.add(name, guesses)
     return Merger().merge(draft, ROOT, grammar)
@@ -82,6 +82,41 @@ def test_the_budget_keeps_the_nodes_of_highest_path_product():
         assert len(step.parents) - 1 == min(budget, len(nodes))
         kept = sum(by_path[path_tokens(step, node)] for node in range(1, len(step.parents)))
         assert kept == pytest.approx(brute_best(nodes, budget))
+
+
+def test_a_curve_sizes_each_step_to_the_most_tokens_per_unit_of_time():
+    """With the step's costs by rows, the kept nodes give the most expected tokens per unit of step cost that any tree
+    drawn from the proposals gives (brute force over every ancestor-closed set within the budget); a step where no
+    node pays for its row is the root alone."""
+    rng = random.Random(11)
+    for _ in range(60):
+        proposals = [(name, random_proposal(rng, rng.randint(1, 5))) for name in ("a", "b")]
+        budget = rng.randint(1, 6)
+        costs = [1.0, 1.0]  # by rows (index 0 unused): a 1-row step costs 1 plain step
+        for _ in range(budget):
+            costs.append(costs[-1] + rng.choice([0.0, 0.05, 0.3, 0.9]))
+        whole = merged(*proposals)
+        value = {0: 1.0}
+        for node in range(1, len(whole.parents)):
+            value[node] = value[whole.parents[node]] * merged_estimate(whole, proposals, node)
+        by_path = {path_tokens(whole, node): value[node] for node in value}
+        nodes = [(whole.parents[i] - 1, value[i]) for i in range(1, len(whole.parents))]
+        best = max((1 + brute_best(nodes, k)) / costs[1 + k] for k in range(min(budget, len(nodes)) + 1))
+        step = merged(*proposals, max_rows=1 + budget, row_costs=costs)
+        kept = 1 + sum(by_path[path_tokens(step, node)] for node in range(1, len(step.parents)))
+        assert kept / costs[len(step.parents)] == pytest.approx(best)
+    steep = merged(("a", Guesses.chain([5, 6], [0.9, 0.9])), max_rows=3, row_costs=(1.0, 1.0, 2.0, 3.0))
+    assert steep.node_tokens.tolist() == [ROOT]  # 1.9 tokens for 2 steps' time: a plain step pays more
+    cheap = merged(("a", Guesses.chain([5, 6], [0.9, 0.9])), max_rows=3, row_costs=(1.0, 1.0, 1.1, 1.2))
+    assert cheap.node_tokens.tolist() == [ROOT, 5, 6]
+
+
+def merged_estimate(whole, proposals, node: int) -> float:
+    """Node ``node``'s estimate: its proposers' combined, 1 - prod(1 - p)."""
+    miss = 1.0
+    for name, guesses in proposals:
+        miss *= np.prod([1 - p for n, p in zip(whole.kept[name], guesses.probs) if n == node])
+    return 1 - miss
 
 
 def test_a_proposals_limit_and_the_prompt_token_rows_count():

@@ -59,6 +59,9 @@ class Draft:
     num_prompt_tokens: int = 0  # n: prompt tokens the trees' rows may carry (the prompt tokens' drafter's)
     ensemble_size: int = 1  # V: rows per prompt token
     root_prompts: int = 0  # prompt tokens on the root (set by the prompt tokens' drafter; V rows each)
+    # [R + 1] a step of r rows costs row_costs[r] plain steps (r <= R = max_rows): the merge keeps the best nodes only
+    # as far as they pay for their rows (None: it fills the budget)
+    row_costs: tuple[float, ...] | None = None
     proposals: dict[str, Guesses] = field(default_factory=dict)
 
     def add(self, name: str, guesses: Guesses) -> None:

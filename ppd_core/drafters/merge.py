@@ -7,6 +7,8 @@ node's path (the PPD paper's Proposition B.1), ties to the earlier drafter, then
 is never above its parent's, so parents come first. A node is kept while its rows (1, plus its prompt-token rows) fit
 the budget, one of the sources proposing it is within its proposal's ``limit``, its parent is kept and, with a
 grammar, the grammar allows its token after its path (a forbidden node goes with its subtree, whichever source's).
+With the step's costs by rows (``Draft.row_costs``), the step keeps the best nodes only as far as they pay: the count
+with the most expected tokens per unit of step time (``paying``); a step with no node worth its row is a plain step.
 
 The kept nodes are laid out breadth-first, each depth ordered by parent, then by (drafter, proposal) order, and each
 is given as its rank its order among the nodes of its depth: the rank paths describe the tree (``tree.TreeSpec``),
@@ -125,8 +127,10 @@ def select(nodes: _Nodes, draft: Draft, limits: Sequence[int | None], grammar: G
     for m, up in enumerate(parent):
         value.append((1.0 - miss[m]) * (value[up] if up >= 0 else 1.0))
     kept = [False] * len(parent)
+    order: list[tuple[int, int]] = []  # (entry, its rows) in the order kept
     used = [0] * len(limits)
     rows, V, budget = 1 + draft.root_prompts * draft.ensemble_size, draft.ensemble_size, draft.max_rows
+    first_rows = rows
     states = GrammarStates(grammar, nodes.token, parent) if grammar is not None else None
     try:
         for m in sorted(range(len(parent)), key=lambda m: (-value[m], m)):
@@ -138,13 +142,31 @@ def select(nodes: _Nodes, draft: Draft, limits: Sequence[int | None], grammar: G
             if states is not None and not states.allows(m):
                 continue
             kept[m] = True
+            order.append((m, cost))
             rows += cost
             for s in proposers[m]:
                 used[s] += 1
     finally:
         if states is not None:
             states.close()
+    if draft.row_costs is not None:
+        for m, _ in order[paying(order, value, first_rows, draft.row_costs):]:
+            kept[m] = False
     return kept
+
+
+def paying(order: Sequence[tuple[int, int]], value: Sequence[float], rows: int, row_costs: Sequence[float]) -> int:
+    """How many of the kept entries (``order``: best first, parents first, with their rows) the step keeps: the
+    count with the most expected tokens (1 + the sum of their path products) per unit of step cost (``row_costs[r]``:
+    an r-row step's, in plain steps; ``rows``: the root's). Any such count is a tree: a parent comes before its child."""
+    if rows + sum(cost for _, cost in order) >= len(row_costs):
+        return len(order)  # beyond the costs known: the budget decides
+    best, count, tokens = 1.0 / row_costs[rows], 0, 1.0
+    for i, (m, cost) in enumerate(order, 1):
+        tokens, rows = tokens + value[m], rows + cost
+        if tokens / row_costs[rows] > best:
+            best, count = tokens / row_costs[rows], i
+    return count
 
 
 class GrammarStates:

@@ -77,6 +77,12 @@ FACTORIES: dict[str, Factory] = {"lookup": lookup, "grammar": grammar, "recyclin
 DEFAULT_SOURCES = ("lookup", "grammar")
 
 
+def sized_per_step(names: Sequence[str] | None) -> bool:
+    """Whether steps with these sources (None: the default) size their trees by the device's step curve: where one
+    calibration does not price yet is on (it fills rows whatever they cost, else)."""
+    return names is not None and any(name not in DEFAULT_SOURCES for name in names)
+
+
 def check_names(names: Sequence[str]) -> tuple[str, ...]:
     """``names`` as registered source names; a PpdError (one line) naming an unknown one."""
     unknown = [name for name in names if name not in FACTORIES]
