@@ -1,14 +1,15 @@
-"""What merged trees could give on another device's step curve: measured tokens per step over the curve's row cost.
+"""What fixed row budgets would give on another device's step curve: measured tokens per step over the row cost.
 
-    python benchmarks/scripts/forecast_bound.py --curve FILE [--curve FILE ...] --measured JSON [--measured JSON ...]
-        [--target first=1.20 ...] [--json OUT]
+    python benchmarks/scripts/forecast_budgets.py --curve FILE [--curve FILE ...] --measured JSON [--measured JSON ...]
+        [--target CURVE_FILE=SPEEDUP ...] [--json OUT]
 
 ``--measured``: ``merged_tree.py --json`` files (tokens per step by drafter set, row budget and turn kind, measured
 on the default GGUF). For each curve and each measured (drafters, budget B): the speedup over plain steps if every
-step cost a B-row step, ``tokens_per_step(B) * t(1) / t(B)``, on the curve's ``latency_ms`` (steps of the tree's
-own size; the smallest context it lists) and on its ``fixed_ms`` where it has one (every step padded to B rows).
-It is a bound from above: it counts no host time (proposing, merging, learning) and prices a step that drafts
-fewer than B rows at B rows only where the curve is flat. ``needed``: the tokens per step the target asks at B.
+step cost a B-row step, ``tokens_per_step(B) * t(1) / t(B)``, on the curve's ``latency_ms`` (its smallest context)
+and on its ``fixed_ms`` where it has one. On ``fixed_ms`` that is what padded steps cost (every step B rows); on
+``latency_ms`` it prices a step that drafted fewer rows at B rows too, so a step sized by the curve
+(``merged_tree.py --curve``) does better. No host time (proposing, merging, learning) is counted. ``needed``: the
+tokens per step the target asks at B.
 """
 
 from __future__ import annotations
