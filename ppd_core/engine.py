@@ -92,11 +92,12 @@ class Engine:
         self.row_costs: tuple[float, ...] | None = None
 
     def _row_costs(self) -> tuple[float, ...] | None:
-        """The costs each step's tree is sized by: ``row_costs`` if set, else the plan's curve where a source beyond
-        the default ones is on and no budget was asked for (``--tree N`` fills N rows)."""
-        if self.row_costs is not None:
+        """The costs each step's tree is sized by: ``row_costs`` if set; else, where a source beyond the default ones
+        is on, the plan's curve, or with ``--tree N`` N rows at the cost of one (the tree fills them, the prompt
+        tokens' rows weighed against other guesses); None: the default sources' calibrated sizes."""
+        if self.row_costs is not None or not sized_per_step(self.drafters):
             return self.row_costs
-        return self.plan.row_costs() if self.plan.budget is None and sized_per_step(self.drafters) else None
+        return self.plan.row_costs() if self.plan.budget is None else (1.0,) * (self.plan.budget + 1)
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:

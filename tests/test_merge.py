@@ -20,9 +20,9 @@ from ppd_core.tree import build_tree, family_from_spec, vanilla_family
 ROOT = 99
 
 
-def merged(*proposals, max_rows=64, root_prompts=0, n=0, grammar=None, row_costs=None):
+def merged(*proposals, max_rows=64, root_prompts=0, n=0, grammar=None, row_costs=None, prompt_value=0.0):
     """The merge of ``(name, Guesses)`` proposals."""
-    draft = Draft(max_rows, n, 1, root_prompts, row_costs=row_costs)
+    draft = Draft(max_rows, n, 1, root_prompts, row_costs=row_costs, prompt_value=prompt_value)
     for name, guesses in proposals:
         draft.add(name, guesses)
     return Merger().merge(draft, ROOT, grammar)
@@ -30,7 +30,7 @@ def merged(*proposals, max_rows=64, root_prompts=0, n=0, grammar=None, row_costs
 
 def test_a_prefix_two_sources_share_is_one_node_with_their_estimates_combined():
     step = merged(("a", Guesses.chain([5, 6], [0.5, 0.5])), ("b", Guesses.chain([5, 7], [0.4, 0.9])), max_rows=3)
-    # node 5: 1 - 0.5 * 0.6 = 0.7; then 7 (0.63) before 6 (0.35); three rows: the root, 5 and 7
+    # node 5: the higher estimate, 0.5; then 7 (0.45) before 6 (0.25); three rows: the root, 5 and 7
     assert step.node_tokens.tolist() == [ROOT, 5, 7] and step.parents == (-1, 0, 1)
     assert step.owners == ("", "a", "b") and step.kept == {"a": [1, -1], "b": [1, 2]}
     assert step.drafted == {"a": 1, "b": 1}
@@ -68,14 +68,9 @@ def test_the_budget_keeps_the_nodes_of_highest_path_product():
         proposals = [(name, random_proposal(rng, rng.randint(1, 5))) for name in ("a", "b")]
         budget = rng.randint(1, 6)
         whole = merged(*proposals)  # every node: the combined estimates and path products by hand
-        combined: dict[int, float] = {}
-        for name, guesses in proposals:
-            for node in set(whole.kept[name]):
-                probs = [p for n, p in zip(whole.kept[name], guesses.probs) if n == node]
-                combined[node] = 1 - (1 - combined.get(node, 0.0)) * np.prod([1 - p for p in probs])
         value = {0: 1.0}
         for node in range(1, len(whole.parents)):
-            value[node] = value[whole.parents[node]] * combined[node]
+            value[node] = value[whole.parents[node]] * merged_estimate(whole, proposals, node)
         by_path = {path_tokens(whole, node): value[node] for node in value}
         step = merged(*proposals, max_rows=1 + budget)
         nodes = [(whole.parents[i] - 1, value[i]) for i in range(1, len(whole.parents))]  # indices without the root
@@ -111,12 +106,24 @@ def test_a_curve_sizes_each_step_to_the_most_tokens_per_unit_of_time():
     assert cheap.node_tokens.tolist() == [ROOT, 5, 6]
 
 
+def test_prompt_token_rows_stay_only_where_they_pay_with_what_they_will_guess():
+    """On a curve, the step keeps its prompt-token rows (the root's, its nodes') only where the tree with them, and
+    what the prompt tokens are expected to add to the next step, pays more per unit of time than the same rows given
+    to guesses; else every prompt-token row goes and the step is sized without them."""
+    tokens = Guesses([1], [-1], [0.3], [1])  # a guess carrying one prompt-token row; one more on the root
+    chain = Guesses.chain([2, 3], [0.9, 0.9])
+    costs = (1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
+    bare = merged(("prompt tokens", tokens), ("b", chain), max_rows=6, root_prompts=1, n=1, row_costs=costs)
+    # with the rows: at best 2.71 tokens for 1.3 steps (2.08); without: the guess at row 4, 3.01 for 1.3 (2.32)
+    assert bare.node_tokens.tolist() == [ROOT, 1, 2, 3] and set(bare.prompt_counts) == {0}
+    worth = merged(("prompt tokens", tokens), ("b", chain), max_rows=6, root_prompts=1, n=1, row_costs=costs,
+                   prompt_value=1.0)  # 3.71 tokens for 1.3 steps (2.85): the root's prompt-token row stays
+    assert worth.node_tokens.tolist() == [ROOT, 2, 3] and worth.prompt_counts == (1, 0, 0)
+
+
 def merged_estimate(whole, proposals, node: int) -> float:
-    """Node ``node``'s estimate: its proposers' combined, 1 - prod(1 - p)."""
-    miss = 1.0
-    for name, guesses in proposals:
-        miss *= np.prod([1 - p for n, p in zip(whole.kept[name], guesses.probs) if n == node])
-    return 1 - miss
+    """Node ``node``'s estimate: the highest of its proposers'."""
+    return max(p for name, guesses in proposals for n, p in zip(whole.kept[name], guesses.probs) if n == node)
 
 
 def test_a_proposals_limit_and_the_prompt_token_rows_count():

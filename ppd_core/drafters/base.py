@@ -62,6 +62,9 @@ class Draft:
     # [R + 1] a step of r rows costs row_costs[r] plain steps (r <= R = max_rows): the merge keeps the best nodes only
     # as far as they pay for their rows (None: it fills the budget)
     row_costs: tuple[float, ...] | None = None
+    # with row_costs: the tokens the prompt tokens' guesses are expected to add to the next step, which their rows on
+    # this step's nodes make (set by their drafter); the merge weighs those rows against other guesses with it
+    prompt_value: float = 0.0
     proposals: dict[str, Guesses] = field(default_factory=dict)
 
     def add(self, name: str, guesses: Guesses) -> None:

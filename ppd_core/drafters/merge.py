@@ -1,8 +1,9 @@
 """One merge per step: every drafter's proposal (``base.Guesses``) becomes the step's one tree, under its row budget.
 
-Identical prefixes from different sources become one node, its acceptance estimate combined as 1 - prod(1 - p) (the
-chance that at least one source is right, taking them as independent); its owner is the first source (in drafter
-order) that proposed it. Nodes are kept in order of expected accepted tokens, the product of the estimates along the
+Identical prefixes from different sources become one node, its acceptance estimate the highest of theirs (the sources
+read the same text, so one agreeing with another is little evidence: 1 - prod(1 - p), which takes them as
+independent, sized trees on another device's step curve worse, ``merged_tree.py --curve``); its owner is the first
+source (in drafter order) that proposed it. Nodes are kept in order of expected accepted tokens, the product of the estimates along the
 node's path (the PPD paper's Proposition B.1), ties to the earlier drafter, then to proposal order; a child's product
 is never above its parent's, so parents come first. A node is kept while its rows (1, plus its prompt-token rows) fit
 the budget, one of the sources proposing it is within its proposal's ``limit``, its parent is kept and, with a
@@ -83,7 +84,7 @@ class _Nodes:
 
     token: list[int]
     parent: list[int]  # -1: under the root
-    miss: list[float]  # prod(1 - p) over the estimates of the sources proposing it
+    miss: list[float]  # 1 - the highest estimate of the sources proposing it
     prompts: list[int]  # prompt tokens on it (the prompt tokens' proposal's)
     owner: list[int]  # the first proposing source, by index
     proposers: list[list[int]]  # every proposing source, by index
@@ -112,7 +113,7 @@ def union(proposals: Sequence) -> _Nodes:
                 proposers.append([source])
             elif proposers[m][-1] != source:
                 proposers[m].append(source)
-            miss[m] *= 1.0 - prob
+            miss[m] = min(miss[m], 1.0 - prob)
             if j < len(counts) and counts[j] > prompts[m]:
                 prompts[m] = counts[j]
             mapping.append(m)
@@ -120,53 +121,75 @@ def union(proposals: Sequence) -> _Nodes:
     return nodes
 
 
-def select(nodes: _Nodes, draft: Draft, limits: Sequence[int | None], grammar: Grammar | None) -> list[bool]:
-    """Which entries the step keeps: best path product first, within the budget, the limits and the grammar."""
-    parent, miss, prompts, proposers = nodes.parent, nodes.miss, nodes.prompts, nodes.proposers
+def select(nodes: _Nodes, draft: Draft, limits: Sequence[int | None], grammar: Grammar | None) -> tuple[list[bool], bool]:
+    """Which entries the step keeps: best path product first, within the budget, the limits and the grammar; with
+    the step's costs by rows only as many as pay (``paying``). And whether the step drops every prompt-token row: with
+    costs, where its guesses pay more without them than with them and what the prompt tokens would guess next step
+    (``Draft.prompt_value``)."""
     value: list[float] = []
-    for m, up in enumerate(parent):
-        value.append((1.0 - miss[m]) * (value[up] if up >= 0 else 1.0))
-    kept = [False] * len(parent)
-    order: list[tuple[int, int]] = []  # (entry, its rows) in the order kept
-    used = [0] * len(limits)
-    rows, V, budget = 1 + draft.root_prompts * draft.ensemble_size, draft.ensemble_size, draft.max_rows
-    first_rows = rows
-    states = GrammarStates(grammar, nodes.token, parent) if grammar is not None else None
+    for m, up in enumerate(nodes.parent):
+        value.append((1.0 - nodes.miss[m]) * (value[up] if up >= 0 else 1.0))
+    states = GrammarStates(grammar, nodes.token, nodes.parent) if grammar is not None else None
     try:
-        for m in sorted(range(len(parent)), key=lambda m: (-value[m], m)):
-            up, cost = parent[m], 1 + prompts[m] * V
-            if (up >= 0 and not kept[up]) or rows + cost > budget:
-                continue
-            if not any(limits[s] is None or used[s] < limits[s] for s in proposers[m]):
-                continue
-            if states is not None and not states.allows(m):
-                continue
-            kept[m] = True
-            order.append((m, cost))
-            rows += cost
-            for s in proposers[m]:
-                used[s] += 1
+        kept, order = best_first(nodes, value, draft, limits, states, draft.ensemble_size)
+        if draft.row_costs is None:
+            return kept, False
+        rows = 1 + draft.root_prompts * draft.ensemble_size
+        prompted = rows > 1 or any(cost > 1 for _, cost in order)
+        count, rate = paying(order, value, rows, draft.row_costs, draft.prompt_value if prompted else 0.0)
+        strip = False
+        if prompted:  # the same step without prompt-token rows: its rows go to guesses
+            bare, bare_order = best_first(nodes, value, draft, limits, states, 0)
+            bare_count, bare_rate = paying(bare_order, value, 1, draft.row_costs, 0.0)
+            if bare_rate > rate:
+                kept, order, count, strip = bare, bare_order, bare_count, True
     finally:
         if states is not None:
             states.close()
-    if draft.row_costs is not None:
-        for m, _ in order[paying(order, value, first_rows, draft.row_costs):]:
-            kept[m] = False
-    return kept
+    for m, _ in order[count:]:
+        kept[m] = False
+    return kept, strip
 
 
-def paying(order: Sequence[tuple[int, int]], value: Sequence[float], rows: int, row_costs: Sequence[float]) -> int:
-    """How many of the kept entries (``order``: best first, parents first, with their rows) the step keeps: the
-    count with the most expected tokens (1 + the sum of their path products) per unit of step cost (``row_costs[r]``:
-    an r-row step's, in plain steps; ``rows``: the root's). Any such count is a tree: a parent comes before its child."""
-    if rows + sum(cost for _, cost in order) >= len(row_costs):
-        return len(order)  # beyond the costs known: the budget decides
-    best, count, tokens = 1.0 / row_costs[rows], 0, 1.0
+def best_first(nodes: _Nodes, value: Sequence[float], draft: Draft, limits: Sequence[int | None],
+               states: GrammarStates | None, V: int) -> tuple[list[bool], list[tuple[int, int]]]:
+    """The entries kept best path product first while they fit the budget (``V`` rows per prompt token; 0: none),
+    their source's limits and the grammar; and (entry, its rows) in the order kept."""
+    parent, prompts, proposers = nodes.parent, nodes.prompts, nodes.proposers
+    kept = [False] * len(parent)
+    order: list[tuple[int, int]] = []
+    used = [0] * len(limits)
+    rows = 1 + draft.root_prompts * V
+    for m in sorted(range(len(parent)), key=lambda m: (-value[m], m)):
+        up, cost = parent[m], 1 + prompts[m] * V
+        if (up >= 0 and not kept[up]) or rows + cost > draft.max_rows:
+            continue
+        if not any(limits[s] is None or used[s] < limits[s] for s in proposers[m]):
+            continue
+        if states is not None and not states.allows(m):
+            continue
+        kept[m] = True
+        order.append((m, cost))
+        rows += cost
+        for s in proposers[m]:
+            used[s] += 1
+    return kept, order
+
+
+def paying(order: Sequence[tuple[int, int]], value: Sequence[float], rows: int, row_costs: Sequence[float],
+           bonus: float = 0.0) -> tuple[int, float]:
+    """How many of the kept entries (``order``: best first, parents first, with their rows) the step keeps, and its
+    expected tokens per unit of step cost: the count with the most (1 + ``bonus`` + the sum of their path products
+    over ``row_costs[r]``, an r-row step's cost in plain steps; ``rows``: the root's). Any such count is a tree: a
+    parent comes before its child."""
+    if rows + sum(cost for _, cost in order) > len(row_costs) - 1:
+        return len(order), 0.0  # beyond the costs known: the budget decides
+    best, count, tokens = (1.0 + bonus) / row_costs[rows], 0, 1.0 + bonus
     for i, (m, cost) in enumerate(order, 1):
         tokens, rows = tokens + value[m], rows + cost
         if tokens / row_costs[rows] > best:
             best, count = tokens / row_costs[rows], i
-    return count
+    return count, best
 
 
 class GrammarStates:
@@ -209,7 +232,7 @@ class Merger:
         names = list(draft.proposals)
         proposals = list(draft.proposals.values())
         nodes = union(proposals)
-        kept = select(nodes, draft, [g.limit for g in proposals], grammar)
+        kept, strip = select(nodes, draft, [g.limit for g in proposals], grammar)
         levels: list[list[int]] = []  # kept entries by depth, in creation order (a parent before its children)
         depth = [0] * len(kept)
         for m, up in enumerate(nodes.parent):
@@ -219,7 +242,7 @@ class Merger:
                     levels.append([])
                 levels[depth[m] - 1].append(m)
         index = [-1] * len(kept)  # entry -> node index in the tree
-        parents, tokens, owners, counts = [-1], [root], [""], [draft.root_prompts]
+        parents, tokens, owners, counts = [-1], [root], [""], [0 if strip else draft.root_prompts]
         for level in levels:
             level.sort(key=lambda m: (index[nodes.parent[m]] if nodes.parent[m] >= 0 else 0, m))
             for m in level:
@@ -227,7 +250,7 @@ class Merger:
                 parents.append(index[nodes.parent[m]] if nodes.parent[m] >= 0 else 0)
                 tokens.append(nodes.token[m])
                 owners.append(names[nodes.owner[m]])
-                counts.append(nodes.prompts[m])
+                counts.append(0 if strip else nodes.prompts[m])
         tree = self.tree(parents, counts, [len(level) for level in levels], draft)
         placed = {name: [index[m] for m in mapping] for name, mapping in zip(names, nodes.maps)}
         return StepTree(np.array(tokens, dtype=np.int64), tree.parents, tuple(owners), tree, placed)

@@ -192,11 +192,13 @@ class PromptTokenDrafter:
         self.guesses: np.ndarray | None = None  # [m, K] int64 for depths 1..m; None before the first tree step
         self.answer: list[int] = []  # the tokens emitted so far (the hook's view)
         self._shapes: dict[int, tuple[list[int], list[float], list[int]]] = {}  # per tree: parents, probs, counts
+        self._value: float | None = None  # ``value()``
 
     def propose(self, draft: Draft) -> None:
         """The tree for the depths guessed (the depth-0 tree only attaches prompt tokens to the root)."""
         tree = self.family.for_depth(0 if self.guesses is None else self.guesses.shape[0])
         draft.root_prompts = tree.prompt_counts[0]
+        draft.prompt_value = self.value()
         parents, probs, counts = self.shape(tree)
         tokens = self.guesses[tree.candidate_depths - 1, tree.candidate_ranks].tolist() if parents else []
         draft.add(self.name, Guesses(tokens, parents, probs, counts if any(counts) else []))
@@ -208,6 +210,16 @@ class PromptTokenDrafter:
             probs = [self.chance(len(path), path[-1]) for path in tree.paths[1:]]
             self._shapes[id(tree)] = parents, probs, list(tree.prompt_counts[1:])
         return self._shapes[id(tree)]
+
+    def value(self) -> float:
+        """The tokens the deepest tree's guesses are expected to add to a step: the sum of its path products."""
+        if self._value is None:
+            parents, probs, _ = self.shape(self.family.trees[-1])
+            path: list[float] = []
+            for parent, prob in zip(parents, probs):
+                path.append(prob * (path[parent] if parent >= 0 else 1.0))
+            self._value = sum(path)
+        return self._value
 
     def chance(self, depth: int, rank: int) -> float:
         """p_depth(rank) as calibration measured it; ``PRIOR`` where it did not."""
