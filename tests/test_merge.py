@@ -121,6 +121,14 @@ def test_prompt_token_rows_stay_only_where_they_pay_with_what_they_will_guess():
     assert worth.node_tokens.tolist() == [ROOT, 2, 3] and worth.prompt_counts == (1, 0, 0)
 
 
+def test_a_step_with_nothing_guessed_is_a_plain_step_that_names_its_proposers():
+    step = merged(("prompt tokens", Guesses()), ("lookup", Guesses()))
+    assert step.node_tokens.tolist() == [ROOT] and step.tree.num_tokens == 1
+    assert step.kept == {"prompt tokens": [], "lookup": []} and step.drafted == {"prompt tokens": 0, "lookup": 0}
+    rows = merged(("prompt tokens", Guesses()), root_prompts=2, n=2)  # the root's prompt-token rows still go
+    assert rows.tree.prompt_counts == (2,) and rows.tree.num_tokens == 3
+
+
 def merged_estimate(whole, proposals, node: int) -> float:
     """Node ``node``'s estimate: the highest of its proposers'."""
     return max(p for name, guesses in proposals for n, p in zip(whole.kept[name], guesses.probs) if n == node)

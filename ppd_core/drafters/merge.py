@@ -231,6 +231,9 @@ class Merger:
         before the step) nodes it forbids are dropped."""
         names = list(draft.proposals)
         proposals = list(draft.proposals.values())
+        if not draft.root_prompts and not any(proposals):  # nothing guessed: a plain step (most steps on a CPU)
+            step = root_only(root)
+            return StepTree(step.node_tokens, step.parents, step.owners, step.tree, {name: [] for name in names})
         nodes = union(proposals)
         kept, strip = select(nodes, draft, [g.limit for g in proposals], grammar)
         levels: list[list[int]] = []  # kept entries by depth, in creation order (a parent before its children)
