@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 
+from app.bench_depths import add_counts, depth_table, json_name, per_step_by_depth
 from app.questions import Question
 from app.server_peer import ServerPeer
 from ppd_core import GREEDY, Engine, SamplingParams, chat_model, describe
@@ -59,8 +60,9 @@ class ModeTotals:
     seconds: float = 0.0
     steps: int = 0
     decode_tokens: int = 0
-    from_prompt_tokens: int = 0  # accepted guesses by source
-    from_lookup: int = 0
+    accepted: dict[str, int] = field(default_factory=dict)  # accepted guesses by source (a drafter's name)
+    drafted: dict[str, int] = field(default_factory=dict)  # tree nodes each source owned
+    accepted_by_depth: dict[tuple[str, int], int] = field(default_factory=dict)  # (source, depth 1..) -> accepted
     peak_bytes: int = 0
     answers: list[list[int]] = field(default_factory=list)
 
@@ -78,8 +80,12 @@ class ModeTotals:
         if with_steps:
             out["steps"] = self.steps
             out["mean_accepted"] = round(self.decode_tokens / self.steps, 4) if self.steps else 0.0
-            per_step = {"prompt_tokens": self.from_prompt_tokens, "lookup": self.from_lookup}
-            out["accepted_per_step_by_source"] = {k: round(v / self.steps, 4) if self.steps else 0.0 for k, v in per_step.items()}
+            names = list(dict.fromkeys([*self.drafted, *self.accepted]))
+            for key, counts in (("accepted_per_step_by_source", self.accepted),
+                                ("drafted_per_step_by_source", self.drafted)):
+                out[key] = {json_name(name): round(counts.get(name, 0) / self.steps, 4) if self.steps else 0.0
+                            for name in names}
+            out["accepted_per_step_by_depth"] = per_step_by_depth(self.accepted_by_depth, names, self.steps)
         return out
 
 
@@ -118,8 +124,7 @@ def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int,
         total.seconds += stats.seconds
         total.steps += stats.steps
         total.decode_tokens += sum(stats.accepted_per_step)
-        total.from_prompt_tokens += stats.from_guesses - stats.from_lookup
-        total.from_lookup += stats.from_lookup
+        add_counts(total, stats)
         total.peak_bytes = max(total.peak_bytes, memory.peak)
     totals[0].answers.append(result.tokens)
     return result.tokens
@@ -289,6 +294,7 @@ def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig
         for server in servers.values():
             server.close()
     result = summary(engine, len(questions), config, run)
+    print(depth_table(result), file=log, flush=True)
     if servers:
         result["llama_server"] = server_summary(engine, servers, run, result)
     if peer is not None:

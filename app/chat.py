@@ -92,7 +92,7 @@ class Reading:
         if self.estimate is not None:
             self.estimate.add(step)
         if self.highlighter is not None:
-            self.highlighter.add(step.tokens, step.from_guesses, step.from_lookup, step.from_grammar)
+            self.highlighter.add(step.tokens, step.sources)
 
 
 class Chat:
@@ -233,7 +233,7 @@ class Chat:
         if settings.constrained:
             notes.append("The answer follows the JSON schema.")
         speed = AnswerSpeed(event.stats, finished, settings.ppd, reading.estimate, reading.backend,
-                            penalties_line(settings.sampling()), settings.constrained)
+                            penalties_line(settings.sampling()))
         return AnswerUpdate(
             text=event.text,
             marked=reading.highlighter.html if reading.highlighter is not None else "",

@@ -1,4 +1,5 @@
-"""The answer's accepted guesses marked by where they came from: prompt tokens, lookup, the grammar."""
+"""The answer's accepted guesses marked by where they came from: each source (a drafter's name) its own colour where
+the page knows it (prompt tokens, lookup, the grammar), a neutral one named by its title elsewhere."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ PROMPT_MARK = '<mark style="background-color: #ffe066">'  # guesses from the pro
 LOOKUP_MARK = '<mark style="background-color: #bfe3ff">'  # guesses copied from the conversation: blue
 GRAMMAR_MARK = '<mark style="background-color: #c8f0c0">'  # text the grammar forced: green
 MARKS = {"prompt tokens": PROMPT_MARK, "lookup": LOOKUP_MARK, "grammar": GRAMMAR_MARK}
+NEUTRAL_STYLE = 'style="background-color: #e4e4e4"'  # any other source's guesses: grey
 
 
-def step_sources(from_guesses: int, from_lookup: int = 0, from_grammar: int = 0) -> list[str]:
-    """Where each of a step's accepted guesses came from, in path order: prompt tokens, lookup, grammar."""
-    prompt = from_guesses - from_lookup - from_grammar
-    return ["prompt tokens"] * prompt + ["lookup"] * from_lookup + ["grammar"] * from_grammar
+def mark(source: str) -> str:
+    """The opening tag that marks ``source``'s guesses (an unknown source's: neutral, its name as the title)."""
+    return MARKS.get(source) or f'<mark {NEUTRAL_STYLE} title="{html.escape(source, quote=True)}">'
 
 
 class Highlighter:
@@ -25,15 +26,15 @@ class Highlighter:
 
     def __init__(self, tokenizer):
         self.text = text_stream(tokenizer)
-        self.pieces: list[tuple[str, str | None]] = []  # (text, a ``MARKS`` source or None: the model's own)
+        self.pieces: list[tuple[str, str | None]] = []  # (text, its source's name or None: the model's own)
         self.html = ""
 
-    def add(self, tokens: Sequence[int], from_guesses: int, from_lookup: int = 0, from_grammar: int = 0) -> None:
-        """A step's tokens: its accepted guesses first (``step_sources``' order), then the model's own."""
-        sources = step_sources(from_guesses, from_lookup, from_grammar)
+    def add(self, tokens: Sequence[int], sources: Sequence[str] = ()) -> None:
+        """A step's tokens: its accepted guesses first (``sources``: each one's source, ``StepStats.sources``), then
+        the model's own."""
         for index, token in enumerate(tokens):
             piece = self.text.add(token)
             source = sources[index] if index < len(sources) else None
             self.pieces.append((piece, source))
-            opening, text = MARKS.get(source), html.escape(piece)  # the model's text is text, never markup
-            self.html += f"{opening}{text}</mark>" if opening and piece.strip() else text
+            text = html.escape(piece)  # the model's text is text, never markup
+            self.html += f"{mark(source)}{text}</mark>" if source is not None and piece.strip() else text

@@ -89,6 +89,13 @@ class ModelHost:
             raise self.startup.refusal()
         return self._engine
 
+    def forget_answers(self) -> None:
+        """The user deleted saved answers: the loaded model's guess sources forget the answers they keep
+        (``Engine.forget_answers``), at once, without waiting for the model's line; nothing while none is loaded."""
+        engine = self._engine
+        if engine is not None:
+            engine.forget_answers()
+
     def snapshot(self) -> ModelSnapshot:
         """What the page and the API show of the loaded model, now (``NotReady`` while it loads)."""
         return self.engine.snapshot()

@@ -152,7 +152,8 @@ class ConversationHandlers:
                 page.session: session, **self.changed(session)}
 
     def _remove(self, session: Session, index: int) -> None:
-        """Remove the exchange holding message ``index`` and save; a conversation left empty is deleted from disk."""
+        """Remove the exchange holding message ``index`` and save; a conversation left empty is deleted from disk. The
+        model forgets the answers it kept for its guesses (``ModelHost.forget_answers``)."""
         conversation = session.conversation
         start, end = exchange(conversation.messages, index)
         del conversation.messages[start:end]
@@ -161,6 +162,7 @@ class ConversationHandlers:
             self.save(conversation)
         else:
             self.store.delete(conversation.id)
+        self.host.forget_answers()
 
     def clear(self, session: Session, note: str = "") -> dict:
         """New chat: a new conversation, with a new id; the old one stays saved (``note``: the line shown)."""
@@ -225,6 +227,7 @@ class ConversationHandlers:
             line = "Wait for the answer to end." if session.answering else ""
             return {page.session: session, page.chat.note: line, page.history.confirm: gr.update(visible=False)}
         self.store.delete(conversation.id)
+        self.host.forget_answers()  # the answers the model kept for its guesses go with it
         return self.clear(session, f"Deleted {quoted(conversation.title)}.")
 
     def cancel_delete(self, session: Session) -> dict:

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import gradio as gr
 
-from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK
+from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, NEUTRAL_STYLE, PROMPT_MARK
 from app.history import Conversation, ConversationStore
 from app.model_catalog import size_words
 from app.model_host import DEFAULT_SPEC
@@ -69,6 +69,7 @@ def marked_answer(marked: str) -> str:
         return ""
     legend = f'{PROMPT_MARK}prompt tokens</mark>, {LOOKUP_MARK}copied from the conversation</mark>'
     legend += f' and {GRAMMAR_MARK}forced by the JSON schema</mark>' if GRAMMAR_MARK in marked else ""
+    legend += f' and <mark {NEUTRAL_STYLE}>other sources</mark> (hover for the name)' if NEUTRAL_STYLE in marked else ""
     return (f'<div class="ppd-marked"><p><b>Accepted guesses</b> in this answer: {legend}</p>'
             f'<div style="white-space: pre-wrap">{marked}</div></div>')
 

@@ -40,7 +40,6 @@ class AnswerSpeed:
     estimate: LiveEstimate | None = None  # None: no calibration to price steps with
     backend: str = ""  # what decodes: "llama.cpp" or "torch"
     penalties: str = ""  # the repetition penalties on ("" for none)
-    grammar: bool = False  # the answer follows a JSON schema (its forced text is a guess source)
 
     def line(self) -> str:
         """The readout's first line: speed, tokens per step and the estimated speedup (or why there is none)."""
@@ -62,7 +61,7 @@ class AnswerSpeed:
         return " · ".join(parts)
 
     def details(self) -> str:
-        """The internals: where the guesses came from, prompt processing, penalties, lookup and grammar."""
+        """The internals: where the guesses came from (by source), prompt processing, penalties."""
         stats = self.stats
         steps = max(stats.steps, 1)
         items = [f"{stats.new_tokens} tokens in {stats.seconds:.2f} s ({SPEED_DEFINITION})"
@@ -71,14 +70,10 @@ class AnswerSpeed:
         items.append(f"prompt processing {stats.prefill_seconds * 1000:.0f} ms "
                      f"({stats.prompt_tokens - stats.reused_tokens} tokens{reused})")
         if self.ppd:
-            prompt_guesses = stats.from_guesses - stats.from_lookup - stats.from_grammar
-            forced = f", grammar {stats.from_grammar / steps:.2f}" if self.grammar else ""
-            items.append(f"guessed tokens accepted per step: prompt tokens {prompt_guesses / steps:.2f}, "
-                         f"lookup {stats.from_lookup / steps:.2f}{forced}")
-            if stats.lookup_note:
-                items.append(f"lookup: {lookup_line(stats)}")
-            if self.grammar:
-                items.append(f"grammar: {stats.from_grammar} of {stats.forced} forced tokens right")
+            names = stats.source_names
+            per_step = ", ".join(f"{name} {stats.accepted.get(name, 0) / steps:.2f}" for name in names)
+            items.append(f"guessed tokens accepted per step: {per_step or 'none drafted'}")
+            items += [f"{name}: {source_line(stats, name)}" for name in names]
             if self.estimate is not None and self.estimate.speedup is not None:
                 items.append("the speedup is estimated from this device's calibrated step costs: each step's rows "
                              "priced against plain 1-token steps; Compare measures it")
@@ -91,10 +86,20 @@ class AnswerSpeed:
         return f"{self.line()}\n\n<details><summary>Details</summary>\n\n{self.details()}.\n\n</details>"
 
 
-def lookup_line(stats: GenerationStats) -> str:
-    """What the lookup chains did so far and at the last step: "12 of 15 drafted tokens right; last step drafted 5
-    copied tokens (first copied token right 91% after 8-15-token matches)"."""
-    return f"{stats.from_lookup} of {stats.drafted} drafted tokens right; last step {stats.lookup_note}"
+def source_line(stats: GenerationStats, name: str) -> str:
+    """What a source's guesses did so far, what it keeps for the model, and its note on the last step: "12 of 15
+    drafted tokens right; keeps 1.5 MiB for this model; last step drafted 5 copied tokens (...)"."""
+    line = f"{stats.accepted.get(name, 0)} of {stats.drafted.get(name, 0)} drafted tokens right"
+    if name in stats.memory_bytes:
+        line += f"; keeps {size_words(stats.memory_bytes[name])} for this model"
+    return f"{line}; last step {stats.notes[name]}" if name in stats.notes else line
+
+
+def size_words(size: int) -> str:
+    """"1.5 MiB", "12 KiB", "300 bytes"."""
+    if size >= 2**20:
+        return f"{size / 2**20:.1f} MiB"
+    return f"{size / 2**10:.0f} KiB" if size >= 2**10 else f"{size} bytes"
 
 
 def penalties_line(sampling: SamplingParams) -> str:

@@ -1,23 +1,24 @@
 """Prefill, one guess-and-verify step over a sparse tree, and the generation loop.
 
-``generate`` reads like Medusa's loop: the drafters (``ppd_core.drafters``) propose the step's guesses (the prompt
-tokens' tree, then one chain at most, copied from the conversation or forced by a grammar); ``verify`` runs one
-forward pass with the tree mask, accepts the longest path the model agrees with (its own next token comes free) and
-keeps that path's KV entries; every drafter then observes what was accepted. Plain decoding is the same loop with a
-root-only tree.
+``generate`` reads like gpt-fast's loop: every drafter (``ppd_core.drafters``: the prompt tokens, then the answer's
+own, such as chains copied from the conversation or forced by a grammar) proposes candidate nodes; one merge
+(``drafters.merge``) makes them the step's tree under the row budget; ``verify`` runs one forward pass with the tree
+mask, accepts the longest path the model agrees with (its own next token comes free) and keeps that path's KV
+entries; every drafter then observes what was accepted. Plain decoding is the same loop with a root-only tree.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ppd_core.backends import Decoder
-from ppd_core.drafters.base import Draft, Drafter, Verified, observe, propose
+from ppd_core.drafters.base import Draft, Drafter, Verified
+from ppd_core.drafters.merge import Merger, StepTree, root_only
 from ppd_core.drafters.prompt_tokens import GuessHook, PromptTokenDrafter, prompt_rows
 from ppd_core.errors import PpdError
 from ppd_core.grammar import Grammar
@@ -26,7 +27,7 @@ from ppd_core.sampling.params import GREEDY, SamplingParams
 from ppd_core.sampling.penalties import window
 from ppd_core.sampling.verify import accept
 from ppd_core.stats import StepStats
-from ppd_core.tree import ChainedTrees, TreeFamily, root_only_tree
+from ppd_core.tree import TreeFamily, root_only_tree
 
 
 class PromptTooLongError(PpdError):
@@ -40,20 +41,29 @@ class Speculator:
     decoder: Decoder
     family: TreeFamily  # one tree per number of guessed depths; a root-only family is plain decoding
     prompt_table: np.ndarray | None = None  # [n * V, hidden] float32
+    acceptance: Sequence[Sequence[float]] | None = None  # calibration's p_d(r) of the prompt tokens, [n][k]
+    merger: Merger = field(default_factory=Merger)  # the steps' merge (it keeps the tree shapes it built)
+    rows: int | None = None  # every source's nodes together fill at most this many rows a step (None: the decoder's)
+    # [R + 1] what a step of r rows costs in plain steps (r <= R; ``Draft.row_costs``): each step's tree is only as big
+    # as pays; None: every step fills its budget
+    row_costs: tuple[float, ...] | None = None
 
     @property
     def top_k(self) -> int:
         """Guesses kept per depth: the trees' largest candidate rank + 1."""
         return self.family.max_rank + 1
 
-    @property
-    def lookup_rank(self) -> int:
-        """The rank that marks chain nodes in a step's tree: one past the prompt tokens' guesses."""
-        return self.top_k
-
     def prompt_drafter(self, hook: GuessHook | None = None) -> PromptTokenDrafter:
         """A new answer's prompt-token drafter over these trees."""
-        return PromptTokenDrafter(self.family, self.top_k, hook)
+        return PromptTokenDrafter(self.family, self.top_k, hook, self.acceptance)
+
+    def new_draft(self) -> Draft:
+        """An empty draft for a step: the row budget (``rows``, at most the decoder's), the prompt tokens' shape."""
+        tree, most = self.family.trees[0], self.decoder.max_tree_rows
+        budget = most if self.rows is None else min(self.rows, most)
+        if self.row_costs is not None:
+            budget = min(budget, len(self.row_costs) - 1)  # no larger than the costs say
+        return Draft(budget, tree.num_prompt_tokens, tree.ensemble_size, row_costs=self.row_costs)
 
 
 @dataclass
@@ -70,8 +80,8 @@ class Request:
     history: Sequence[int] = ()  # the tokens ``cache`` already holds
     logprobs: int | None = None  # report each token's log-probability and this many alternatives; None: none
     grammar: Grammar | None = None  # the answer must follow it (a fresh state, advanced as tokens are emitted)
-    # the chain drafters (``LookupDrafter``, ``GrammarDrafter``), this answer's own, in order: one chain a step, a later
-    # drafter's where at least as long; the prompt tokens' drafter comes from the speculator
+    # this answer's own drafters (``drafters.registry``), in order (on ties the earlier's nodes are kept first); the
+    # prompt tokens' drafter comes from the speculator, ahead of them
     drafters: Sequence[Drafter] = ()
 
 
@@ -98,8 +108,9 @@ def prefill(
     logprobs: int | None = None,
     grammar: Grammar | None = None,
 ) -> Verified:
-    """Process the prompt (after whatever ``cache`` already holds): a root-only step that emits the first new token.
-    ``sequence``: the whole sequence so far (the cache's tokens, then ``input_ids``), for repetition penalties."""
+    """Process the prompt (after whatever ``cache`` already holds): a root-only step that emits the first new token,
+    its tree the last prompt token. ``sequence``: the whole sequence so far (the cache's tokens, then ``input_ids``),
+    for repetition penalties."""
     start = time.perf_counter()
     logits = decoder.prefill(cache, input_ids)  # [1, vocab]: the last prompt token's
     recent = window(sequence, sampling) if sampling.penalized else None
@@ -107,27 +118,26 @@ def prefill(
     reported = None if logprobs is None else token_logprobs(logits.rows(slice(0, 1)), [token], logprobs)
     stats = StepStats(tokens=[token], from_guesses=0, tree_tokens=len(input_ids), seconds=time.perf_counter() - start,
                       prefill=True, logprobs=reported)
-    return Verified(Draft(), logits, 0, stats)
+    return Verified(np.array([input_ids[-1]], dtype=np.int64), (-1,), logits, [0], {}, stats, root_only_tree())
 
 
-def verify(speculator: Speculator, state: DecodeState, draft: Draft) -> Verified:
-    """One forward pass over the draft's tree; accepts the longest path the model agrees with.
+def verify(speculator: Speculator, state: DecodeState, step: StepTree) -> Verified:
+    """One forward pass over the step's merged tree; accepts the longest path the model agrees with.
 
     Updates ``state``: the cache keeps the accepted path's KV at contiguous positions, ``root`` is the last token.
     """
     start = time.perf_counter()
-    decoder, cache, tree = speculator.decoder, state.cache, draft.tree
+    decoder, cache, tree = speculator.decoder, state.cache, step.tree
     cached = decoder.cache_length(cache)
-    node_tokens = draft.node_tokens(state.root)  # [N]: root, then the guessed candidates
-    logits = decoder.tree_logits(cache, tree, node_tokens, prompt_rows(speculator.prompt_table, draft))  # [T, vocab]
+    node_tokens = step.node_tokens  # [N]: the root, then the kept candidates
+    logits = decoder.tree_logits(cache, tree, node_tokens, prompt_rows(speculator.prompt_table, tree))  # [T, vocab]
 
     # the longest path the model agrees with; its own next token comes free
     node_list = node_tokens.tolist()
     recent = window(state.sequence, state.sampling) if state.sequence is not None else None  # [W], the root last
     last, bonus = accept(tree.parents, node_list, logits, state.sampling, state.generator, recent, state.grammar)
-    path = tree.node_paths[last]  # node indices, root first
+    path = list(tree.node_paths[last])  # node indices, root first
     tokens = [node_list[i] for i in path[1:]] + [bonus]
-    from_chain = sum(1 for i in path[1:] if tree.paths[i][-1] == speculator.lookup_rank)
     reported = None  # the emitted tokens' log-probabilities, from the rows that chose them: the path's
     if state.logprobs is not None:
         reported = token_logprobs(logits.rows(np.asarray(path)), tokens, state.logprobs)
@@ -135,18 +145,46 @@ def verify(speculator: Speculator, state: DecodeState, draft: Draft) -> Verified
     decoder.keep(cache, cached, path)  # the accepted path's KV; the rest dropped
     state.root = tokens[-1]
     stats = StepStats(tokens=tokens, from_guesses=len(path) - 1, tree_tokens=tree.num_tokens,
-                      seconds=time.perf_counter() - start, logprobs=reported)
-    return Verified(draft, logits, last, stats, from_chain)
+                      seconds=time.perf_counter() - start, logprobs=reported,
+                      sources=[step.owners[i] for i in path[1:]], drafted=step.drafted)
+    return Verified(node_tokens, step.parents, logits, path, step.kept, stats, tree)
 
 
-def tree_step(speculator: Speculator, state: DecodeState, draft: Draft, drafters: Sequence[Drafter]) -> Verified:
-    """One step after the draft: ``verify`` it and let ``drafters`` observe what was accepted (the step's seconds
-    count both: the prompt tokens read the next guesses off the step's rows)."""
+def observe(drafters: Sequence[Drafter], verified: Verified) -> None:
+    """Every drafter learns what the step accepted; the notes and memory sizes they keep go to the step's stats."""
+    for drafter in drafters:
+        drafter.observe(verified)
+        note = getattr(drafter, "note", "")
+        if note:
+            verified.stats.notes[drafter.name] = note
+        size = getattr(drafter, "memory_bytes", None)
+        if size is not None:
+            verified.stats.memory_bytes[drafter.name] = int(size)
+
+
+def tree_step(speculator: Speculator, state: DecodeState, step: StepTree, drafters: Sequence[Drafter]) -> Verified:
+    """One step after the merge: ``verify`` its tree and let ``drafters`` observe what was accepted (the step's
+    seconds count both: the prompt tokens read the next guesses off the step's rows)."""
     start = time.perf_counter()
-    verified = verify(speculator, state, draft)
+    verified = verify(speculator, state, step)
     observe(drafters, verified)
     verified.stats.seconds = time.perf_counter() - start
     return verified
+
+
+def propose(speculator: Speculator, drafters: Sequence[Drafter]) -> Draft:
+    """The step's draft: every drafter's proposal, in drafter order."""
+    draft = speculator.new_draft()
+    for drafter in drafters:
+        drafter.propose(draft)
+    return draft
+
+
+def merge(speculator: Speculator, state: DecodeState, draft: Draft, reach: int) -> StepTree:
+    """The step's tree (``Merger.merge``); the root alone where it would reach ``reach`` positions past the root or
+    more (the context's end)."""
+    step = speculator.merger.merge(draft, state.root, state.grammar)
+    return step if step.tree.max_offset < reach else root_only(state.root)
 
 
 def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
@@ -158,7 +196,6 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
     """
     decoder, state, prompt_end = start(speculator, request)
     drafters = [speculator.prompt_drafter(request.guess_hook), *request.drafters]
-    chained = ChainedTrees(speculator.lookup_rank)
     verified = prefill(decoder, state.cache, request.input_ids, state.sampling, state.generator, state.sequence or (),
                        state.logprobs, state.grammar)
     state.root = verified.stats.tokens[-1]
@@ -176,10 +213,13 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
         if stats.stop:
             return
 
-        draft = propose(drafters, decoder.max_tree_rows, chained)  # 1. draft: the prompt tokens' tree, a chain
-        if prompt_end + len(produced) - 1 + draft.tree.max_offset >= request.max_context:
-            draft = Draft()  # the root alone: no room left for guesses near the end of the context
-        verified = tree_step(speculator, state, draft, drafters)  # 2. verify, 3. accept, 4. the drafters observe
+        started = time.perf_counter()
+        draft = propose(speculator, drafters)  # 1. every drafter proposes its nodes
+        reach = request.max_context - (prompt_end + len(produced) - 1)  # positions left after the root's
+        step = merge(speculator, state, draft, reach)  # 2. one tree under the row budget
+        verified = verify(speculator, state, step)  # 3. one forward pass: the longest path the model agrees with
+        observe(drafters, verified)  # 4. every drafter learns what was accepted
+        verified.stats.seconds = time.perf_counter() - started  # the whole step's: proposing and merging included
 
 
 def start(speculator: Speculator, request: Request) -> tuple[Decoder, DecodeState, int]:

@@ -18,8 +18,9 @@ from ppd_core import decoding
 from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.engine_load import EngineConfig, load_parts, settle_plan
 from ppd_core.errors import PpdError
-from ppd_core.drafters.forced import ForcedText, GrammarDrafter, char_tokens
-from ppd_core.drafters.lookup import LookupDrafter
+from ppd_core.drafters.forced import ForcedText, char_tokens
+from ppd_core.drafters.merge import Merger
+from ppd_core.drafters.registry import DraftContext, answer_drafters, check_names, sized_per_step
 from ppd_core.loaded import LoadedModel
 from ppd_core.drafters.base import ChainPolicy
 from ppd_core.memory import release_free_heap
@@ -83,18 +84,35 @@ class Engine:
         self._vanilla = vanilla_family()
         self._prompt_table = prompt_tokens.table() if prompt_tokens.num_prompt_tokens else None  # [n * V, hidden]
         self._char_tokens: dict[str, int] | None = None  # the forced-text drafter's single-character tokens
+        self._merger = Merger()  # the steps' merge: the tree shapes it built serve every answer
+        self._drafter_memory: dict[str, object] = {}  # what guess sources keep across answers, by name
+        self.drafters: tuple[str, ...] | None = None  # the guess sources beside the prompt tokens (None: the default)
+        # what a step of r rows costs in plain steps, to size each step's tree by (``Draft.row_costs``); None: the
+        # plan's curve where sources calibration does not price yet are on and no budget was asked for
+        self.row_costs: tuple[float, ...] | None = None
+
+    def _row_costs(self) -> tuple[float, ...] | None:
+        """The costs each step's tree is sized by: ``row_costs`` if set; else, where a source beyond the default ones
+        is on, the plan's curve, or with ``--tree N`` N rows at the cost of one (the tree fills them, the prompt
+        tokens' rows weighed against other guesses); None: the default sources' calibrated sizes."""
+        if self.row_costs is not None or not sized_per_step(self.drafters):
+            return self.row_costs
+        return self.plan.row_costs() if self.plan.budget is None else (1.0,) * (self.plan.budget + 1)
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
         """Load the model and prompt tokens (``engine_load``), then give the plan its profile: the saved one, or a
         calibration now that ``progress`` hears (``settle_plan``). A failure frees the model first."""
+        drafters = None if config.drafters is None else check_names(config.drafters)
         parts = load_parts(config, progress)
         try:
             plan = settle_plan(parts, config.tree, config.auto_calibrate, progress)
         except BaseException:  # nothing of a failed load stays in memory
             parts.loaded.backend.close()
             raise
-        return cls(parts.loaded, parts.prompt_tokens, plan, parts.max_context)
+        engine = cls(parts.loaded, parts.prompt_tokens, plan, parts.max_context)
+        engine.drafters = drafters
+        return engine
 
     def replan(self, profile: DeviceProfile | None | str = "same", **options) -> DecodePlan:
         """Decode with ``profile`` (None: none; "same": the plan's) and the ``PlanOptions`` fields in ``options``
@@ -205,17 +223,19 @@ class Engine:
         backend = self.loaded.backend
         constraint = self._constraint(grammar) if grammar is not None else None
         backend.pad_steps(plan.padded_rows if ppd else None)  # the profile's step shape for PPD; plain: 1-token steps
-        speculator = decoding.Speculator(backend, family, self._prompt_table)
-        forcing = constraint is not None and ppd
-        lookup = [LookupDrafter(chains, input_ids, constraint)] if chains is not None else []
-        forced = [GrammarDrafter(self.new_forced_text(), plan.new_forced_chains(), constraint)] if forcing else []
+        acceptance = plan.profile.acceptance if ppd and plan.profile is not None else None
+        speculator = decoding.Speculator(backend, family, self._prompt_table, acceptance, self._merger,
+                                         plan.budget if ppd else None,  # ``--tree N``: N rows a step in all
+                                         self._row_costs() if ppd else None)
+        context = DraftContext(input_ids, chains, constraint, self.new_forced_text, plan.new_forced_chains,
+                               backend.vocab_size, self._drafter_memory)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
-                                   grammar=constraint, drafters=lookup + forced)
+                                   grammar=constraint, drafters=answer_drafters(context, self.drafters) if ppd else [])
         steps = decoding.generate(speculator, request)
         ends = TurnEnd(turn_stops(self.tokenizer)) if chat else None
         try:
-            yield from self._events(steps, stats, tokens, text, chains, ends)
+            yield from self._events(steps, stats, tokens, text, ends)
         except GeneratorExit:  # stopped by the consumer between steps: the cache is consistent
             if cache is not None:
                 self._keep_cache(cache, list(input_ids) + tokens, chains)
@@ -226,7 +246,7 @@ class Engine:
             self._keep_cache(cache, list(input_ids) + tokens, chains)
 
     @staticmethod
-    def _events(steps: Iterator[StepStats], stats: GenerationStats, tokens: list[int], text, chains,
+    def _events(steps: Iterator[StepStats], stats: GenerationStats, tokens: list[int], text,
                 ends: TurnEnd | None) -> Iterator[GenerationEvent]:
         """``stream``'s events from the decoding's ``steps``, adding to ``stats``, ``tokens`` and ``text``; with
         ``ends`` (the stop texts' ``TurnEnd``; none are empty) a step is cut at the token completing one, the answer
@@ -241,9 +261,6 @@ class Engine:
                 step.stop = "eos" if ends.hit else step.stop
                 delta, shown = text.text[len(shown) : ends.shown], text.text[: ends.shown]
             stats.add(step)
-            if step.chain_match >= 0:  # the lookup proposed: what its policy made of it
-                done = f"drafted {step.chain} copied tokens" if step.chain else "drafted none"
-                stats.lookup_note = f"{done} ({chains.why(step.chain_match, step.chain)})"
             tokens.extend(step.tokens)
             yield GenerationEvent(shown, delta, list(tokens), step, stats, step.stop)
             if step.stop:
@@ -252,6 +269,7 @@ class Engine:
     def close(self) -> None:
         """Give the model's memory back (before another model loads: one model in memory at a time)."""
         self._kept = None
+        self._drafter_memory.clear()
         self.loaded.backend.close()
         self.loaded.release_model()
         gc.collect()
@@ -260,6 +278,15 @@ class Engine:
     def forget_conversation(self) -> None:
         """Drop the cache kept for the next turn: the next answer processes its whole prompt."""
         self._kept = None
+
+    def forget_answers(self) -> None:
+        """The user deleted saved answers: every guess source's per-model memory that holds answers forgets them (those
+        with a ``forget_answers()`` method, ``DraftContext.memory``); what holds no text stays. Safe beside an answer
+        being written (which keeps what it already read)."""
+        for memory in list(self._drafter_memory.values()):
+            forget = getattr(memory, "forget_answers", None)
+            if callable(forget):
+                forget()
 
     def _take_cache(self, input_ids: Sequence[int]) -> tuple[object, int, ChainPolicy | None]:
         """The kept cache cut to its common prefix with ``input_ids`` (at least one token left to prefill), and the

@@ -48,6 +48,7 @@ class EngineConfig:
     # "fixed", the profile's lengths; 0, none; N, up to N
     backend: str = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model; "torch" on a GGUF: de-quantized
     gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
+    drafters: tuple[str, ...] | None = None  # the guess sources beside the prompt tokens (None: the default ones)
 
 
 @dataclass(frozen=True)

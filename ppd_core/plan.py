@@ -10,6 +10,8 @@ device profile (or none) and the options; nothing else sets them, so they cannot
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ppd_core.calibration.prior import forced_chains, uncalibrated_chains
@@ -75,6 +77,16 @@ class DecodePlan:
         seconds = self.profile.policy.seconds(within(step_seconds(latency), max(mean_curve(latency))))
         return seconds, self.expectation["expected_tokens_per_step"] or 1.0, self.family.trees[-1].num_tokens
 
+    def row_costs(self) -> tuple[float, ...] | None:
+        """[R + 1] what a step of r rows costs in plain steps on the profile's curve, r up to its largest measured
+        size (``Draft.row_costs``; index 0 unused); None without a measured curve."""
+        if self.profile is None or self.awaiting_calibration or not self.profile.latency_ms:
+            return None
+        latency = self.profile.latency_ms
+        largest = max(mean_curve(latency))
+        seconds = self.profile.policy.seconds(within(step_seconds(latency), largest))
+        return relative_costs(seconds, largest)
+
     @property
     def expected_speedup(self) -> float | None:
         """Calibration's expected speedup for what decodes now: with its lookup chains while they are on."""
@@ -82,6 +94,16 @@ class DecodePlan:
             return None
         chains = any(self.lookup_lengths) and list(self.lookup_lengths) == self.profile.lookup_lengths
         return self.profile.expected_speedup_with_lookup if chains else self.profile.expected_speedup
+
+
+def relative_costs(seconds: Callable[[int], float], largest: int) -> tuple[float, ...]:
+    """[R + 1] ``seconds(r) / seconds(1)`` for r up to ``largest`` or the first size that cannot run (index 0: 1)."""
+    costs = [1.0]
+    for rows in range(1, largest + 1):
+        if not math.isfinite(seconds(rows)):
+            break
+        costs.append(seconds(rows) / seconds(1))
+    return tuple(costs)
 
 
 def make_plan(profile: DeviceProfile | None, options: PlanOptions, guesses: Guesses) -> DecodePlan:

@@ -1,4 +1,4 @@
-"""Per-step and per-answer statistics."""
+"""Per-step and per-answer statistics, with the guesses counted by source (the drafter's name: ``drafters``)."""
 
 from __future__ import annotations
 
@@ -15,24 +15,19 @@ class StepStats:
     seconds: float
     prefill: bool = False  # the prompt forward that yields the first token
     stop: str | None = None  # set on the last step: "eos", "length" or "context"
-    from_lookup: int = 0  # how many of the accepted guesses came from the n-gram lookup chain
     logprobs: list | None = None  # ``logprobs.TokenLogprob`` per token, when the request asked for them
-    chain: int = 0  # lookup tokens drafted in the step
-    chain_match: int = -1  # the match class (``lookup.MATCH_CLASSES``) of the lookup's proposal; -1: none
-    from_grammar: int = 0  # how many of the accepted guesses were text the grammar forced (drafted after the lookup's)
-    forced: int = 0  # forced tokens drafted in the step
+    sources: list[str] = field(default_factory=list)  # [from_guesses] the source of each accepted guess, path order
+    drafted: dict[str, int] = field(default_factory=dict)  # nodes each source owned in the step's tree
+    notes: dict[str, str] = field(default_factory=dict)  # a source's words on what it did this step (its choice)
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # what a source keeps per loaded model (its drafter's)
 
     def clip(self, keep: int) -> None:
-        """Keep the first ``keep`` tokens, and count only the guesses among them (the prompt tokens' come
-        first on a path, then the lookup chain's)."""
-        prompt_guesses = self.from_guesses - self.from_lookup - self.from_grammar
+        """Keep the first ``keep`` tokens, and count only the guesses among them."""
         self.tokens = self.tokens[:keep]
         if self.logprobs is not None:
             self.logprobs = self.logprobs[:keep]
         self.from_guesses = min(self.from_guesses, keep)
-        chained = max(0, self.from_guesses - prompt_guesses)  # the lookup's tokens, then the grammar's
-        self.from_lookup = min(self.from_lookup, chained)
-        self.from_grammar = chained - self.from_lookup
+        self.sources = self.sources[: self.from_guesses]
 
 
 @dataclass
@@ -44,28 +39,38 @@ class GenerationStats:
     new_tokens: int = 0
     steps: int = 0  # forward passes after the prefill
     from_guesses: int = 0
-    from_lookup: int = 0  # of ``from_guesses``, those the lookup chain proposed
-    from_grammar: int = 0  # of ``from_guesses``, text the grammar forced
-    forced: int = 0  # forced tokens drafted (``from_grammar`` of them accepted)
-    drafted: int = 0  # lookup chain tokens drafted (``from_lookup`` of them accepted)
-    lookup_note: str = ""  # what the lookup chain policy did at its last proposal, and why
+    accepted: dict[str, int] = field(default_factory=dict)  # of ``from_guesses``, by source
+    drafted: dict[str, int] = field(default_factory=dict)  # tree nodes each source owned, over the steps
+    accepted_by_depth: dict[tuple[str, int], int] = field(default_factory=dict)  # (source, depth 1..) -> accepted
+    notes: dict[str, str] = field(default_factory=dict)  # each source's last note (``StepStats.notes``)
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # each source's last size (``StepStats.memory_bytes``)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     accepted_per_step: list[int] = field(default_factory=list)
+    rows_per_step: list[int] = field(default_factory=list)  # tokens each step's forward pass took
 
     def add(self, step: StepStats) -> None:
         self.new_tokens += len(step.tokens)
         self.from_guesses += step.from_guesses
-        self.from_lookup += step.from_lookup
-        self.from_grammar += step.from_grammar
-        self.drafted += step.chain
-        self.forced += step.forced
+        for name, count in step.drafted.items():
+            self.drafted[name] = self.drafted.get(name, 0) + count
+        for depth, name in enumerate(step.sources, 1):
+            self.accepted[name] = self.accepted.get(name, 0) + 1
+            self.accepted_by_depth[name, depth] = self.accepted_by_depth.get((name, depth), 0) + 1
+        self.notes.update(step.notes)
+        self.memory_bytes.update(step.memory_bytes)
         if step.prefill:
             self.prefill_seconds += step.seconds
         else:
             self.steps += 1
             self.decode_seconds += step.seconds
             self.accepted_per_step.append(len(step.tokens))
+            self.rows_per_step.append(step.tree_tokens)
+
+    @property
+    def source_names(self) -> list[str]:
+        """Every source that drafted or had a guess accepted, in the order they first did."""
+        return list(dict.fromkeys([*self.drafted, *self.accepted]))
 
     @property
     def seconds(self) -> float:

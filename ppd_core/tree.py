@@ -209,16 +209,6 @@ def leaf_sequences(row_parents: tuple[int, ...]) -> list[list[int]]:
     return sequences
 
 
-def with_chain(spec: TreeSpec, attach: Path, length: int, rank: int) -> TreeSpec:
-    """``spec`` plus a chain of ``length`` nodes of rank ``rank`` under node ``attach`` (no prompt tokens)."""
-    if attach not in spec.prompt_counts:
-        raise ValueError(f"chain attached to {attach}, which is not a node")
-    counts = dict(spec.prompt_counts)
-    for j in range(1, length + 1):
-        counts.setdefault(attach + (rank,) * j, 0)
-    return TreeSpec(counts)
-
-
 @dataclass(frozen=True, eq=False)
 class TreeFamily:
     """One tree per number of guessed depths available (0..n), chosen per step.
@@ -265,42 +255,3 @@ def root_only_tree() -> Tree:
 def vanilla_family() -> TreeFamily:
     """Plain autoregressive decoding: no guesses, no prompt tokens."""
     return TreeFamily(name="vanilla", trees=(root_only_tree(),))
-
-
-class ChainedTrees:
-    """Per-step trees: the family's tree plus a drafted chain (copied or forced text), merged where the chain repeats
-    its candidates.
-
-    A chain node at depth d has rank ``rank`` (one past the prompt tokens' ranks), so its token is
-    column ``rank`` of the step's guess table; nodes the chain shares with the tree are not repeated.
-    """
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self._built: dict[tuple, Tree] = {}
-
-    def step(self, tree: Tree, guesses: np.ndarray | None, chain: list[int]) -> tuple[Tree, np.ndarray | None]:
-        """The tree and guess table [depth, rank + 1] for one step with ``chain`` (tokens at depths 1, 2, ...)."""
-        rows = guesses.tolist() if guesses is not None else []
-        nodes = set(tree.paths)
-        attach: tuple[int, ...] = ()
-        for depth, token in enumerate(chain, 1):  # follow the chain through the tree's own candidates
-            if depth > len(rows):
-                break
-            shared = next((attach + (r,) for r, g in enumerate(rows[depth - 1]) if g == token and attach + (r,) in nodes), None)
-            if shared is None:
-                break
-            attach = shared
-        rest = len(chain) - len(attach)
-        if rest == 0:
-            return tree, guesses
-        key = (id(tree), attach, rest)
-        if key not in self._built:
-            spec = with_chain(tree.spec, attach, rest, self.rank)
-            deepest = max(tree.num_prompt_tokens, len(chain))
-            self._built[key] = build_tree(spec, tree.num_prompt_tokens, tree.ensemble_size, deepest)
-        table = np.zeros((max(len(rows), len(chain)), self.rank + 1), dtype=np.int64)  # [depth, rank + 1]
-        if guesses is not None:
-            table[: guesses.shape[0], : guesses.shape[1]] = guesses
-        table[: len(chain), self.rank] = chain
-        return self._built[key], table

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from test_ui import free_port
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # what a crash or a bug leaves in a server's log: Python's traceback, a C++ exception through the C API, an abort

@@ -11,6 +11,7 @@ import pytest
 
 from app.api import create_api
 from app.cli import build_parser, main
+from app.model_catalog import recent_file
 from app.model_host import ModelHost
 from app.server import make_server
 from ppd_core import Engine, EngineConfig, SamplingParams
@@ -86,6 +87,7 @@ def wait_idle(service: ModelHost, app, seconds: float = 10.0) -> None:
 @pytest.mark.slow
 def test_models_and_health(served):
     client, service, app, url = served
+    recent_file().unlink(missing_ok=True)  # models other tests of the session loaded would be listed too
     models = client.models.list().data
     assert [m.id for m in models] == [service.engine.loaded.name]
     meta = models[0].model_extra["ppd"]

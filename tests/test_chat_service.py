@@ -89,13 +89,13 @@ def test_highlighter_marks_accepted_guesses(service):
     tokenizer = service.engine.tokenizer
     ids = tokenizer.encode(" the cat sat on the mat", add_special_tokens=False)
     highlighter = Highlighter(tokenizer)
-    highlighter.add(ids[:3], from_guesses=2)  # two accepted guesses, then the model's own token
-    highlighter.add(ids[3:], from_guesses=0)
+    highlighter.add(ids[:3], ["prompt tokens"] * 2)  # two accepted guesses, then the model's own token
+    highlighter.add(ids[3:])
     assert "".join(p for p, _ in highlighter.pieces) == tokenizer.decode(ids)
     assert [source for _, source in highlighter.pieces] == ["prompt tokens"] * 2 + [None] * (len(ids) - 2)
     assert highlighter.html.startswith(PROMPT_MARK)
     copied = Highlighter(tokenizer)
-    copied.add(ids[:4], from_guesses=3, from_lookup=2)  # one prompt-token guess, two lookup guesses, the model's own
+    copied.add(ids[:4], ["prompt tokens", "lookup", "lookup"])  # one prompt-token guess, two copied, the model's own
     assert [source for _, source in copied.pieces] == ["prompt tokens", "lookup", "lookup", None]
     assert copied.html.count(LOOKUP_MARK) == sum(1 for p, s in copied.pieces if s == "lookup" and p.strip())
 
@@ -532,9 +532,10 @@ def test_the_readout_says_what_the_lookup_chains_are_doing(service, chat):
         prompt = "one two three four five six seven eight nine ten " * 3
         updates = list(chat.answer([user(f"Repeat: {prompt}")], ChatSettings(max_new_tokens=40)))
         stats = updates[-1].stats
-        assert stats.lookup_note  # the tiny model's answer repeats itself: the lookup proposes
-        line = f"lookup: {stats.from_lookup} of {stats.drafted} drafted tokens right; last step {stats.lookup_note}"
-        assert line in updates[-1].readout and "fixed lengths: 3 after a" in stats.lookup_note
+        note = stats.notes["lookup"]  # the tiny model's answer repeats itself: the lookup proposes
+        line = (f"lookup: {stats.accepted.get('lookup', 0)} of {stats.drafted['lookup']} drafted tokens right; "
+                f"last step {note}")
+        assert line in updates[-1].readout and "fixed lengths: 3 after a" in note
         plain = list(chat.answer([user(f"Repeat: {prompt}")], ChatSettings(max_new_tokens=40, ppd=False)))
         assert "lookup:" not in plain[-1].readout  # PPD off: nothing drafted, nothing said
     finally:

@@ -60,8 +60,8 @@ def test_drafted_forced_text_keeps_constrained_ppd_equal_to_plain(llama_default,
         for hook in (None, planted(plain.tokens, None, vocab)):  # the prompt tokens' own guesses, then all wrong
             ppd = llama_default.generate(ids, "ppd", ANSWER, sampling=sampling, grammar=grammar, guess_hook=hook)
             assert ppd.tokens == plain.tokens, prompt
-            assert 0 <= ppd.stats.from_grammar <= ppd.stats.forced
-            counted += ppd.stats.from_grammar
+            assert 0 <= ppd.stats.accepted.get("grammar", 0) <= ppd.stats.drafted.get("grammar", 0)
+            counted += ppd.stats.accepted.get("grammar", 0)
         if plain.stop_reason == "eos":
             jsonschema.validate(json.loads(plain.text), schema)
     assert counted > 0  # forced text was drafted and accepted

@@ -182,12 +182,64 @@ def test_cli_bench_writes_the_contract(tmp_path):
         assert key in result
     assert set(result["tree"]) >= {"tokens_per_step", "candidates", "prompt_tokens"}
     assert set(result["ppd"]) == {"new_tokens", "seconds", "tok_s", "peak_mem_mb", "steps", "mean_accepted",
-                                  "accepted_per_step_by_source"}
-    assert set(result["ppd"]["accepted_per_step_by_source"]) == {"prompt_tokens", "lookup"}
+                                  "accepted_per_step_by_source", "drafted_per_step_by_source",
+                                  "accepted_per_step_by_depth"}
+    assert set(result["ppd"]["accepted_per_step_by_source"]) == set(result["ppd"]["drafted_per_step_by_source"]) >= {"prompt_tokens", "lookup"}
     assert result["identical"] is True and result["questions"] == 2 and result["ppd"]["peak_mem_mb"] > 100
     assert result["vanilla"]["new_tokens"] == result["ppd"]["new_tokens"] > 0
     groups = result["groups"]  # per turn and per category (these questions have none: "-")
     assert set(groups) == {"turn 1", "turn 2", "-"}
     assert groups["turn 1"]["ppd"]["new_tokens"] + groups["turn 2"]["ppd"]["new_tokens"] == result["ppd"]["new_tokens"]
     assert groups["-"]["ppd"]["new_tokens"] == result["ppd"]["new_tokens"]
+    for part, answers in ((result["ppd"], 4), (groups["turn 1"]["ppd"], 2), (groups["turn 2"]["ppd"], 2)):
+        assert_tokens_per_step_by_depth(part, answers)
+    assert "first turns:" in done.stderr and "follow-ups (turn 2):" in done.stderr, done.stderr  # the table
     assert (tmp_path / "b.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_bench_counts_tokens_per_step_by_source_and_depth(llama_default):
+    """A small bench in process (the default GGUF, lookup and suffix beside the prompt tokens): its per-depth counts
+    add up, first turns and follow-ups apart, and the log ends with their table."""
+    import io
+
+    from app.bench import BenchConfig, run_benchmark
+    from app.questions import Question
+
+    engine, before = llama_default, llama_default.drafters
+    engine.drafters = ("lookup", "suffix")
+    questions = [Question(["List three colours, one per line.", "List them again, in the same order."]),
+                 Question(["Name the planets of the solar system.", "Name them again, in reverse order."])]
+    log = io.StringIO()
+    try:
+        result = run_benchmark(engine, questions, BenchConfig(turns=2, max_new_tokens=32), log)
+    finally:
+        engine.drafters = before
+    assert result["identical"] is True
+    groups = result["groups"]
+    for part, answers in ((result["ppd"], 4), (groups["turn 1"]["ppd"], 2), (groups["turn 2"]["ppd"], 2)):
+        assert_tokens_per_step_by_depth(part, answers)
+    follow_ups = groups["turn 2"]["ppd"]["accepted_per_step_by_depth"]
+    assert len(next(iter(follow_ups.values()))) >= 2 and sum(row[1] for row in follow_ups.values()) > 0  # depth 2
+    table = log.getvalue().split("PPD tokens per step by source and depth")[1]
+    first = groups["turn 1"]["ppd"]
+    assert f"first turns: {first['mean_accepted']:.3f} tokens per step over {first['steps']} steps" in table
+    assert "follow-ups (turn 2):" in table and "all sources" in table
+    for name in first["accepted_per_step_by_depth"]:
+        assert f"  {name} " in table
+
+
+def assert_tokens_per_step_by_depth(ppd: dict, answers: int) -> None:
+    """A bench part's accepted guesses per step by source and depth add up to its accepted guesses per step by
+    source; all sources together accept no more at depth d + 1 than at d; and tokens per step are 1 + accepted guesses
+    per step, less at most one own token per answer (its last step, cut at the token limit). The JSON's figures are
+    rounded to 4 decimals."""
+    by_depth, by_source, steps = ppd["accepted_per_step_by_depth"], ppd["accepted_per_step_by_source"], ppd["steps"]
+    assert set(by_depth) == set(by_source) and steps > 0
+    assert len({len(row) for row in by_depth.values()}) == 1  # every source's row reaches the deepest depth
+    for name, row in by_depth.items():
+        assert sum(row) == pytest.approx(by_source[name], abs=1e-3), name
+    at_depth = [sum(column) for column in zip(*by_depth.values())]
+    assert all(deeper <= shallower + 1e-3 for shallower, deeper in zip(at_depth, at_depth[1:])), at_depth
+    cut = 1 + sum(by_source.values()) - ppd["mean_accepted"]  # own tokens per step cut off
+    assert -1e-3 <= cut <= answers / steps + 1e-3, (cut, answers, steps)

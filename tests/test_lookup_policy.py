@@ -189,8 +189,8 @@ def test_decoding_learns_to_draft_once_copying_shows_and_stays_exact(llama_defau
     pessimist = Spy([[0.0] * MAX_CHAIN for _ in MATCH_CLASSES], lambda rows: 0.010 + 0.0001 * rows, prior_weight=4)
     steps = answer(pessimist)
     assert [t for step in steps for t in step.tokens] == [t for step in answer(None) for t in step.tokens]
-    drafts = [step.chain for step in steps if step.chain_match >= 0]
-    assert drafts[0] == 0 and max(drafts) >= 4 and sum(step.from_lookup for step in steps) >= 8
+    drafts = [step.drafted["lookup"] for step in steps if "lookup" in step.notes]  # plain trees: every node the chain's
+    assert drafts[0] == 0 and max(drafts) >= 4 and sum(step.sources.count("lookup") for step in steps) >= 8
     assert len(pessimist.asked) == len(pessimist.told) == len(drafts)  # told after every step it was asked about
     for (match, offered, length), (seen, right, drafted, shown) in zip(pessimist.asked, pessimist.told):
         assert (seen, drafted, shown) == (match, length, offered) and 0 <= right <= offered
@@ -201,7 +201,7 @@ def test_decoding_never_drafts_where_every_row_costs_a_step():
     sure = [[1.0] * MAX_CHAIN for _ in MATCH_CLASSES]
     plain, steps = tiny_answers(AdaptiveChains(sure, lambda rows: 0.010 * rows))
     assert [t for step in steps for t in step.tokens] == plain
-    assert any(step.chain_match >= 0 for step in steps) and not any(step.chain for step in steps)
+    assert any("lookup" in step.notes for step in steps) and not any(step.drafted.get("lookup") for step in steps)
 
 
 @pytest.mark.slow

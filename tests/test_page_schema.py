@@ -6,7 +6,7 @@ import json
 import jsonschema
 import pytest
 
-from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, PROMPT_MARK, Highlighter
+from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, NEUTRAL_STYLE, PROMPT_MARK, Highlighter, mark
 from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.page_layout import new_session
@@ -47,7 +47,7 @@ def test_a_schema_in_the_box_constrains_the_answers_and_compare(page):
     handlers, session = page
     text, readout, note = answered(handlers, session, QUESTION, settings(json.dumps(PERSON), highlight=True))
     jsonschema.validate(json.loads(text), PERSON)
-    assert "grammar " in readout and "forced tokens right" in readout and "follows the JSON schema" in note
+    assert "grammar " in readout and "grammar: " in readout and "follows the JSON schema" in note
     *_, compared = handlers.answers.compare(session, "", 96, 1.0, 64, 0.0, 0.0, json.dumps(PERSON))
     verdict = compared[handlers.page.compare.verdict]
     result = handlers.chat.last_comparison
@@ -84,27 +84,35 @@ def test_an_empty_box_answers_free_text_as_before(page, llama_default):
     assert "grammar" not in readout and "JSON schema" not in note
 
 
-def test_grammar_guesses_are_their_own_source_after_the_lookups():
-    """A path's accepted guesses: prompt tokens', then the lookup's, then the grammar's; the model's own token last."""
+def test_every_source_is_marked_and_counted_by_its_name():
+    """A path's accepted guesses are marked by their sources, whatever order the merge gave them; an unknown source gets
+    a neutral mark with its name; the readout counts each source by name."""
 
     class Pieces:  # a tokenizer whose token ``n`` reads "wn "
         def text_stream(self):
             return type("Stream", (), {"add": lambda self, token: f"w{token} "})()
 
-    step = StepStats(tokens=[1, 2, 3, 4, 5, 6], from_guesses=5, tree_tokens=20, seconds=0.01, from_lookup=2,
-                     from_grammar=2, chain=3, forced=4)
+    step = StepStats(tokens=[1, 2, 3, 4, 5, 6], from_guesses=5, tree_tokens=20, seconds=0.01,
+                     sources=["prompt tokens", "lookup", "grammar", "grammar", "suffix"],
+                     drafted={"prompt tokens": 8, "lookup": 3, "grammar": 4, "suffix": 2},
+                     notes={"lookup": "drafted 3 copied tokens (why)"})
     highlighter = Highlighter(Pieces())
-    highlighter.add(step.tokens, step.from_guesses, step.from_lookup, step.from_grammar)
-    assert [source for _, source in highlighter.pieces] == ["prompt tokens", "lookup", "lookup", "grammar", "grammar", None]
-    assert highlighter.html == (f"{PROMPT_MARK}w1 </mark>{LOOKUP_MARK}w2 </mark>{LOOKUP_MARK}w3 </mark>"
-                                f"{GRAMMAR_MARK}w4 </mark>{GRAMMAR_MARK}w5 </mark>w6 ")
-    assert "forced by the JSON schema" in marked_answer(highlighter.html)
+    highlighter.add(step.tokens, step.sources)
+    assert [source for _, source in highlighter.pieces] == [*step.sources, None]
+    assert highlighter.html == (f"{PROMPT_MARK}w1 </mark>{LOOKUP_MARK}w2 </mark>{GRAMMAR_MARK}w3 </mark>"
+                                f"{GRAMMAR_MARK}w4 </mark>{mark('suffix')}w5 </mark>w6 ")
+    assert 'title="suffix"' in mark("suffix") and NEUTRAL_STYLE in mark("suffix")
+    assert "forced by the JSON schema" in marked_answer(highlighter.html) and "other sources" in marked_answer(highlighter.html)
     assert "forced by" not in marked_answer(f"{PROMPT_MARK}w1 </mark>")
 
     stats = GenerationStats(prefill_seconds=0.1, decode_seconds=0.1)
     stats.add(step)
-    constrained = AnswerSpeed(stats, True, True, grammar=True).details()
-    assert "accepted per step: prompt tokens 1.00, lookup 2.00, grammar 2.00;" in constrained
-    assert "grammar: 2 of 4 forced tokens right" in constrained
-    free = AnswerSpeed(stats, True, True).details()  # a free-text answer's readout, as before
-    assert free.endswith("accepted per step: prompt tokens 1.00, lookup 2.00") and "grammar" not in free
+    assert stats.accepted == {"prompt tokens": 1, "lookup": 1, "grammar": 2, "suffix": 1}
+    assert stats.accepted_by_depth == {("prompt tokens", 1): 1, ("lookup", 2): 1, ("grammar", 3): 1, ("grammar", 4): 1,
+                                       ("suffix", 5): 1}
+    details = AnswerSpeed(stats, True, True).details()
+    assert "accepted per step: prompt tokens 1.00, lookup 1.00, grammar 2.00, suffix 1.00;" in details
+    assert "lookup: 1 of 3 drafted tokens right; last step drafted 3 copied tokens (why)" in details
+    assert "grammar: 2 of 4 drafted tokens right" in details and "suffix: 1 of 2 drafted tokens right" in details
+    step.clip(3)  # a limit inside the guesses: the sources cut with them
+    assert step.sources == ["prompt tokens", "lookup", "grammar"] and step.from_guesses == 3

@@ -9,6 +9,7 @@ import torch
 from conftest import tiny_llama
 from ppd_core.backends.torch.decoder import TorchDecoder
 from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.drafters.registry import DraftContext, answer_drafters
 from ppd_core.sampling.logits import HostLogits
 from ppd_core.sampling.verify import adjusted_probs, sample, typical_threshold
 from ppd_core.sampling.params import SamplingParams
@@ -98,6 +99,32 @@ def test_lossless_ppd_sampling_matches_the_models_distribution(settings):
         counts[tokens] = counts.get(tokens, 0) + 1
         accepted += sum(s.from_guesses for s in steps)
     assert accepted > runs // 4  # the test exercises accepted guesses, not just the bonus token (1 in 3.4 runs, penalised)
+    assert chi_square_p_value(counts, expected, runs) > 1e-3
+
+
+def test_lossless_sampling_keeps_the_distribution_with_the_tree_sources_on():
+    """The same test with recycling and suffix trees merged beside the prompt tokens (their tables kept across the
+    samples, as across a model's answers): still the model's distribution, and both sources' guesses are accepted."""
+    model = small_model()
+    family = family_from_spec("wide", TREE, 3)
+    table = prompt_table()
+    expected = exact_distribution(model, SamplingParams(temperature=1.0), 3)
+    counts: dict[tuple, int] = {}
+    accepted: dict[str, int] = {}
+    memory: dict = {}  # what the sources keep for the model across answers
+    runs = 3000
+    for seed in range(runs):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        drafters = answer_drafters(DraftContext(PROMPT, vocab_size=VOCAB, memory=memory), ("recycling", "suffix"))
+        request = Request(PROMPT, 3, frozenset(), 256, params, guess_hook=likely_guesses(model, params),
+                          drafters=drafters)
+        steps = list(generate(Speculator(TorchDecoder(model), family, table), request))
+        tokens = tuple(t for s in steps for t in s.tokens)
+        counts[tokens] = counts.get(tokens, 0) + 1
+        for step in steps:
+            for name in step.sources:
+                accepted[name] = accepted.get(name, 0) + 1
+    assert accepted.get("recycling", 0) > runs // 10 and accepted.get("suffix", 0) > 0, accepted
     assert chi_square_p_value(counts, expected, runs) > 1e-3
 
 

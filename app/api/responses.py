@@ -32,6 +32,8 @@ def ppd_figures(job: Job, outcome: Outcome) -> dict:
         "tree": outcome.model.tree["name"],
         "steps": stats.steps,
         "new_tokens": stats.new_tokens,
+        "accepted_by_source": dict(stats.accepted),  # accepted guesses by source (a drafter's name)
+        "drafted_by_source": dict(stats.drafted),  # tree nodes each source owned
         "prefill_seconds": round(stats.prefill_seconds, 4),
         "seconds": round(stats.seconds, 4),
         "queued_seconds": round(outcome.queued_seconds, 4),

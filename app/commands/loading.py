@@ -39,5 +39,6 @@ def load_engine(args: argparse.Namespace, auto_calibrate: bool = True, progress=
         model=args.model, prompt_tokens=args.prompt_tokens, quant=args.quant, device=args.device,
         dtype=args.dtype, forward=args.forward, tree=args.tree, auto_calibrate=auto_calibrate,
         threads=model_threads(args), lookup=args.lookup, backend=args.backend, gpu_layers=args.gpu_layers,
+        drafters=args.drafters,
     )
     return Engine.load(config, ProgressBars(also=progress))

@@ -56,6 +56,17 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "they pay, learnt per conversation from calibration's figures), fixed (calibration's lengths), 0 (off) or up "
         "to N tokens",
     )
+    parser.add_argument(
+        "--drafters", type=source_names, default=None, metavar="NAME,...",
+        help="the guess sources beside the prompt tokens, in drafting order: lookup (copied from the conversation), "
+             "grammar (text a JSON schema forces), recycling (the model's own earlier top next tokens), suffix "
+             "(continuations of earlier matches, this model's earlier answers too); default: lookup,grammar",
+    )
+
+
+def source_names(text: str) -> tuple[str, ...]:
+    """``--drafters``: comma-separated guess-source names ("" for none); the engine checks them."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 def lookup_length(text: str) -> int | str | None:

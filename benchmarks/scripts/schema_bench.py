@@ -44,7 +44,7 @@ def main() -> int:
     peer = ServerPeer(args.server, default_model_file(), args.threads, "plain", SamplingParams())
     names = ("llama-server", "ppd plain", "ppd PPD")
     totals = {name: {"seconds": 0.0, "tokens": 0} for name in names}
-    guessed = {"from_grammar": 0, "forced": 0, "from_lookup": 0, "from_guesses": 0, "steps": 0}
+    guessed = {"accepted": {}, "drafted": {}, "from_guesses": 0, "steps": 0}  # by source, where by source
     equal = {"ppd plain": 0, "ppd PPD": 0}
     try:
         for round_ in range(args.rounds):
@@ -67,8 +67,11 @@ def main() -> int:
                     if round_ == 0:  # the content ppd serve answers
                         equal[name] += json_content(result.text, complete=result.stop_reason == "eos") == text
                     if mode == "ppd" and round_ == 0:
-                        for key in guessed:
-                            guessed[key] += getattr(result.stats, key)
+                        guessed["from_guesses"] += result.stats.from_guesses
+                        guessed["steps"] += result.stats.steps
+                        for key in ("accepted", "drafted"):
+                            for source, count in getattr(result.stats, key).items():
+                                guessed[key][source] = guessed[key].get(source, 0) + count
             rates = {name: t["tokens"] / t["seconds"] for name, t in totals.items()}
             print(f"round {round_ + 1}: " + ", ".join(f"{name} {rate:.1f} tokens/s" for name, rate in rates.items()),
                   flush=True)

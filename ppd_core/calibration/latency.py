@@ -23,7 +23,7 @@ import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.decoding import DecodeState, Speculator, prefill, tree_step
-from ppd_core.drafters.base import Draft
+from ppd_core.drafters.merge import from_tree
 from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree
 
 # Every small size: step cost is not monotone there (on this project's CPU 4 tokens cost less
@@ -200,7 +200,7 @@ def step_ms(speculator: Speculator, cache, tree: Tree, guesses: np.ndarray, cont
                 cache = probe.ready()
         start = time.perf_counter()
         for step in (tree, then) if then is not None else (tree,):
-            tree_step(speculator, DecodeState(cache, root=0), Draft(step, guesses), [speculator.prompt_drafter()])
+            tree_step(speculator, DecodeState(cache, root=0), from_tree(step, guesses, 0), [speculator.prompt_drafter()])
             speculator.decoder.truncate(cache, context)
         if run >= warmup:
             times.append(time.perf_counter() - start)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppd_core.drafters.lookup import MAX_CHAIN, LookupStats, class_label
+from ppd_core.drafters.lookup import MAX_CHAIN, LookupStats
+from ppd_core.drafters.match_classes import class_label
 
 # calibration's acceptance counts as this many observations of each (class, position): in a two-fold replay of the 80
 # MT-Bench conversations on the AVX-512 EPYC's curve, 4 / 8 / 16 gave 1.079x / 1.086x / 1.092x on second turns
@@ -42,6 +43,9 @@ class FixedChains:
 
     def length(self, match: int, offered: int) -> int:
         return min(self.lengths[match], offered)
+
+    def chances(self, match: int, count: int) -> list[float] | None:
+        return None  # nothing learnt: the drafter's prior
 
     def observe(self, match: int, right: int, drafted: int, offered: int) -> None:
         pass
@@ -98,6 +102,10 @@ class AdaptiveChains:
         expected = self.tokens_per_step + np.concatenate([[0.0], np.cumsum(survival)])  # [offered + 1]
         rates = [expected[length] / self.latency(self.tree_size + length) for length in range(offered + 1)]
         return int(np.argmax(rates))
+
+    def chances(self, match: int, count: int) -> list[float]:
+        """[count] ``conditional``'s chances of a chain's first ``count`` tokens (the merge's acceptance estimates)."""
+        return self.conditional(match)[:count].tolist()
 
     def observe(self, match: int, right: int, drafted: int, offered: int) -> None:
         """A step after a match of class ``match`` drafted ``drafted`` of the ``offered`` chain tokens proposed, and

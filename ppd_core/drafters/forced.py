@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ppd_core.drafters.base import ChainPolicy, Draft, Verified, right_guesses
+from ppd_core.drafters.base import ChainPolicy, Draft, Guesses, Verified, right_guesses
 from ppd_core.grammar import allowed_prefix
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ WHITESPACE = " \n\t"
 USUAL_SPACE = {",": " ", ":": " "}  # after these, JSON as usually written has a space; elsewhere none
 OPENING = "{[,"  # an item follows: one habit for all three (an answer indents after each alike)
 MAX_CHARS = 48  # the longest forced text looked for in one step
+PRIOR = 0.99  # a forced token's estimate where the policy keeps no chances: the grammar leaves little else
 
 
 class ForcedText:
@@ -91,7 +92,10 @@ class ForcedText:
 
 
 class GrammarDrafter:
-    """The grammar's forced text as a drafter: a chain as long as its ``ChainPolicy`` (one match class, 0) says."""
+    """The grammar's forced text as a drafter: a chain as long as its ``ChainPolicy`` (one match class, 0) says, each
+    token's estimate the policy's learnt chance (near 1: ``calibration.prior.FORCED_PRIOR``), else ``PRIOR``."""
+
+    name = "grammar"
 
     def __init__(self, text: ForcedText, policy: ChainPolicy, grammar: Grammar):
         """``grammar``: the answer's state, advanced in place as tokens are emitted."""
@@ -99,20 +103,20 @@ class GrammarDrafter:
         self.forced: list[int] = []  # this step's forced text, drafted or not
 
     def propose(self, draft: Draft) -> None:
-        self.forced = []
+        self.forced, chain = [], []
         if self.policy.length(0, self.policy.longest):  # a chain could pay on this device
             self.forced = self.text.propose(self.grammar, self.policy.longest)
-            if self.forced:
-                draft.offer(self, self.forced[: min(self.policy.length(0, len(self.forced)), draft.room)])
+            chain = self.forced[: self.policy.length(0, len(self.forced))] if self.forced else []
+        chances = self.policy.chances(0, len(chain)) if chain else None
+        probs = [PRIOR] * len(chain) if chances is None else [min(1.0, max(1e-6, float(c))) for c in chances]
+        draft.add(self.name, Guesses.chain(chain, probs))
 
     def observe(self, verified: Verified) -> None:
         """The emitted tokens show how much of the forced text was right, and the answer's whitespace habit."""
         stats = verified.stats
         if self.forced:
-            forcing = len(verified.draft.chain) if verified.draft.owner is self else 0
+            forcing = sum(1 for node in verified.kept.get(self.name, ()) if node >= 0)
             self.policy.observe(0, right_guesses(self.forced, stats.tokens, 0), forcing, len(self.forced))
-            if forcing:  # the chain's accepted tokens were the grammar's
-                stats.from_grammar, stats.forced = verified.from_chain, forcing
         self.text.observe(stats.tokens)
         self.forced = []
 

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ppd_core.drafters.base import ChainPolicy, Draft, Verified, right_guesses
+from ppd_core.drafters.base import ChainPolicy, Draft, Guesses, Verified, right_guesses
+from ppd_core.drafters.match_classes import MATCH_CLASSES, class_label, match_class  # noqa: F401 - MATCH_CLASSES: lookup's
 from ppd_core.grammar import allowed_prefix
 
 if TYPE_CHECKING:
@@ -28,22 +29,9 @@ if TYPE_CHECKING:
 
 MAX_NGRAM = 4  # longest suffix looked up
 MAX_MATCH = 16  # a match is followed back this far at most
-MATCH_CLASSES = (1, 2, 3, 4, 8, 16)  # the shortest match length of each class: 1, 2, 3, 4-7, 8-15, 16+
 MAX_CHAIN = 8  # longest chain calibration considers
-
-
-def match_class(length: int) -> int:
-    """The index in ``MATCH_CLASSES`` of a match of ``length`` >= 1 tokens."""
-    return next(i for i in range(len(MATCH_CLASSES) - 1, -1, -1) if length >= MATCH_CLASSES[i])
-
-
-def class_label(index: int) -> str:
-    """"4-7", "16+": the match lengths of a class."""
-    low = MATCH_CLASSES[index]
-    if index + 1 == len(MATCH_CLASSES):
-        return f"{low}+"
-    high = MATCH_CLASSES[index + 1] - 1
-    return str(low) if high == low else f"{low}-{high}"
+PRIOR = 0.5  # a chain token's estimate where the policy keeps no chances (fixed lengths): after the prompt tokens'
+MIN_CHANCE = 1e-6
 
 
 def chains_text(lengths: Sequence[int]) -> str:
@@ -218,7 +206,10 @@ def chain_lengths(stats: LookupStats, tokens_per_step: float, tree_size: int, la
 
 
 class LookupDrafter:
-    """The n-gram lookup as a drafter: a chain copied from the conversation, as long as its ``ChainPolicy`` says."""
+    """The n-gram lookup as a drafter: a chain copied from the conversation, as long as its ``ChainPolicy`` says, each
+    token's estimate the policy's learnt chance where it keeps one (``ChainPolicy.chances``), else ``PRIOR``."""
+
+    name = "lookup"
 
     def __init__(self, policy: ChainPolicy, context: Iterable[int], grammar: Grammar | None = None):
         """``context``: the tokens before the answer (the conversation and the prompt); ``grammar``: the answer's, if
@@ -227,22 +218,29 @@ class LookupDrafter:
         self.index = NgramIndex(context)
         self.offered: list[int] = []  # this step's proposal, drafted or not
         self.match = 0  # its match class
+        self.note = ""  # what the policy did at this step's proposal, and why ("": no proposal)
 
     def propose(self, draft: Draft) -> None:
         offered, match = self.index.propose(self.policy.longest)
         if offered and self.grammar is not None:
             offered = allowed_prefix(self.grammar, offered)  # never draft what the grammar forbids
         self.offered, self.match = offered, match_class(match) if offered else 0
-        if offered:
-            draft.offer(self, offered[: min(self.policy.length(self.match, len(offered)), draft.room)])
+        chain = offered[: self.policy.length(self.match, len(offered))] if offered else []
+        chances = self.policy.chances(self.match, len(chain)) if chain else None
+        draft.add(self.name, Guesses.chain(chain, [PRIOR] * len(chain) if chances is None else clipped(chances)))
 
     def observe(self, verified: Verified) -> None:
         """The emitted tokens show how much of the proposal was right, drafted or not; they join the index."""
-        stats = verified.stats
+        stats, self.note = verified.stats, ""
         if self.offered:
-            drafted = len(verified.draft.chain) if verified.draft.owner is self else 0
+            drafted = sum(1 for node in verified.kept.get(self.name, ()) if node >= 0)
             self.policy.observe(self.match, right_guesses(self.offered, stats.tokens, 0), drafted, len(self.offered))
-            stats.chain, stats.chain_match = drafted, self.match
-            stats.from_lookup = verified.from_chain if drafted else 0
+            done = f"drafted {drafted} copied tokens" if drafted else "drafted none"
+            self.note = f"{done} ({self.policy.why(self.match, drafted)})"
         self.index.extend(stats.tokens)
         self.offered = []
+
+
+def clipped(chances: Sequence[float]) -> list[float]:
+    """Estimates in (0, 1], as ``Guesses`` takes them."""
+    return [min(1.0, max(MIN_CHANCE, float(c))) for c in chances]

@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,14 +20,18 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from ppd_core.atomic_files import atomic_output
-from ppd_core.drafters.base import Draft, Verified
+from ppd_core.drafters.base import Draft, Guesses, Verified
 from ppd_core.errors import PpdError
-from ppd_core.tree import TreeFamily
+from ppd_core.tree import Tree, TreeFamily
 
 FORMAT_VERSION = "1"
 SIGNATURE_ROWS = 16
 SIGNATURE_TOLERANCE = 0.02  # relative; survives fp32 -> bf16/fp16 casts, not another model
 INIT_TEXT = " next word"  # untrained prompt tokens start at the mean embedding of its tokens
+# a candidate's estimate without calibration's figures: certain, so the whole tree is kept ahead of other sources'
+# nodes (as before the merge, when the tree came first and a chain took the rows left)
+PRIOR = 1.0
+MIN_CHANCE = 1e-6  # an estimate is in (0, 1]: a candidate calibration never saw right is kept last
 
 # (the answer so far, the model's guesses [m, K]) -> guesses [m, K]; lets tests plant guesses
 GuessHook = Callable[[list[int], np.ndarray], np.ndarray]
@@ -175,22 +179,56 @@ class PromptTokens:
 
 class PromptTokenDrafter:
     """The prompt tokens as a drafter: each step the family's tree for the depths guessed, its candidates the ranks of
-    the guesses the prompt tokens on the last accepted node read off the step before (their ensemble's mean)."""
+    the guesses the prompt tokens on the last accepted node read off the step before (their ensemble's mean), each
+    with its prompt-token rows. A candidate's estimate is calibration's p_d(r) where given, else ``PRIOR``."""
 
-    def __init__(self, family: TreeFamily, top_k: int, hook: GuessHook | None = None):
-        """``top_k``: guesses kept per depth; ``hook``: replaces the guesses (tests)."""
+    name = "prompt tokens"
+
+    def __init__(self, family: TreeFamily, top_k: int, hook: GuessHook | None = None,
+                 acceptance: Sequence[Sequence[float]] | None = None):
+        """``top_k``: guesses kept per depth; ``hook``: replaces the guesses (tests); ``acceptance``: p_d(r), [n][k]."""
         self.family, self.top_k, self.hook = family, top_k, hook
+        self.acceptance = acceptance or ()
         self.guesses: np.ndarray | None = None  # [m, K] int64 for depths 1..m; None before the first tree step
         self.answer: list[int] = []  # the tokens emitted so far (the hook's view)
+        self._shapes: dict[int, tuple[list[int], list[float], list[int]]] = {}  # per tree: parents, probs, counts
+        self._value: float | None = None  # ``value()``
 
     def propose(self, draft: Draft) -> None:
         """The tree for the depths guessed (the depth-0 tree only attaches prompt tokens to the root)."""
-        draft.tree = self.family.for_depth(0 if self.guesses is None else self.guesses.shape[0])
-        draft.guesses = self.guesses
+        tree = self.family.for_depth(0 if self.guesses is None else self.guesses.shape[0])
+        draft.root_prompts = tree.prompt_counts[0]
+        draft.prompt_value = self.value()
+        parents, probs, counts = self.shape(tree)
+        tokens = self.guesses[tree.candidate_depths - 1, tree.candidate_ranks].tolist() if parents else []
+        draft.add(self.name, Guesses(tokens, parents, probs, counts if any(counts) else []))
+
+    def shape(self, tree: Tree) -> tuple[list[int], list[float], list[int]]:
+        """The candidates' parents (-1: the root), estimates and prompt-token counts, in the tree's order."""
+        if id(tree) not in self._shapes:
+            parents = [p - 1 for p in tree.parents[1:]]  # node i is candidate i - 1
+            probs = [self.chance(len(path), path[-1]) for path in tree.paths[1:]]
+            self._shapes[id(tree)] = parents, probs, list(tree.prompt_counts[1:])
+        return self._shapes[id(tree)]
+
+    def value(self) -> float:
+        """The tokens the deepest tree's guesses are expected to add to a step: the sum of its path products."""
+        if self._value is None:
+            parents, probs, _ = self.shape(self.family.trees[-1])
+            path: list[float] = []
+            for parent, prob in zip(parents, probs):
+                path.append(prob * (path[parent] if parent >= 0 else 1.0))
+            self._value = sum(path)
+        return self._value
+
+    def chance(self, depth: int, rank: int) -> float:
+        """p_depth(rank) as calibration measured it; ``PRIOR`` where it did not."""
+        row = self.acceptance[depth - 1] if depth <= len(self.acceptance) else ()
+        return min(1.0, max(MIN_CHANCE, float(row[rank]))) if rank < len(row) else PRIOR
 
     def observe(self, verified: Verified) -> None:
         """The next guesses: the prompt tokens attached to the last accepted node, best first."""
-        tree, last = verified.draft.tree, verified.last
+        tree, last = verified.tree, verified.last
         self.answer.extend(verified.stats.tokens)
         depth = tree.prompt_counts[last]
         self.guesses = None
@@ -201,7 +239,6 @@ class PromptTokenDrafter:
                 self.guesses = self.hook(list(self.answer), self.guesses)
 
 
-def prompt_rows(table: np.ndarray | None, draft: Draft) -> np.ndarray | None:
-    """[T - N, hidden]: the embeddings of the draft's prompt-token rows (``table`` [n * V, hidden]); None: none."""
-    tree = draft.tree
+def prompt_rows(table: np.ndarray | None, tree: Tree) -> np.ndarray | None:
+    """[T - N, hidden]: the embeddings of the tree's prompt-token rows (``table`` [n * V, hidden]); None: none."""
     return table[tree.prompt_embedding_index] if tree.num_tokens > tree.num_nodes else None

@@ -36,6 +36,12 @@ class StepLogits(Protocol):
     def top_of_mean(self, slots: np.ndarray, k: int) -> np.ndarray:
         """[m, k] int64: the k most likely tokens, best first, of the mean of rows ``slots`` [m, V] over V."""
 
+    def top_k(self, rows: slice | np.ndarray, k: int) -> np.ndarray:
+        """[len(rows), k] int64: each row's k most likely tokens, best first (ties: the lower index)."""
+
+    def top_k_probs(self, rows: slice | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``top_k`` [len(rows), k] int64 and those tokens' softmax probabilities [len(rows), k] float32."""
+
 
 class HostLogits:
     """``StepLogits`` over a NumPy array [rows, vocab] float32."""
@@ -55,12 +61,32 @@ class HostLogits:
         mean = mean[:, 0] if slots.shape[1] == 1 else mean.mean(1)  # [m, vocab]
         return top_k(mean, k)
 
+    def top_k(self, rows: slice | np.ndarray, k: int) -> np.ndarray:
+        return top_k(self.values[rows], k)
+
+    def top_k_probs(self, rows: slice | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        values = self.values[rows]  # [m, vocab]
+        best = top_k(values, k)  # [m, k]
+        top = values.max(-1, keepdims=True)  # [m, 1]
+        log_total = np.log(np.exp(values - top).sum(-1, keepdims=True))  # [m, 1]
+        return best, np.exp(np.take_along_axis(values, best, -1) - top - log_total).astype(np.float32)
+
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:
     """[..., k] int64 indices of the k largest of ``values`` [..., vocab], largest first (ties: lower index)."""
-    k = min(k, values.shape[-1])
-    part = np.argpartition(-values, k - 1, axis=-1)[..., :k]  # [..., k] unordered
-    order = np.lexsort((part, -np.take_along_axis(values, part, -1)), axis=-1)  # by value, then index
+    vocab = values.shape[-1]
+    k = min(k, vocab)
+    if k < 1:  # no guesses asked for (a tree without candidates at a depth)
+        return np.zeros((*values.shape[:-1], 0), dtype=np.int64)
+    part = np.argpartition(values, vocab - k, axis=-1)[..., vocab - k :]  # [..., k] unordered (no negated copy)
+    picked = np.take_along_axis(values, part, -1)  # [..., k]
+    # argpartition picks any of the entries tied with the k-th largest; the lower indices are the ones to keep
+    crossing = (values >= picked.min(-1, keepdims=True)).sum(-1) > k  # [...] rows with a tie across the cut
+    if crossing.any():
+        rows = values[crossing]  # [c, vocab]
+        part[crossing] = np.lexsort((np.broadcast_to(np.arange(vocab), rows.shape), -rows), axis=-1)[:, :k]
+        picked = np.take_along_axis(values, part, -1)
+    order = np.lexsort((part, -picked), axis=-1)  # by value, then index
     return np.take_along_axis(part, order, -1).astype(np.int64)
 
 

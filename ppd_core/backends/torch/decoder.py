@@ -175,3 +175,27 @@ class DeviceLogits:
         index = torch.from_numpy(slots.reshape(-1)).to(self.values.device)
         mean = self.values[index].view(*slots.shape, -1).mean(1)  # [m, vocab]
         return mean.topk(min(k, mean.shape[-1]), dim=-1).indices.cpu().numpy().astype(np.int64)  # [m, k]
+
+    def top_k(self, rows: slice | np.ndarray, k: int) -> np.ndarray:
+        if not isinstance(rows, slice):
+            rows = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.values.device)
+        values = self.values[rows]  # [m, vocab]
+        k = min(k, values.shape[-1])
+        kth = values.topk(k, dim=-1).values[:, -1:]  # [m, 1]: the k-th largest
+        # topk orders and picks exact ties its own way: keep every entry above the k-th largest, then the entries equal
+        # to it from the lowest index on, exactly k a row (as the NumPy ``top_k``)
+        above, tied = values > kth, values == kth  # [m, vocab]
+        wanted = k - above.sum(-1, keepdim=True)  # [m, 1] tied entries to keep
+        chosen = above | (tied & (tied.cumsum(-1) <= wanted))  # [m, vocab], k per row
+        index = chosen.nonzero()[:, 1].view(-1, k)  # [m, k], ascending
+        order = values.gather(-1, index).sort(dim=-1, descending=True, stable=True).indices  # by value, then index
+        return index.gather(-1, order).cpu().numpy().astype(np.int64)  # [m, k]
+
+    def top_k_probs(self, rows: slice | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        best = self.top_k(rows, k)  # [m, k]
+        if not isinstance(rows, slice):
+            rows = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.values.device)
+        values = self.values[rows].float()  # [m, vocab]
+        picked = values.gather(-1, torch.from_numpy(best).to(values.device))  # [m, k]
+        probs = (picked - values.logsumexp(-1, keepdim=True)).exp()
+        return best, probs.cpu().numpy().astype(np.float32)
