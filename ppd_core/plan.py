@@ -73,19 +73,20 @@ class DecodePlan:
 
     def chain_pricing(self) -> tuple:
         """(seconds of a step of so many rows, tokens per step of the trees, their rows) on the profile's curve."""
-        latency = self.profile.latency_ms
-        seconds = self.profile.policy.seconds(within(step_seconds(latency), max(mean_curve(latency))))
-        return seconds, self.expectation["expected_tokens_per_step"] or 1.0, self.family.trees[-1].num_tokens
+        return self.step_seconds(), self.expectation["expected_tokens_per_step"] or 1.0, self.family.trees[-1].num_tokens
 
     def row_costs(self) -> tuple[float, ...] | None:
         """[R + 1] what a step of r rows costs in plain steps on the profile's curve, r up to its largest measured
         size (``Draft.row_costs``; index 0 unused); None without a measured curve."""
         if self.profile is None or self.awaiting_calibration or not self.profile.latency_ms:
             return None
+        return relative_costs(self.step_seconds(), max(mean_curve(self.profile.latency_ms)))
+
+    def step_seconds(self) -> Callable[[int], float]:
+        """Seconds of a step against its rows on the profile's curve, under its step policy (beyond the largest
+        measured size: never)."""
         latency = self.profile.latency_ms
-        largest = max(mean_curve(latency))
-        seconds = self.profile.policy.seconds(within(step_seconds(latency), largest))
-        return relative_costs(seconds, largest)
+        return self.profile.policy.seconds(within(step_seconds(latency), max(mean_curve(latency))))
 
     @property
     def expected_speedup(self) -> float | None:

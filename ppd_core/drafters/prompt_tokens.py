@@ -215,10 +215,7 @@ class PromptTokenDrafter:
         """The tokens the deepest tree's guesses are expected to add to a step: the sum of its path products."""
         if self._value is None:
             parents, probs, _ = self.shape(self.family.trees[-1])
-            path: list[float] = []
-            for parent, prob in zip(parents, probs):
-                path.append(prob * (path[parent] if parent >= 0 else 1.0))
-            self._value = sum(path)
+            self._value = sum(Guesses([0] * len(parents), parents, probs).path_probs())
         return self._value
 
     def chance(self, depth: int, rank: int) -> float:
