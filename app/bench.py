@@ -116,8 +116,9 @@ class BenchRun:
 
 def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int, totals: list[ModeTotals], sampling: SamplingParams) -> list[int]:
     """One answer, counted into each of ``totals`` (the run's, its turn's, its category's)."""
+    request = engine.check(ids, max_new_tokens, mode=mode, sampling=sampling, reuse_cache=True)
     with PeakMemory(engine.loaded.device) as memory:
-        result = engine.generate(ids, mode, max_new_tokens, sampling=sampling, reuse_cache=True)
+        result = engine.generate(request)
     stats = result.stats
     for total in totals:
         total.new_tokens += stats.new_tokens

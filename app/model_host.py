@@ -18,7 +18,8 @@ from app.model_catalog import remember
 from app.model_queue import ANSWER, CALIBRATION, QUITTING, SWITCH, ModelQueue, Queued
 from app.startup import Progress, Startup, failure_line
 from app.training_job import TrainingJob
-from ppd_core import Engine, GenerationEvent, ModelSnapshot, SamplingParams, calibrate_engine
+from ppd_core import Engine, GenerationEvent, ModelSnapshot, calibrate_engine
+from ppd_core.answer_request import AnswerRequest
 from ppd_core.errors import PpdError
 
 DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too
@@ -276,22 +277,19 @@ class ModelHost:
             self._jobs[name] = TrainingJob(self.spec, name, self.train_options)
         return self._jobs[name]
 
-    def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
-               stop: Callable[[], bool] | None = None, ticket: int | None = None,
-               logprobs: int | None = None, made_for: Engine | None = None, grammar: str | None = None,
-               remake: Callable[[Engine], list[int]] | None = None, chat: bool = False) -> Iterator[Queued | GenerationEvent]:
-        """``Queued`` while waiting, then the engine's events; ends right after the event during which ``stop()``
-        turned true. Close it (``contextlib.closing``) when leaving it early.
+    def decode(self, request: AnswerRequest, *, stop: Callable[[], bool] | None = None, ticket: int | None = None,
+               made_for: Engine | None = None, remake: Callable[[Engine], AnswerRequest] | None = None
+               ) -> Iterator[Queued | GenerationEvent]:
+        """``Queued`` while waiting, then the engine's events answering ``request``; ends right after the event during
+        which ``stop()`` turned true. Close it (``contextlib.closing``) when leaving it early.
 
         ``ticket``: a place in line taken beforehand (``queue.join``); else one is taken here (``Busy`` if full).
-        ``logprobs``: the engine's (each step's tokens' log-probabilities and that many alternatives); ``chat``: the
-        ids are a chat in the template (its turn markers end the answer, ``Engine.stream``).
 
-        Ids mean something only to the model that made them, and a switch waiting ahead in line may replace it before
-        this call's turn. ``made_for``: the engine that made ``ids`` (default: the model loaded when the ticket was
-        taken; make the ids just before). Where another one holds the model by this call's turn, ``remake(engine)``
-        makes them again with it (it may refuse them: a PpdError, one line); without ``remake`` the call is refused in
-        one line.
+        A request means something only to the model that checked it (its ids, its grammar), and a switch waiting
+        ahead in line may replace that model before this call's turn. ``made_for``: the engine that checked it
+        (default: the model loaded when the ticket was taken; check it just before). Where another one holds the model
+        by this call's turn, ``remake(engine)`` makes and checks it again with that one (it may refuse it: a PpdError,
+        one line); without ``remake`` the call is refused in one line.
         """
         ticket = self.queue.join() if ticket is None else ticket
         made_for = made_for if made_for is not None else self.queue.stamp_of(ticket)
@@ -304,9 +302,8 @@ class ModelHost:
                 if remake is None:
                     raise ModelChanged(f"the model changed while this request waited for it (now {engine.loaded.name}): "
                                        "ask again")
-                ids = remake(engine)
-            stream = engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling,
-                                   logprobs=logprobs, grammar=grammar, chat=chat)
+                request = remake(engine)
+            stream = engine.answer(request)
             try:
                 for event in stream:
                     self.last_answer = (engine, event.stats)

@@ -28,7 +28,7 @@ _MODULES = {  # module -> its public names ("name:attribute" where the module ca
     "ppd_core.training.pipeline": "TrainRun run_training",
     "ppd_core.training.greedy": "reference_answer",
     "ppd_core.training.cost": "TrainSize TrainingCost training_cost calibrated_step answered_step model_shape",
-    "ppd_core.decoding": "check_prompt_fits",
+    "ppd_core.answer_request": "AnswerRequest RequestError PromptTooLongError",
     "ppd_core.loading": "load_model model_path",
     "ppd_core.backends.llamacpp.library": "chat_model",
     "ppd_core.drafters.prompt_tokens": "PromptTokens",

@@ -290,7 +290,7 @@ def test_chat_leaves_a_core_to_the_browser(monkeypatch):
 
 def test_error_types_are_ppd_errors_and_value_errors():
     from ppd_core.calibration.profiles import ProfileError
-    from ppd_core.decoding import PromptTooLongError
+    from ppd_core.answer_request import PromptTooLongError
     from ppd_core.loading import ModelLoadError
     from ppd_core.drafters.prompt_tokens import PromptTokenError
 

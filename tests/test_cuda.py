@@ -8,7 +8,8 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Speculator, generate
 from ppd_core.device_info import memory_of
 from ppd_core.device_memory import nvml_probe
 from ppd_core.device_info import properties_of
@@ -72,7 +73,7 @@ def test_prefill_and_tree_steps_never_fall_back_to_the_math_kernel():
     table = table_of()
     family = family_from_spec("large", STATIC_TREES["large"], 3, 1)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-        steps = list(generate(Speculator(decoder, family, table), Request([(5 + i) % 128 for i in range(150)], 32, frozenset(), 256)))
+        steps = list(generate(Speculator(decoder, family, table), check_answer([(5 + i) % 128 for i in range(150)], 32, 256)))
     assert sum(len(step.tokens) for step in steps) == 32
 
 
@@ -85,7 +86,7 @@ def test_greedy_ppd_equals_plain_on_cuda():
     prompt = list(range(5, 25))
 
     def tokens(family):
-        steps = generate(Speculator(decoder, family, table), Request(prompt, 60, frozenset(), 256))
+        steps = generate(Speculator(decoder, family, table), check_answer(prompt, 60, 256))
         return [t for step in steps for t in step.tokens]
 
     assert tokens(family_from_spec("large", STATIC_TREES["large"], 3, 1)) == tokens(vanilla_family())

@@ -6,7 +6,8 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.decoding import PromptTooLongError, Request, Speculator, clip_tokens, generate
+from ppd_core.answer_request import PromptTooLongError, check_answer
+from ppd_core.decoding import Answering, Speculator, clip_tokens, generate
 from ppd_core.backends.torch.loading import pick_decoder
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
@@ -21,7 +22,8 @@ def prompt_table(rows: int, seed: int, scale: float = 1.0) -> np.ndarray:
 
 
 def run(model, prompt, family, table, max_new_tokens=60, max_context=256, hook=None, eos=frozenset()):
-    steps = list(generate(Speculator(TorchDecoder(model), family, table), Request(prompt, max_new_tokens, eos, max_context, guess_hook=hook)))
+    steps = list(generate(Speculator(TorchDecoder(model), family, table, eos_token_ids=eos),
+                          check_answer(prompt, max_new_tokens, max_context), Answering(guess_hook=hook)))
     tokens = [t for s in steps for t in s.tokens]
     return tokens, steps
 
@@ -167,7 +169,7 @@ def test_logprobs_and_penalties_under_trees_on_torch(forward):
     results = {}
     for name, (tree, table) in {"plain": (vanilla_family(), None), "ppd": (family, prompt_table(3, seed=1, scale=5))}.items():
         steps = list(generate(Speculator(TorchDecoder(decoder), tree, table),
-                              Request(prompt, 60, frozenset(), 256, sampling, logprobs=4)))
+                              check_answer(prompt, 60, 256, sampling=sampling, logprobs=4)))
         results[name] = [item for step in steps for item in step.logprobs]
     assert [i.token for i in results["ppd"]] == [i.token for i in results["plain"]]
     assert len(results["plain"]) == 60

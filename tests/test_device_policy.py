@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from conftest import tiny_llama
 from ppd_core import device_info, device_memory
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Speculator, generate
 from ppd_core.device_policy import (
     MEMORY_HEADROOM, AttentionPlan, DeviceProperties, attention_plan, compute_dtype, context_that_fits,
     llama_extra_buffers, memory_source, native_bf16, parse_version, profile_fields, rows_bitwise,
@@ -160,7 +161,7 @@ def test_gpu_attention_plan_decodes_as_plain_on_the_cpu(device):
     table = (np.random.default_rng(1).standard_normal((3, 64)) * 5).astype(np.float32)  # [n * V, hidden]
 
     def tokens(family):
-        steps = list(generate(Speculator(decoder, family, table), Request(prompt, 60, frozenset(), 256)))
+        steps = list(generate(Speculator(decoder, family, table), check_answer(prompt, 60, 256)))
         return [t for s in steps for t in s.tokens], len(steps)
 
     plain, _ = tokens(vanilla_family())

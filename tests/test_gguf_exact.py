@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core import Engine, EngineConfig
 from ppd_core.backends.llamacpp.text import GgufTokenizer
 from ppd_core.loading import default_model_file
@@ -27,9 +28,9 @@ CHAINS = (4,) * len(MATCH_CLASSES)
 
 def answer(decoder, speculator, prompt: list[int], max_new_tokens: int, hook=None, chains=None) -> tuple[list[int], int]:
     """The answer's tokens and how many of them came from guesses."""
-    request = Request(prompt, max_new_tokens, frozenset(), decoder.max_context, guess_hook=hook,
-                      drafters=[LookupDrafter(chains, prompt)] if chains is not None else [])  # no EOS: all compared
-    steps = list(generate(speculator, request))
+    request = check_answer(prompt, max_new_tokens, decoder.max_context)  # the speculator knows no EOS: all compared
+    answering = Answering(drafters=[LookupDrafter(chains, prompt)] if chains is not None else [], guess_hook=hook)
+    steps = list(generate(speculator, request, answering))
     return [t for step in steps for t in step.tokens], sum(step.from_guesses for step in steps)
 
 

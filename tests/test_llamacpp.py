@@ -19,7 +19,8 @@ import pytest
 from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 
 from ppd_core.backends.llamacpp.library import chat_model
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core import Engine, EngineConfig
 from ppd_core.loading import default_model_file
 from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
@@ -183,9 +184,9 @@ def test_an_answer_filling_its_context_with_rebuilds_equals_plain(llama_engine):
     answers = []
     for family, chains in ((vanilla_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
         speculator = Speculator(decoder, family, llama_engine._prompt_table)
-        request = Request(prompt, 448, frozenset(), decoder.max_context,  # no EOS: all 448 tokens
-                          drafters=[LookupDrafter(FixedChains(chains), prompt)] if chains else [])
-        answers.append([t for step in generate(speculator, request) for t in step.tokens])
+        request = check_answer(prompt, 448, decoder.max_context)  # the speculator knows no EOS: all 448 tokens
+        answering = Answering(drafters=[LookupDrafter(FixedChains(chains), prompt)] if chains else [])
+        answers.append([t for step in generate(speculator, request, answering) for t in step.tokens])
     assert len(answers[0]) == 448 and answers[1] == answers[0]
     assert decoder.rebuilds >= 3
     decoder.close()
@@ -277,14 +278,14 @@ def test_a_context_that_grows_mid_answer_keeps_it_equal_to_plain(llama_engine):
     tokens = llama_engine.prompt_tokens
     small = family_from_spec("small", STATIC_TREES["small"], tokens.num_prompt_tokens, tokens.ensemble_size)
     large = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=1024)
-    request = Request(prompt, 500, frozenset(), 1024)  # no EOS: all 500 tokens
+    request = check_answer(prompt, 500, 1024)  # the speculator knows no EOS: all 500 tokens
     plain = [t for step in generate(Speculator(large, vanilla_family()), request) for t in step.tokens]
     large.close()
     growing = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=64)
     first_cells = growing.cells
     speculator = Speculator(growing, small, llama_engine._prompt_table)
-    chained = dataclasses.replace(request, drafters=[LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), prompt)])
-    assert [t for step in generate(speculator, chained) for t in step.tokens] == plain
+    chained = Answering(drafters=[LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), prompt)])
+    assert [t for step in generate(speculator, request, chained) for t in step.tokens] == plain
     assert growing.grows >= 2 and growing.cells > 2 * first_cells
     growing.close()
     assert len(plain) == 500

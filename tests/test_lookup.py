@@ -9,7 +9,8 @@ import pytest
 
 from app.system_info import device_panel, guess_sources
 from conftest import tiny_llama
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core import Engine, EngineConfig, PromptTokens, user_prompt_tokens_path
 from ppd_core.errors import PpdError
 from ppd_core.drafters.lookup import (
@@ -191,8 +192,8 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
 
         def tokens(family, prompt_table, lengths):
             chains = FixedChains(lengths) if lengths else None
-            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table), Request(prompt, 80, frozenset(), 256,
-                                  drafters=[LookupDrafter(chains, prompt)] if chains else [])))
+            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table), check_answer(prompt, 80, 256),
+                                  Answering(drafters=[LookupDrafter(chains, prompt)] if chains else [])))
             return [t for s in steps for t in s.tokens], sum(s.sources.count("lookup") for s in steps)
 
         plain, _ = tokens(vanilla_family(), None, ())
@@ -225,9 +226,9 @@ def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
         params = SamplingParams(temperature=0.7, seed=seed)
 
         def tokens(lengths):
-            request = Request(prompt, 80, frozenset(), 256, params,
-                              drafters=[LookupDrafter(FixedChains(lengths), prompt)] if lengths else [])
-            steps = list(generate(Speculator(TorchDecoder(decoder), vanilla_family()), request))
+            request = check_answer(prompt, 80, 256, sampling=params)
+            answering = Answering(drafters=[LookupDrafter(FixedChains(lengths), prompt)] if lengths else [])
+            steps = list(generate(Speculator(TorchDecoder(decoder), vanilla_family()), request, answering))
             return [t for s in steps for t in s.tokens], sum(s.sources.count("lookup") for s in steps)
 
         plain, _ = tokens(())

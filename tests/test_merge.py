@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core.drafters.base import Draft, Guesses
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
@@ -249,10 +250,10 @@ def test_three_sources_merged_decode_exactly_what_plain_decoding_does(llama_defa
     for prompt in prompts:
         ids = engine.chat_ids([{"role": "user", "content": prompt}])
         plain = [t for s in generate(Speculator(backend, vanilla_family()),
-                                     Request(ids, 64, frozenset(), engine.max_context)) for t in s.tokens]
+                                     check_answer(ids, 64, engine.max_context)) for t in s.tokens]
         drafters = [LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), ids), Branching(plain, backend.vocab_size)]
         speculator = Speculator(backend, family, engine._prompt_table)
-        steps = list(generate(speculator, Request(ids, 64, frozenset(), engine.max_context, drafters=drafters)))
+        steps = list(generate(speculator, check_answer(ids, 64, engine.max_context), Answering(drafters=drafters)))
         assert [t for s in steps for t in s.tokens] == plain, prompt
         for step in steps:
             for name in totals:

@@ -8,7 +8,8 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core.drafters.registry import DraftContext, answer_drafters
 from ppd_core.sampling.logits import HostLogits
 from ppd_core.sampling.verify import adjusted_probs, sample, typical_threshold
@@ -94,7 +95,8 @@ def test_lossless_ppd_sampling_matches_the_models_distribution(settings):
     runs = 3000
     for seed in range(runs):
         params = SamplingParams(**settings, seed=seed)
-        steps = list(generate(Speculator(TorchDecoder(model), family, table), Request(PROMPT, 3, frozenset(), 256, params, guess_hook=likely_guesses(model, params))))
+        steps = list(generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, 3, 256, sampling=params),
+                                   Answering(guess_hook=likely_guesses(model, params))))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
         accepted += sum(s.from_guesses for s in steps)
@@ -116,9 +118,9 @@ def test_lossless_sampling_keeps_the_distribution_with_the_tree_sources_on():
     for seed in range(runs):
         params = SamplingParams(temperature=1.0, seed=seed)
         drafters = answer_drafters(DraftContext(PROMPT, vocab_size=VOCAB, memory=memory), ("recycling", "suffix"))
-        request = Request(PROMPT, 3, frozenset(), 256, params, guess_hook=likely_guesses(model, params),
-                          drafters=drafters)
-        steps = list(generate(Speculator(TorchDecoder(model), family, table), request))
+        answering = Answering(drafters=drafters, guess_hook=likely_guesses(model, params))
+        steps = list(generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, 3, 256, sampling=params),
+                              answering))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
         for step in steps:
@@ -134,7 +136,7 @@ def test_plain_sampling_matches_the_distribution_too():
     expected = exact_distribution(model, params, 2)
     counts: dict[tuple, int] = {}
     for seed in range(2000):
-        steps = generate(Speculator(TorchDecoder(model), vanilla_family()), Request(PROMPT, 2, frozenset(), 256, SamplingParams(temperature=1.0, seed=seed)))
+        steps = generate(Speculator(TorchDecoder(model), vanilla_family()), check_answer(PROMPT, 2, 256, sampling=SamplingParams(temperature=1.0, seed=seed)))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
     assert chi_square_p_value(counts, expected, 2000) > 1e-3
@@ -143,7 +145,8 @@ def test_plain_sampling_matches_the_distribution_too():
 def run(model, params, family=None, table=None, new=20):
     family = family or family_from_spec("wide", TREE, 3)
     table = prompt_table() if table is None else table
-    steps = generate(Speculator(TorchDecoder(model), family, table), Request(PROMPT, new, frozenset(), 256, params, guess_hook=likely_guesses(model, params)))
+    steps = generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, new, 256, sampling=params),
+                     Answering(guess_hook=likely_guesses(model, params)))
     return [t for s in steps for t in s.tokens]
 
 
@@ -227,8 +230,9 @@ def test_typical_acceptance_accepts_more_and_is_labelled_lossy():
         totals = []
         for seed in range(40):
             p = SamplingParams(temperature=params.temperature, seed=seed, acceptance=params.acceptance)
-            request = Request(PROMPT, 24, frozenset(), 256, p, guess_hook=likely_guesses(model, p))
-            steps = [s for s in generate(Speculator(TorchDecoder(model), family, table), request) if not s.prefill]
+            request, answering = check_answer(PROMPT, 24, 256, sampling=p), Answering(guess_hook=likely_guesses(model, p))
+            steps = [s for s in generate(Speculator(TorchDecoder(model), family, table), request, answering)
+                     if not s.prefill]
             totals += [len(s.tokens) for s in steps]
         return sum(totals) / len(totals)
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from app.tools import ToolPlan
 from ppd_core import ModelSnapshot, SamplingParams
+from ppd_core.answer_request import AnswerRequest
 
 
 class Message(BaseModel):
@@ -75,20 +76,29 @@ class Job:
     """A validated request, ready for the model."""
 
     id: str
-    ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams
+    answer: AnswerRequest  # what the model answers, checked (``Engine.check``)
     stop: list[str]
     include_usage: bool
     model: str  # the name of the model the ids were made for: a streamed answer's label
-    logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
-    grammar: str | None = None  # GBNF the answer follows (``structured.response_grammar``)
-    grammar_param: str | None = None  # the field that set ``grammar``: named when the grammar leaves no token
+    grammar_param: str | None = None  # the field that set the answer's grammar: named when it leaves no token
     json_content: bool = False  # a chat's response_format: the content is the answer's JSON (``structured.json_content``)
     tools: ToolPlan | None = None  # the tools offered: the answer is parsed for calls (``app.tools.parse``)
     completion: bool = False  # a ``/v1/completions`` job: its answers are text_completion objects
     echo: str = ""  # a completion's prompt, echoed before its answer (``echo``)
     created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return self.answer.ids
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.answer.sampling
+
+    @property
+    def logprobs(self) -> int | None:
+        """The alternatives per token asked for (``top_logprobs``); None: no logprobs."""
+        return self.answer.logprobs
 
 
 @dataclass

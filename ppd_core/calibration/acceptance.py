@@ -18,7 +18,8 @@ import numpy as np
 
 from ppd_core.backends import Decoder
 from ppd_core.calibration.records import AcceptanceStats
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Speculator, generate
 from ppd_core.drafters.lookup import LookupStats
 from ppd_core.text import chat_ids
 from ppd_core.tree import Tree, TreeSpec, build_tree, vanilla_family
@@ -60,13 +61,13 @@ def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int
     """Greedy answers from the decoding backend itself, plain decoding, one prompt at a time (``progress`` gets
     the number answered so far; ``between()`` runs before each step, a pause point): lookup is replayed on exactly
     the text decoding will see (llama.cpp's answers differ from transformers' fp32 ones)."""
-    speculator = Speculator(decoder, vanilla_family())
+    speculator = Speculator(decoder, vanilla_family(), eos_token_ids=frozenset(eos_ids))
     answered = itertools.count(1)
 
     def answer(prompts: list[list[int]]) -> list[list[int]]:
         replies = []
         for prompt in prompts:
-            request = Request(prompt, max_new_tokens, frozenset(eos_ids), decoder.max_context)
+            request = check_answer(prompt, max_new_tokens, decoder.max_context)
             reply = []
             for step in generate(speculator, request):  # the next step runs once asked for: after ``between``
                 reply += step.tokens
