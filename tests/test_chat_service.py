@@ -63,8 +63,9 @@ def test_long_conversations_are_trimmed_with_a_note(service, chat):
     for index in range(6):
         messages += [user(f"{index}: {turn}"), {"role": "assistant", "content": turn}]
     messages.append(user("and now?"))
-    ids, note = chat.prepare(messages, settings)
-    assert len(ids) + 32 <= service.engine.max_context
+    request, note = chat.prepare(messages, settings)
+    ids = list(request.ids)
+    assert request.max_new_tokens == 32 and len(ids) + 32 <= service.engine.max_context
     assert note.startswith("Trimmed the ") and "160-token context" in note
     assert service.engine.tokenizer.decode(ids).count("and now?") == 1
     with pytest.raises(ValueError, match="too long: .* tokens, but the model's context holds 160"):
