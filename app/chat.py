@@ -15,9 +15,8 @@ from app.highlight import Highlighter
 from app.model_host import ModelHost
 from app.model_queue import COMPARISON, Queued
 from app.readout import SPEED_DEFINITION, AnswerSpeed, compare_verdict, penalties_line
-from ppd_core import (Engine, GenerationEvent, GenerationResult, GenerationStats, LiveEstimate, SamplingParams,
-                             StepPrices)
-from ppd_core.answer_request import AnswerRequest, PromptTooLongError
+from ppd_core import (AnswerRequest, Engine, GenerationEvent, GenerationResult, GenerationStats, LiveEstimate,
+                      PromptTooLongError, SamplingParams, StepPrices)
 from ppd_core.errors import PpdError
 
 

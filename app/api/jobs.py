@@ -13,9 +13,8 @@ from app.model_host import ModelHost
 from app.structured import FieldError, response_grammar
 from app.tools import ToolPlan, call_grammar, plan_tools, template_format
 from app.tools import prompt as tool_prompt
-from ppd_core import MAX_TOP_LOGPROBS, ChosenSampling, SamplingParams
+from ppd_core import MAX_TOP_LOGPROBS, ChosenSampling, PromptTooLongError, RequestError, SamplingParams
 from ppd_core.sampling.params import out_of_range
-from ppd_core.answer_request import PromptTooLongError, RequestError
 from ppd_core.errors import PpdError
 
 MAX_STOP_STRINGS = 4  # as OpenAI

@@ -10,8 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from app.tools import ToolPlan
-from ppd_core import ModelSnapshot, SamplingParams
-from ppd_core.answer_request import AnswerRequest
+from ppd_core import AnswerRequest, ModelSnapshot, SamplingParams
 
 
 class Message(BaseModel):
