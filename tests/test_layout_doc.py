@@ -1,9 +1,9 @@
 """docs/layout.md names every module under ``ppd_core/`` and ``app/``, and every path it names exists.
 
 The table's first cell names paths: a module (``ppd_core/tree.py``) or a folder (``ppd_core/backends/llamacpp/``). A
-folder row names its modules by their paths relative to it, in backticks anywhere in the row (``decoder.py``,
-``lean/model.py``). A package's ``__init__.py`` counts as named where its folder is (or its own path is): most are a
-docstring and a few imports, and the folder's row describes the package.
+folder row names its modules and subfolders by their paths relative to it, in backticks anywhere in the row
+(``decoder.py``, ``lean/model.py``, ``lean/``). A package's ``__init__.py`` counts as named where its folder is (or its
+own path is): most are a docstring and a few imports, and the folder's row says what the package is.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ PACKAGES = ("ppd_core", "app")
 
 
 def layout_rows() -> list[tuple[list[str], list[str]]]:
-    """Each table row of docs/layout.md: the paths its first cell names, and every ``*.py`` name in backticks in it."""
+    """Each table row of docs/layout.md: the paths its first cell names, and every ``*.py`` or ``folder/`` name in
+    backticks in it."""
     rows = []
     for line in LAYOUT.read_text(encoding="utf-8").splitlines():
         if line.startswith("| `"):
-            rows.append((re.findall(r"`([^`]+)`", line.split("|")[1]), re.findall(r"`([^`]+\.py)`", line)))
+            rows.append((re.findall(r"`([^`]+)`", line.split("|")[1]), re.findall(r"`([^`]+(?:\.py|/))`", line)))
     return rows
 
 
@@ -31,7 +32,7 @@ def named_modules() -> set[str]:
         for path in paths:
             if path.endswith("/"):
                 named.add(path + "__init__.py")
-                named.update(path + module for module in modules)
+                named.update(path + name + ("__init__.py" if name.endswith("/") else "") for name in modules)
             else:
                 named.add(path)
     return named
