@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 class ModelHost:
     """The one door to the engine for every browser tab (answers and Compare through ``Chat``, Calibrate) and the HTTP
-    API (``app/api.py``).
+    API (``app/api/``).
 
     Every model call waits its turn in ``queue`` (first come, first served; beyond its bound a call is
     refused with ``Busy``), gives up its place when its ``stop()`` turns true while waiting, ends within

@@ -143,7 +143,7 @@ def test_ids_made_by_a_model_no_longer_loaded_are_remade_or_refused(shifted_gguf
         switch = threading.Thread(target=service.switch, args=("default",))
         switch.start()
         wait_for(lambda: service.queue.waiting == 1)
-        ticket = service.queue.join()  # as app/api.py does: the request checked (above), then a place in line
+        ticket = service.queue.join()  # as app/api/routes.py does: the request checked (above), then a place in line
         service.queue.leave(answering)
         with pytest.raises(PpdError, match="^the model changed .*: ask again$"):
             list(service.decode(request, ticket=ticket))

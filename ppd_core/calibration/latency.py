@@ -10,7 +10,7 @@ A probe is timed as decoding meets it, between steps of another shape: each run 
 1-token step, and a size's figure is that pair less half a pair of 1-token steps. llama.cpp rebuilds its compute
 graph (and on CUDA its CUDA graph) whenever the batch's shape changes, a cost a step of one size repeated never
 pays: on an H200 with the default model, a 2-to-8-token step repeated cost 1.4-2.4x a 1-token step, yet decoding with
-the chains that curve chose ran at 0.75x plain on first turns (README, "On a GPU").
+the chains that curve chose ran at 0.75x plain on first turns (benchmarks/README.md, "On an NVIDIA H200").
 """
 
 from __future__ import annotations

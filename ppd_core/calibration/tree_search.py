@@ -1,7 +1,7 @@
 """The hardware-aware dynamic sparse tree: pure math over acceptance probabilities, no model.
 
 ``probs[d][r]`` is the probability that the rank-``r`` guess of prompt token ``d + 1`` is the
-model's token at that depth, given that depths ``1..d`` matched (DESIGN.md section 1). The
+model's token at that depth, given that depths ``1..d`` matched (docs/design.md, "How a step works"). The
 guesses at one depth are mutually exclusive (one token is right), and depths are treated as
 independent, so a candidate path ``(r1, ..., rd)`` is accepted with probability
 ``probs[0][r1] * ... * probs[d-1][rd]``.

@@ -8,7 +8,7 @@ A request's unset fields come from the model's recommendation (its GGUF's ``gene
 ``generation_config.json``), else ppd's measured repeat penalty, else llama-server's default for that field.
 llama-server leaves repetition unguarded (``repeat_penalty`` 1.0) and the embedded default model then loops: ppd's
 default is the penalty Ollama and LM Studio apply (1.1 over the last 64 tokens), kept because it was measured to stop
-the loops (``benchmarks/scripts/loop_rate.py``; the README has the figures).
+the loops (``benchmarks/scripts/loop_rate.py``; the figures: docs/sampling.md, "Repetition penalties").
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ class LlamaCppDecoder:
         """Decode every generation step (``tree_logits``; prompt processing apart) as exactly ``rows`` rows, all with
         logits: the tree's, then padding rows on ``pad_seq`` that no real row sees, freed after the step. On CUDA
         llama.cpp keeps one graph for one batch shape, so steps of one shape replay it where a tree between 1-token
-        steps re-captured it every time (README, "On a GPU"). None: each step its own shape (the CPU's best)."""
+        steps re-captured it every time (docs/gpu.md, "One shape per step"). None: one shape each (the CPU's best)."""
         if rows is not None and not 1 <= rows <= self.row_limit:
             raise LlamaCppError(f"a padded step of {rows} rows: llama.cpp computes 1 to {self.row_limit} at once here")
         self.step_rows = rows

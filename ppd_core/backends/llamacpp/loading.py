@@ -1,8 +1,8 @@
 """A GGUF file on llama.cpp, end to end: no conversion, no torch, no transformers.
 
-The header (``gguf_info``) is read before anything loads, so a file that is not a GGUF, is truncated, names
+The header (``info.read_gguf_info``) is read before anything loads, so a file that is not a GGUF, is truncated, names
 an architecture llama.cpp does not know, or does not fit in memory with its KV cache is one line. Then
-llama.cpp loads it and answers for the tokenizer, the special tokens and the chat template (``gguf_text``).
+llama.cpp loads it and answers for the tokenizer, the special tokens and the chat template (``text.GgufTokenizer``).
 """
 
 from __future__ import annotations
