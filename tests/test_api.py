@@ -305,8 +305,8 @@ def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monk
 
         # a page answer and an API answer share the model lock: the API one waits for the page's
         page = Client(f"{base}/", auth=("me", "secret"), verbose=False)
-        job = page.submit("Give me three tips for staying healthy.", "", 0.0, 1.0, 32, True, "lossless", False,
-                          api_name="/send")
+        job = page.submit("Give me three tips for staying healthy.", "", 32, True, "lossless", False, "",
+                          0.0, 1.0, api_name="/send")
         deadline = time.monotonic() + 60
         while not httpx.get(f"{base}/health").json()["busy"]:
             assert time.monotonic() < deadline, "the page's answer did not start"
