@@ -67,6 +67,10 @@ TOP_P = SamplingField(
 TOP_K = SamplingField(
     "top_k", int, 0, lambda v: v >= 0, "must be 0 (off) or positive", "keep the k likeliest tokens (0 = off)",
     "Top-k (0 = off)", server_default=40, page=(0, 200, 1), gguf="general.sampling.top_k", sampled=True)
+MIN_P = SamplingField(
+    "min_p", float, 0.0, lambda v: 0.0 <= v <= 1.0, "must be between 0 (off) and 1",
+    "keep the tokens at least this fraction as likely as the likeliest (llama.cpp's min-p; 0 = off)", "Min-p (0 = off)",
+    server_default=0.05, page=(0.0, 1.0, 0.01), gguf="general.sampling.min_p", sampled=True)
 REPEAT_PENALTY = SamplingField(
     "repeat_penalty", float, 1.0, lambda v: MIN_SCALE <= v <= 100.0, f"must be between {MIN_SCALE} and 100 (1: off)",
     "divide the logit of a token seen in the window by this (1 = off; 1.1 is usual)", "Repeat penalty (1 = off)",
@@ -87,8 +91,8 @@ FREQUENCY_PENALTY = SamplingField(
     penalty=True, openai=True)
 
 # in the order the page shows them (the samplers, then the penalties) and ``describe`` reports them
-FIELDS: tuple[SamplingField, ...] = (TEMPERATURE, TOP_P, TOP_K, REPEAT_PENALTY, REPEAT_LAST_N, PRESENCE_PENALTY,
-                                     FREQUENCY_PENALTY)
+FIELDS: tuple[SamplingField, ...] = (TEMPERATURE, TOP_P, TOP_K, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N,
+                                     PRESENCE_PENALTY, FREQUENCY_PENALTY)
 BY_NAME = {field.name: field for field in FIELDS}
 NAMES = tuple(BY_NAME)
 PENALTIES = tuple(field.name for field in FIELDS if field.penalty)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ppd_core.errors import PpdError
 from ppd_core.sampling.fields import (
-    BY_NAME, FREQUENCY_PENALTY, NAMES, PRESENCE_PENALTY, REPEAT_LAST_N, REPEAT_PENALTY, TEMPERATURE, TOP_K,
+    BY_NAME, FREQUENCY_PENALTY, MIN_P, NAMES, PRESENCE_PENALTY, REPEAT_LAST_N, REPEAT_PENALTY, TEMPERATURE, TOP_K,
     TOP_P,
 )
 from ppd_core.sampling.fields import FIELDS as SAMPLING_FIELDS
@@ -53,6 +53,7 @@ class SamplingParams:
     repeat_last_n: int = REPEAT_LAST_N.default  # the window: the sequence's last n tokens; -1: all; 0: no penalties
     presence_penalty: float = PRESENCE_PENALTY.default  # taken off a seen token's logit
     frequency_penalty: float = FREQUENCY_PENALTY.default  # taken off per time it was seen
+    min_p: float = MIN_P.default  # keep the tokens at least this fraction as likely as the likeliest; 0: off
 
     def __post_init__(self):
         for field in SAMPLING_FIELDS:
