@@ -15,6 +15,7 @@ from app.model_catalog import size_words
 from app.model_host import DEFAULT_SPEC
 from app.training_job import duration
 from ppd_core import ChosenSampling, TrainingCost, chains_text
+from ppd_core.sampling.fields import FIELDS
 
 INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
 LENGTH_LIMIT = "\n\n*(stopped at the length limit: Continue goes on from here)*"  # an answer cut at Max new tokens
@@ -91,10 +92,7 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-SAMPLING_LABELS = {"temperature": "Temperature (0 = greedy)", "top_p": "Top-p", "top_k": "Top-k (0 = off)",
-                   "repeat_penalty": "Repeat penalty (1 = off)",
-                   "repeat_last_n": "Repeat window: how many recent tokens the penalties look at",
-                   "presence_penalty": "Presence penalty", "frequency_penalty": "Frequency penalty"}
+SAMPLING_LABELS = {field.name: field.label for field in FIELDS}  # the sampling widgets' labels (``FIELDS``' order)
 # the window's special values, behind the penalties' Details toggle
 REPEAT_WINDOW_DETAILS = ("<details><summary>Details</summary>\n\nRepeat window: -1 looks at the whole conversation, 0 "
                          "turns the penalties off, N looks at the last N tokens (llama.cpp's `repeat_last_n`).\n\n"

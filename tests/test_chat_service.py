@@ -247,7 +247,7 @@ class FailingDecoder:
         return self._decoder.tree_logits(*args)
 
 
-SETTINGS = ("", 0.0, 1.0, 40, True, "lossless", False)  # the page's inputs: system, temperature, top-p, max new, ...
+SETTINGS = ("", 40, True, "lossless", False)  # the page's inputs: system, max new, PPD, ... (sampling: off, greedy)
 
 
 def test_a_failure_mid_answer_keeps_the_message_and_the_partial_answer_saved(service, tmp_path, monkeypatch):
@@ -458,10 +458,10 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
     assert picker["choices"][0][0].endswith("(default)")
     later = handlers.model.model_panels()  # the timer's next tick: the user's choices stay
     assert not any(widget in later for widget in widgets.values()) and "value" not in later[page.model.choice]
-    settings = ChatSettings(temperature=0.6, top_p=0.9, top_k=20)
+    settings = ChatSettings(values=dict(temperature=0.6, top_p=0.9, top_k=20))
     assert settings.sampling().top_k == 20 and settings.sampling().temperature == 0.6
     messages = [user("Hello there")]
-    penalised = ChatSettings(max_new_tokens=16, temperature=0.9, repeat_penalty=1.5)
+    penalised = ChatSettings(max_new_tokens=16, values=dict(temperature=0.9, repeat_penalty=1.5))
     result = Chat(sampler).compare(messages, penalised)  # Compare: greedy both ways, with the page's penalty
     expected = sampler.engine.generate(sampler.engine.chat_ids(messages), "vanilla", 16,
                                        sampling=SamplingParams(repeat_penalty=1.5))

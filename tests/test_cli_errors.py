@@ -267,6 +267,7 @@ def test_generate_bad_input(capsys, no_model_load):
     assert_error(capsys, "repeat-last-n must be -1 (the whole context), 0 (off) or positive, got -2", "bench",
                  "--repeat-last-n", -2)
     assert_error(capsys, "presence-penalty must be between -2 and 2, got 3.0", "generate", "hi", "--presence-penalty", 3)
+    assert_error(capsys, "min-p must be between 0 (off) and 1, got 1.5", "generate", "hi", "--min-p", 1.5)
     assert_error(capsys, "frequency-penalty must be between -2 and 2, got -2.5", "bench", "--frequency-penalty", -2.5)
     assert_error(capsys, "unknown tree 'huge'; use auto, small, medium, large or a token budget such as 12",
                  "generate", "hi", "--tree", "huge")

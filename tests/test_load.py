@@ -15,7 +15,7 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.page_text import LENGTH_LIMIT
 from app.ui import build_app
-from ppd_core import Engine, EngineConfig, limit_malloc_arenas
+from ppd_core import Engine, EngineConfig, SamplingParams, limit_malloc_arenas
 from ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,8 @@ PAGE_QUESTION = "Give me three tips for staying healthy."
 MAX_TOKENS = 32
 TIMEOUT = 120  # seconds a client waits for its whole answer
 
-NO_PENALTY = (1.0, 64, 0.0, 0.0)  # the page's repetition penalties off (it opens with a repeat penalty of 1.1)
+# the page's sampling fields, greedy with the penalties off (it opens with llama-server's and a repeat penalty of 1.1)
+SAMPLING_OFF = tuple(SamplingParams().values().values())
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_sixteen_streaming_clients_and_a_page_answer_at_once(chat_server):
     for thread in threads:
         thread.start()
     page = Client(f"{url}/", verbose=False)
-    job = page.submit(PAGE_QUESTION, "", 0.0, 1.0, MAX_TOKENS, True, "lossless", False, 0, *NO_PENALTY, api_name="/send")
+    job = page.submit(PAGE_QUESTION, "", MAX_TOKENS, True, "lossless", False, "", *SAMPLING_OFF, api_name="/send")
     deadline = time.monotonic() + TIMEOUT
     while not service.queue.busy and not job.done():  # the page's answer first, then all 16 clients at once
         assert time.monotonic() < deadline, "the page's answer did not start"

@@ -13,6 +13,7 @@ from app.page_layout import new_session
 from app.page_text import marked_answer
 from app.readout import AnswerSpeed
 from app.ui import Handlers, build
+from ppd_core.sampling.params import SamplingParams
 from ppd_core.stats import GenerationStats, StepStats
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -23,8 +24,9 @@ KEEP = {"__type__": "update"}
 
 
 def settings(schema: str = "", max_new: int = 96, highlight: bool = False) -> tuple:
-    """The page's settings inputs (``SettingsPanel.inputs``): greedy, PPD on, penalties off, then the schema box."""
-    return ("", 0.0, 1.0, max_new, True, "lossless", highlight, 0, 1.0, 64, 0.0, 0.0, schema)
+    """The page's settings inputs (``SettingsPanel.inputs``): PPD on, the schema box, then every sampling field off
+    (greedy, penalties off)."""
+    return ("", max_new, True, "lossless", highlight, schema, *SamplingParams().values().values())
 
 
 @pytest.fixture()

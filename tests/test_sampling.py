@@ -78,7 +78,7 @@ def chi_square_p_value(counts: dict, expected: dict, total: int) -> float:
 
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=8),
                                       dict(temperature=0.9, repeat_penalty=1.4, repeat_last_n=4, presence_penalty=0.2,
-                                           frequency_penalty=0.2)])
+                                           frequency_penalty=0.2), dict(temperature=1.2, min_p=0.2)])
 def test_lossless_ppd_sampling_matches_the_models_distribution(settings):
     """3,000 seeded samples of the first 3 tokens against the exact distribution (with repetition penalties: the
     penalised one, each tree row penalised with its own path).

@@ -14,6 +14,7 @@ from app.structured import FieldError, response_grammar
 from app.tools import ToolPlan, call_grammar, plan_tools, template_format
 from app.tools import prompt as tool_prompt
 from ppd_core import MAX_TOP_LOGPROBS, ChosenSampling, PromptTooLongError, RequestError, SamplingParams
+from ppd_core.sampling.fields import NAMES
 from ppd_core.sampling.params import out_of_range
 from ppd_core.errors import PpdError
 
@@ -35,8 +36,7 @@ def check_unsupported(request: RequestFields) -> None:
         raise ApiError("tools need /v1/chat/completions", "tools" if request.tools else "tool_choice")
 
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                   "frequency_penalty")
+SAMPLING_FIELDS = NAMES  # every sampling field (``ppd_core.sampling.fields``): the request's own, by the same names
 
 
 def check_sampling(request: RequestFields) -> None:

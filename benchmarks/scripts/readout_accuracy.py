@@ -83,7 +83,7 @@ def main() -> None:
         print("no calibration for this device and model: calibrating first", file=sys.stderr)
         calibrate_engine(engine)
     chat = Chat(ModelHost(engine))
-    settings = ChatSettings(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    settings = ChatSettings(max_new_tokens=args.max_new_tokens, values={"temperature": 0.0})
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
         rows = run(chat, settings, args.compares)
