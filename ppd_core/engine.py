@@ -228,7 +228,7 @@ class Engine:
                                          plan.budget if ppd else None,  # ``--tree N``: N rows a step in all
                                          self._row_costs() if ppd else None)
         context = DraftContext(input_ids, chains, constraint, self.new_forced_text, plan.new_forced_chains,
-                               backend.vocab_size, self._drafter_memory)
+                               backend.info.vocab_size, self._drafter_memory)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
                                    sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
                                    grammar=constraint, drafters=answer_drafters(context, self.drafters) if ppd else [])

@@ -19,7 +19,7 @@ from ppd_core.memory import release_free_heap
 from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
 
 if TYPE_CHECKING:
-    from ppd_core.backends import Decoder
+    from ppd_core.backends import BackendInfo, Decoder
 
 
 class ModelLoadError(PpdError, RuntimeError):
@@ -98,20 +98,26 @@ class LoadedModel:
                 release_free_heap()
 
     @property
+    def info(self) -> BackendInfo:
+        """What the backend is (name, vocabulary, context, threads, device, kernels), as everything outside decoding
+        reads it."""
+        return self.backend.info
+
+    @property
     def device_kind(self) -> str:
         """"cpu" or "cuda" (llama.cpp reports its offload in ``kernels``)."""
-        return getattr(self.device, "type", self.device)
+        return self.info.device_kind
 
     @property
     def forward(self) -> str:
         """Which forward decodes: "llamacpp", "lean" or "transformers"."""
-        return self.backend.forward
+        return self.info.forward
 
     @property
     def kernels(self) -> dict:
         """What runs a step: the backend and its kernels (the lean forward's, transformers modules, llama.cpp)."""
-        return self.backend.describe()
+        return self.info.kernels
 
     @property
     def max_context(self) -> int:
-        return min(self.backend.max_context, self.context_limit or self.backend.max_context)
+        return min(self.info.max_context, self.context_limit or self.info.max_context)

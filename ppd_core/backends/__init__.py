@@ -8,28 +8,55 @@ see a cache's layout. Two implement it: ``torch`` (the lean and transformers for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # annotations only: the protocol imports nothing, so each wing sits right above what it uses
     import numpy as np
 
+    from ppd_core.device_memory import MemoryReading
+    from ppd_core.device_policy import DeviceProperties
+
     from ppd_core.sampling.logits import StepLogits
     from ppd_core.tree import Tree
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a loaded backend is, as everything outside decoding reads it (snapshot, calibration keys, doctor,
+    device panel): each wing builds one at load. torch's threads are process-wide and can change after load
+    (``set_threads``): the wing then builds a new record, so a record says what held when it was made."""
+
+    name: str  # "torch" or "llamacpp": a label in reports, never dispatched on
+    forward: str  # what computes a step: "llamacpp", "lean" or "transformers"
+    vocab_size: int
+    max_context: int  # positions a cache may hold (prompt and answer)
+    bitwise: bool  # tree rows equal plain steps bit for bit on this path (tested); else up to float rounding
+    threads: int  # CPU threads a step runs on
+    max_tree_rows: int  # the most rows one step may have
+    accepts_embeddings: bool  # an embedding row stands in for its token (prompt-token rows can be decoded)
+    tree_note: str | None  # why this model decodes plainly only (a recurrent cache holds no tree); None: trees work
+    pads_steps: bool  # a padded step (``pad_to``) changes its shape (llama.cpp: one CUDA graph per shape)
+    kernels: dict  # what runs the model, for the device panel and reports: backend, kernels, offload
+    dtype: str  # the weights' compute dtype by name: "float32", "bfloat16", ...
+    device: str  # where the weights live: "cpu", "cuda:0", ...
+    device_kind: str  # "cpu" or "cuda" (llama.cpp reports its offload in ``kernels``)
+    properties: DeviceProperties  # the device as the device policy reads it, with ``threads``
+    read_memory: Callable[[], MemoryReading]  # the device's used and total memory, read now
+    offloaded: int = 0  # layers run on a GPU by a CPU-side backend (llama.cpp's gpu_layers; -1: all)
+    policy_dtype: bool = False  # the device policy's compute dtype and attention plan apply (torch's forwards)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether steps run on a GPU: a CUDA device, or layers offloaded."""
+        return self.device_kind == "cuda" or bool(self.offloaded)
 
 
 class Decoder(Protocol):
     """What decoding needs of a model. A cache is opaque: only its backend reads or edits it."""
 
-    name: str  # "torch" or "llamacpp": reported by the readout, the bench and the API (a label, never dispatched on)
-    forward: str  # what computes a step: "llamacpp", "lean" or "transformers"
-    threads: int  # CPU threads a step runs on (llama.cpp's context's; torch's, process-wide)
-    pads_steps: bool  # ``pad_steps`` changes the step's shape (llama.cpp: one CUDA graph per shape)
-    vocab_size: int
-    max_context: int  # positions a cache may hold (prompt and answer)
-    bitwise: bool  # tree rows equal plain steps bit for bit on this path (tested); else up to float rounding
-    tree_note: str | None  # why this model decodes plainly only (a recurrent cache holds no tree); None: trees work
-    accepts_embeddings: bool  # an embedding row stands in for its token (prompt-token rows can be decoded)
+    info: BackendInfo  # what the backend is (vocabulary, context, rows, threads, device...): read, never dispatched on
     max_tree_rows: int  # the most rows one step may have
 
     def new_cache(self) -> Any:

@@ -66,7 +66,7 @@ def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int
     def answer(prompts: list[list[int]]) -> list[list[int]]:
         replies = []
         for prompt in prompts:
-            request = Request(prompt, max_new_tokens, frozenset(eos_ids), decoder.max_context)
+            request = Request(prompt, max_new_tokens, frozenset(eos_ids), decoder.info.max_context)
             reply = []
             for step in generate(speculator, request):  # the next step runs once asked for: after ``between``
                 reply += step.tokens
@@ -107,7 +107,7 @@ def answer_ranks(decoder: Decoder, prompt_table: np.ndarray, num_prompt_tokens: 
     ``answer`` (x[c] the last context token; prompt token k guesses the model's token at c + k + 1), through the
     decoding backend's tree rows, many cuts per step; -1 outside the top k. ``prompt_table`` [n * V, hidden]."""
     n, V = num_prompt_tokens, ensemble_size
-    per_step = max(1, min(CUTS_PER_STEP, decoder.max_tree_rows // (1 + n * V)))
+    per_step = max(1, min(CUTS_PER_STEP, decoder.info.max_tree_rows // (1 + n * V)))
     trees = {} if trees is None else trees
     sequence = prompt + answer
     cache = decoder.new_cache()

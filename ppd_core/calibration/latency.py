@@ -98,7 +98,7 @@ def measure_latency(
     ``between()`` runs before every timed step: it may lend the model to other work (the chat's answers while a first
     launch calibrates) and returns True if it did; that size's timing then starts over, warm-up included.
     """
-    vocab, max_context = decoder.vocab_size, decoder.max_context
+    vocab, max_context = decoder.info.vocab_size, decoder.info.max_context
     generator = np.random.default_rng(0)
     measured: dict[tuple[int, int], float] = {}  # (context, size) -> ms
     sizes = sorted(set(sizes) | {1})  # every figure is taken against the 1-token step's
@@ -149,8 +149,8 @@ def measure_fixed(
     that cost more than ``ceiling`` plain steps, no larger one can win: not measured (``progress(done, total)`` after
     each rung then counts them done)."""
     generator = np.random.default_rng(1)
-    context = min(context, decoder.max_context - max(ladder) - 4)
-    probe = ProbeContext(decoder, generator.integers(decoder.vocab_size, size=context).tolist(), between)
+    context = min(context, decoder.info.max_context - max(ladder) - 4)
+    probe = ProbeContext(decoder, generator.integers(decoder.info.vocab_size, size=context).tolist(), between)
     probe.ready()
     measured: dict[int, float] = {}
     rungs = sorted(set(ladder) | {1})
@@ -158,7 +158,7 @@ def measure_fixed(
         for rows in rungs:
             decoder.pad_steps(rows)
             tree = probe_tree(rows, num_prompt_tokens, ensemble_size)
-            guesses = generator.integers(decoder.vocab_size, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))
+            guesses = generator.integers(decoder.info.vocab_size, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))
             speculator = Speculator(decoder, TreeFamily(f"fixed-{rows}", (tree,)), prompt_table)
             measured[rows] = round(step_ms(speculator, probe, tree, guesses, context, warmup, repeats, between), 3)
             over = [r for r in measured if ceiling is not None and r > 1 and measured[r] > ceiling * measured[1]]

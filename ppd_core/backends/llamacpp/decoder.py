@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -32,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ppd_core.backends import BackendInfo
+from ppd_core.device_memory import read_memory
 from ppd_core.device_policy import cpu_properties, llama_extra_buffers, rows_bitwise
 from ppd_core.faults import fault
 from ppd_core.grammar import Grammar
@@ -73,7 +76,7 @@ class LlamaCppDecoder:
         offload = llama.llama_supports_gpu_offload()
         model_params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
         self.gpu_layers = model_params.n_gpu_layers if offload else 0
-        self.bitwise = rows_bitwise(cpu_properties(), self.name, "gguf", self.gpu_layers)
+        self.bitwise = rows_bitwise(cpu_properties(), self.gpu_layers)
         self.system = system_info(llama)
         model_params.use_extra_bufts = llama_extra_buffers(self.system)
         self._load_model()
@@ -122,6 +125,17 @@ class LlamaCppDecoder:
                 self.bitwise = self.rows_match_single_steps()
         # prompt-token rows go in as embeddings: only where an embedding row is what its token gives the model
         self.accepts_embeddings = self._embeddings.matches_tokens
+        self.info = self.make_info()
+
+    def make_info(self) -> BackendInfo:
+        """What this decoder is, for everything outside decoding (threads are the context's, fixed at load)."""
+        properties = cpu_properties(self.threads)  # llama.cpp offloads by itself: the process's device is the CPU
+        return BackendInfo(
+            name=self.name, forward=self.forward, vocab_size=self.vocab_size, max_context=self.max_context,
+            bitwise=self.bitwise, threads=self.threads, max_tree_rows=self.row_limit,
+            accepts_embeddings=self.accepts_embeddings, tree_note=self.tree_note, pads_steps=True,
+            kernels=self.describe(), dtype="float32", device="cpu", device_kind="cpu", properties=properties,
+            read_memory=functools.partial(read_memory, properties, None), offloaded=self.gpu_layers)
 
     def _load_model(self) -> None:
         self.model = self.llama.llama_model_load_from_file(str(self.gguf_file).encode(), self._model_params)

@@ -8,12 +8,14 @@ argmax per row and the next guesses, not ``[rows, vocab]`` floats.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ppd_core.backends import BackendInfo
 from ppd_core.backends.torch import device as torch_device
 from ppd_core.backends.torch.cache import Cache, new_cache
 from ppd_core.errors import PpdError
@@ -75,6 +77,19 @@ class TorchDecoder:
         # fp32 / bf16 / fp16 matmuls and GPU kernels pick other reduction orders for other row counts: a tree row's
         # logits equal a plain step's up to rounding (greedy output up to near-ties), never bit for bit
         self.bitwise = False
+        self.info = self.make_info()
+
+    def make_info(self) -> BackendInfo:
+        """What this decoder is now, for everything outside decoding (torch's threads as they are now)."""
+        threads = torch_device.num_threads()
+        properties = torch_device.torch_properties(self.device, threads)
+        return BackendInfo(
+            name=self.name, forward=self.forward, vocab_size=self.vocab_size, max_context=self.max_context,
+            bitwise=self.bitwise, threads=threads, max_tree_rows=self.max_tree_rows,
+            accepts_embeddings=self.accepts_embeddings, tree_note=self.tree_note, pads_steps=self.pads_steps,
+            kernels=self.describe(), dtype=str(self.dtype).removeprefix("torch."), device=str(self.device),
+            device_kind=self.device.type, properties=properties,
+            read_memory=functools.partial(torch_device.memory_of, self.device), policy_dtype=True)
 
     def new_cache(self) -> Cache:
         return new_cache(self.model)
@@ -132,8 +147,9 @@ class TorchDecoder:
         return torch_device.num_threads()
 
     def set_threads(self, threads: int) -> None:
-        """torch's CPU threads, for the whole process."""
+        """torch's CPU threads, for the whole process; ``info`` made anew to say so."""
         torch_device.set_threads(threads)
+        self.info = self.make_info()
 
     def pad_steps(self, rows: int | None) -> None:
         """Nothing: a torch step is as many rows as its tree."""
