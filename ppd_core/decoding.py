@@ -21,7 +21,7 @@ from ppd_core.drafters.base import Draft, Drafter, Verified
 from ppd_core.drafters.merge import Merger, StepTree, root_only
 from ppd_core.drafters.prompt_tokens import GuessHook, PromptTokenDrafter, prompt_rows
 from ppd_core.errors import PpdError
-from ppd_core.grammar import Grammar
+from ppd_core.sampling.constraint import Grammar
 from ppd_core.sampling.logits import token_logprobs
 from ppd_core.sampling.params import GREEDY, SamplingParams
 from ppd_core.sampling.penalties import window

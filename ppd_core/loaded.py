@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ppd_core.backends.registry import backends
 from ppd_core.errors import PpdError
 from ppd_core.memory import release_free_heap
-from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
+from ppd_core.options import DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
 
 if TYPE_CHECKING:
     from ppd_core.backends import BackendInfo, Decoder
@@ -50,7 +51,7 @@ class LoadOptions:
         """ModelLoadError (one line) for a name that is not one of the choices."""
         for value, choices, what in ((self.quant, QUANT_CHOICES, "quantization"), (self.device, DEVICE_CHOICES, "device"),
                                      (self.dtype, DTYPE_NAMES, "dtype"), (self.forward, FORWARD_CHOICES, "forward"),
-                                     (self.backend, BACKEND_CHOICES, "backend")):
+                                     (self.backend, ("auto", *backends()), "backend")):
             if value not in choices:
                 raise ModelLoadError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
 

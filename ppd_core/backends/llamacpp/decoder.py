@@ -37,7 +37,7 @@ from ppd_core.backends import BackendInfo
 from ppd_core.device_memory import read_memory
 from ppd_core.device_policy import cpu_properties, llama_extra_buffers, rows_bitwise
 from ppd_core.faults import fault
-from ppd_core.grammar import Grammar
+from ppd_core.backends.llamacpp.grammar import Grammar
 from ppd_core.backends.llamacpp import compute_thread
 from ppd_core.backends.llamacpp.batch import BATCH_ROWS, Batch
 from ppd_core.backends.llamacpp.cache import (
