@@ -222,11 +222,11 @@ class Engine:
             chains = plan.new_chains()
         backend = self.loaded.backend
         constraint = self._constraint(grammar) if grammar is not None else None
-        backend.pad_steps(plan.padded_rows if ppd else None)  # the profile's step shape for PPD; plain: 1-token steps
         acceptance = plan.profile.acceptance if ppd and plan.profile is not None else None
         speculator = decoding.Speculator(backend, family, self._prompt_table, acceptance, self._merger,
                                          plan.budget if ppd else None,  # ``--tree N``: N rows a step in all
-                                         self._row_costs() if ppd else None)
+                                         self._row_costs() if ppd else None,
+                                         plan.padded_rows if ppd else None)  # the profile's step shape; plain: 1 row
         context = DraftContext(input_ids, chains, constraint, self.new_forced_text, plan.new_forced_chains,
                                backend.info.vocab_size, self._drafter_memory)
         request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ppd_core.backends.registry import backends
 from ppd_core.errors import PpdError
 from ppd_core.memory import release_free_heap
 from ppd_core.options import DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
 
 if TYPE_CHECKING:
-    from ppd_core.backends import BackendInfo, Decoder
+    from ppd_core.backends import Backend, BackendInfo
 
 
 class ModelLoadError(PpdError, RuntimeError):
@@ -48,10 +47,10 @@ class LoadOptions:
     gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
 
     def check(self) -> None:
-        """ModelLoadError (one line) for a name that is not one of the choices."""
+        """ModelLoadError (one line) for a name that is not one of the choices (the backend: the registry's,
+        ``ppd_core.loading``)."""
         for value, choices, what in ((self.quant, QUANT_CHOICES, "quantization"), (self.device, DEVICE_CHOICES, "device"),
-                                     (self.dtype, DTYPE_NAMES, "dtype"), (self.forward, FORWARD_CHOICES, "forward"),
-                                     (self.backend, ("auto", *backends()), "backend")):
+                                     (self.dtype, DTYPE_NAMES, "dtype"), (self.forward, FORWARD_CHOICES, "forward")):
             if value not in choices:
                 raise ModelLoadError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
 
@@ -68,7 +67,7 @@ class LoadedModel:
     quant: str  # as resolved: "gguf" (the file's own, on llama.cpp), "none", "4bit", "8bit"
     config: object  # attributes: hidden_size, vocab_size, num_hidden_layers, ... (a namespace or a transformers config)
     generation_config: dict  # the model's own sampling advice (GGUF ``general.sampling.*``, generation_config.json)
-    backend: Decoder
+    backend: Backend
     num_bytes: int  # the weights decoding reads: the GGUF file on llama.cpp, the model's memory footprint on torch
     eos_token_ids: frozenset[int]  # every token that ends an answer (``end_of_answer_ids``)
     token_bytes: Callable[[int], bytes]  # the bytes a token adds to a text (a control token's own text), as the API names it

@@ -94,6 +94,8 @@ def load_model(model: str = "default", quant: str = "auto", device: str = "auto"
     choices are checked before anything is downloaded; ``progress`` hears a Hub model's download."""
     options = LoadOptions(quant, device, dtype, forward, backend, threads, gpu_layers)
     options.check()
+    if backend != "auto" and backend not in registry.backends():
+        raise ModelLoadError(registry.refusal(backend, "hf"))
     return load_source(resolve_source(model, progress), options)
 
 
@@ -101,7 +103,10 @@ def load_source(source: ModelSource, options: LoadOptions) -> LoadedModel:
     """``source`` on the backend ``options`` name (auto: its format's own: a GGUF file on llama.cpp in its own
     quantization, a Hugging Face directory on torch), by the loader the registry names for them. A model loaded
     without a transformers model gets one built on first use, for training (``LoadedModel.build_network``)."""
-    loaded = registry.loader(options.backend, source.format)(source.path, source.name, options)
+    load = registry.loader(options.backend, source.format)
+    if load is None:
+        raise ModelLoadError(registry.refusal(options.backend, source.format))
+    loaded = load(source.path, source.name, options)
     if loaded.network is None and loaded.build_network is None:
         loaded.build_network = lambda: registry.named(registry.TRAINING)(source.path)
     return loaded

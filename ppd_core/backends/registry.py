@@ -3,21 +3,16 @@
 which backend or format it holds. Loaders are named by module and function and imported on use, so a GGUF on
 llama.cpp never imports torch.
 
-A loader is ``load(path, name, options) -> LoadedModel`` (``LoadOptions``), raising a one-line ModelLoadError.
+A loader is ``load(path, name, options) -> LoadedModel`` (``ppd_core.loaded``), raising a one-line ModelLoadError.
+This table imports nothing of ppd, so the command line's choices can read it (``options.BACKEND_CHOICES``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from ppd_core.loaded import LoadedModel, LoadOptions
-
-Loader = Callable[["Path", str, "LoadOptions"], "LoadedModel"]
+Loader = Callable  # load(path: Path, name: str, options: LoadOptions) -> LoadedModel
 
 FORMATS = {"gguf": "a GGUF file", "hf": "a Hugging Face model directory"}  # a model's format: what it is on disk
 LOADERS: dict[tuple[str, str], str] = {  # (backend, format): "module:function"
@@ -34,16 +29,20 @@ def backends() -> tuple[str, ...]:
     return tuple(dict.fromkeys(backend for backend, _ in LOADERS))
 
 
-def loader(backend: str, model_format: str) -> Loader:
-    """The loader of ``model_format`` on ``backend`` ("auto": the format's default); ModelLoadError where that backend
-    runs no such model."""
-    from ppd_core.loaded import ModelLoadError  # noqa: PLC0415 - the table itself imports nothing of ppd
-
+def loader(backend: str, model_format: str) -> Loader | None:
+    """The loader of ``model_format`` on ``backend`` ("auto": the format's default); None where that backend runs no
+    such model (``refusal`` says why)."""
     backend = DEFAULTS[model_format] if backend == "auto" else backend
-    if (backend, model_format) not in LOADERS:
-        runs = " or ".join(FORMATS[f] for b, f in LOADERS if b == backend) or "no model"
-        raise ModelLoadError(f"the {backend} backend runs {runs}; this is {FORMATS[model_format]}")
-    return named(LOADERS[backend, model_format])
+    where = LOADERS.get((backend, model_format))
+    return None if where is None else named(where)
+
+
+def refusal(backend: str, model_format: str) -> str:
+    """Why ``backend`` does not load ``model_format``, in one line."""
+    if backend not in backends():
+        return f"unknown backend {backend!r}; choose one of {', '.join(('auto', *backends()))}"
+    runs = " or ".join(FORMATS[f] for b, f in LOADERS if b == backend)
+    return f"the {backend} backend runs {runs}; this is {FORMATS[model_format]}"
 
 
 def named(where: str) -> Callable:

@@ -16,7 +16,7 @@ from importlib import resources
 
 import numpy as np
 
-from ppd_core.backends import Decoder
+from ppd_core.backends import Decoder, StepRows
 from ppd_core.calibration.records import AcceptanceStats
 from ppd_core.decoding import Request, Speculator, generate
 from ppd_core.drafters.lookup import LookupStats
@@ -117,10 +117,11 @@ def answer_ranks(decoder: Decoder, prompt_table: np.ndarray, num_prompt_tokens: 
         for start in range(len(prompt), len(sequence), per_step):
             nodes = np.asarray(sequence[start : start + per_step], dtype=np.int64)
             tree = trees.get(len(nodes)) or trees.setdefault(len(nodes), chain_tree(len(nodes), n, V))
-            logits = decoder.tree_logits(cache, tree, nodes, prompt_table[tree.prompt_embedding_index])
+            rows = StepRows.of(tree, nodes, prompt_table[tree.prompt_embedding_index])
+            logits = decoder.tree_logits(cache, rows)
             model_tokens.extend(logits.argmax(slice(0, len(nodes))).tolist())
             guesses.extend(logits.top_of_mean(tree.prompt_slots[i], top_k) for i in range(len(nodes)))
-            decoder.keep(cache, start, list(range(len(nodes))))
+            decoder.keep(cache, start, list(range(len(nodes))), rows)
     finally:
         decoder.truncate(cache, 0)
     cuts = max(0, len(answer) - n)  # those whose n targets the model's tokens cover (``distillation.valid_cuts``)
