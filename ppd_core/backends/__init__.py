@@ -123,3 +123,4 @@ class Backend(Decoder, Protocol):
     def grammar(self, text: str) -> Grammar:
         """A grammar state for GBNF ``text`` on this vocabulary; a PpdError (one line) where the backend has no
         grammar engine."""
+        ...

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any
 
-Loader = Callable  # load(path: Path, name: str, options: LoadOptions) -> LoadedModel
+Loader = Callable[..., Any]  # load(path: Path, name: str, options: LoadOptions) -> LoadedModel
 
 FORMATS = {"gguf": "a GGUF file", "hf": "a Hugging Face model directory"}  # a model's format: what it is on disk
 LOADERS: dict[tuple[str, str], str] = {  # (backend, format): "module:function"

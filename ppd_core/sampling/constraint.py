@@ -25,30 +25,39 @@ class Grammar(Protocol):
 
     def close(self) -> None:
         """Free the state (idempotent)."""
+        ...
 
     def clone(self) -> Grammar:
         """A copy in the same state."""
+        ...
 
     def accept(self, token: int) -> None:
         """Advance by ``token`` (one the grammar allows)."""
+        ...
 
     def take(self, other: Grammar) -> None:
         """Become ``other``'s state (``other`` keeps this one's)."""
+        ...
 
     def child(self, token: int) -> Grammar:
         """A copy advanced by ``token``."""
+        ...
 
     def allows(self, tokens) -> np.ndarray:
         """[k] bool: which of ``tokens`` the grammar allows next."""
+        ...
 
     def check_opening(self) -> None:
         """A GrammarError unless some token can begin an answer, at a bearable cost per row."""
+        ...
 
     def allowed(self, row: np.ndarray) -> np.ndarray:
         """[vocab] float32: ``row`` with the tokens the grammar forbids at -inf (a copy)."""
+        ...
 
     def best(self, row: np.ndarray) -> int:
         """The constrained argmax of ``row`` [vocab]."""
+        ...
 
 
 def allowed_prefix(grammar: Grammar, tokens: Sequence[int]) -> list[int]:

@@ -70,9 +70,9 @@ class TorchDecoder:
     def __init__(self, model: PreTrainedModel | LeanDecoder):
         self.model = model
         weight = model.get_input_embeddings().weight
-        self.device = weight.device
-        self.dtype = weight.dtype
-        self.vocab_size = weight.shape[0]
+        self.device: torch.device = weight.device  # pyright: ignore
+        self.dtype: torch.dtype = weight.dtype  # pyright: ignore
+        self.vocab_size = int(weight.shape[0])
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         # fp32 / bf16 / fp16 matmuls and GPU kernels pick other reduction orders for other row counts: a tree row's
         # logits equal a plain step's up to rounding (greedy output up to near-ties), never bit for bit
