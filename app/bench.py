@@ -332,10 +332,10 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
     vanilla, ppd = run.modes["vanilla"].to_json(False), run.modes["ppd"].to_json(True)
     result = {
         "model": engine.loaded.name,
-        "device": describe(engine.loaded.device, engine.threads).to_json(),
+        "device": describe(engine.loaded.info.properties).to_json(),
         "quant": engine.loaded.quant,
-        "dtype": str(engine.loaded.dtype).removeprefix("torch."),
-        "backend": engine.loaded.backend.name,
+        "dtype": engine.loaded.info.dtype,
+        "backend": engine.loaded.info.name,
         "forward": engine.loaded.forward,
         "kernels": engine.loaded.kernels,
         "questions": num_questions,

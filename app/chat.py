@@ -273,7 +273,7 @@ class Chat:
         plain, ppd = results["vanilla"], results["ppd"]
         first = "plain" if order[0] == "vanilla" else "PPD"
         comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first,
-                                engine.loaded.backend.bitwise)
+                                engine.loaded.info.bitwise)
         self._last = comparison, self.host.calibrations
         return comparison
 

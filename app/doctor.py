@@ -38,15 +38,15 @@ class DoctorConfig:
 
 def on_gpu(engine: Engine) -> bool:
     """Whether steps run on a GPU: a CUDA torch device, or llama.cpp layers offloaded."""
-    return engine.loaded.device_kind == "cuda" or bool(engine.loaded.kernels.get("gpu_layers"))
+    return engine.loaded.info.on_gpu
 
 
 def engine_json(engine: Engine) -> dict:
-    loaded = engine.loaded
-    return {"model": loaded.name, "backend": loaded.backend.name, "forward": loaded.forward, "quant": loaded.quant,
-            "dtype": str(loaded.dtype).removeprefix("torch."), "torch_device": str(loaded.device),
-            "gpu_layers": loaded.kernels.get("gpu_layers"), "threads": engine.threads, "kernels": loaded.kernels,
-            "bitwise": bool(loaded.backend.bitwise), "exactness": engine.snapshot().exactness, "tree": engine.snapshot().tree,
+    loaded, info = engine.loaded, engine.loaded.info
+    return {"model": loaded.name, "backend": info.name, "forward": info.forward, "quant": loaded.quant,
+            "dtype": info.dtype, "torch_device": info.device,
+            "gpu_layers": info.kernels.get("gpu_layers"), "threads": info.threads, "kernels": info.kernels,
+            "bitwise": info.bitwise, "exactness": engine.snapshot().exactness, "tree": engine.snapshot().tree,
             "calibrated": engine.plan.profile is not None, "calibration": engine.plan.expectation}
 
 
@@ -105,9 +105,9 @@ def ppd_version() -> str:
 def run_doctor(engine: Engine, questions: list[str], config: DoctorConfig, log=None) -> dict:
     """Every check on ``engine``; the report object (``doctor.json``). Progress lines go to ``log`` (default: stderr)."""
     log = log or sys.stderr
-    environment = probe_environment(engine.loaded.device, engine.threads)
+    environment = probe_environment(engine.loaded.info.properties, engine.loaded.info.read_memory)
     comparisons, totals = check_answers(engine, questions, config.max_new_tokens, log)
-    bitwise = bool(engine.loaded.backend.bitwise)
+    bitwise = engine.loaded.info.bitwise
     result = verdict(comparisons, bitwise)
     print("ppd doctor: timing steps against tree size", file=log, flush=True)
     curve = latency_curve(engine, GPU_SIZES if on_gpu(engine) else CPU_SIZES, contexts=(CONTEXT,))

@@ -36,7 +36,7 @@ _MODULES = {  # module -> its public names ("name:attribute" where the module ca
     "ppd_core.static_trees": "STATIC_TREES",
     "ppd_core.sampling.params": "GREEDY SamplingParams ChosenSampling default_sampling",
     "ppd_core.sampling.logits": "MAX_TOP_LOGPROBS",
-    "ppd_core.grammar": "GrammarError json_grammar schema_grammar",
+    "ppd_core.backends.llamacpp.grammar": "GrammarError json_grammar schema_grammar",
     "ppd_core.stats": "GenerationStats",
     "ppd_core.text": "TextStream UnencodableText text_stream utf8",
     "ppd_core.drafters.lookup": "chains_text",

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from ppd_core.answer_request import AnswerRequest
-from ppd_core.backends import Decoder
+from ppd_core.backends import Decoder, StepRows
 from ppd_core.drafters.base import Draft, Drafter, Verified
 from ppd_core.drafters.merge import Merger, StepTree, root_only
 from ppd_core.drafters.prompt_tokens import GuessHook, PromptTokenDrafter, prompt_rows
-from ppd_core.grammar import Grammar
+from ppd_core.sampling.constraint import Grammar
 from ppd_core.sampling.logits import token_logprobs
 from ppd_core.sampling.params import GREEDY, SamplingParams
 from ppd_core.sampling.penalties import window
@@ -44,6 +44,7 @@ class Speculator:
     # as pays; None: every step fills its budget
     row_costs: tuple[float, ...] | None = None
     eos_token_ids: frozenset[int] = frozenset()  # the model's end-of-generation tokens: an answer ends at one
+    pad_to: int | None = None  # every step computed as exactly this many rows (``StepRows.pad_to``); None: its own
 
     @property
     def top_k(self) -> int:
@@ -56,7 +57,7 @@ class Speculator:
 
     def new_draft(self) -> Draft:
         """An empty draft for a step: the row budget (``rows``, at most the decoder's), the prompt tokens' shape."""
-        tree, most = self.family.trees[0], self.decoder.max_tree_rows
+        tree, most = self.family.trees[0], self.pad_to or self.decoder.info.max_tree_rows
         budget = most if self.rows is None else min(self.rows, most)
         if self.row_costs is not None:
             budget = min(budget, len(self.row_costs) - 1)  # no larger than the costs say
@@ -128,7 +129,8 @@ def verify(speculator: Speculator, state: DecodeState, step: StepTree) -> Verifi
     decoder, cache, tree = speculator.decoder, state.cache, step.tree
     cached = decoder.cache_length(cache)
     node_tokens = step.node_tokens  # [N]: the root, then the kept candidates
-    logits = decoder.tree_logits(cache, tree, node_tokens, prompt_rows(speculator.prompt_table, tree))  # [T, vocab]
+    rows = StepRows.of(tree, node_tokens, prompt_rows(speculator.prompt_table, tree), speculator.pad_to)
+    logits = decoder.tree_logits(cache, rows)  # [T, vocab]
 
     # the longest path the model agrees with; its own next token comes free
     node_list = node_tokens.tolist()
@@ -140,7 +142,7 @@ def verify(speculator: Speculator, state: DecodeState, step: StepTree) -> Verifi
     if state.logprobs is not None:
         reported = token_logprobs(logits.rows(np.asarray(path)), tokens, state.logprobs)
 
-    decoder.keep(cache, cached, path)  # the accepted path's KV; the rest dropped
+    decoder.keep(cache, cached, path, rows)  # the accepted path's KV; the rest dropped
     state.root = tokens[-1]
     stats = StepStats(tokens=tokens, from_guesses=len(path) - 1, tree_tokens=tree.num_tokens,
                       seconds=time.perf_counter() - start, logprobs=reported,

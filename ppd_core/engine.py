@@ -224,13 +224,13 @@ class Engine:
             chains = plan.new_chains()
         backend = self.loaded.backend
         constraint = request.grammar_state()  # this answer's: the request's compiled grammar stays as it was
-        backend.pad_steps(plan.padded_rows if ppd else None)  # the profile's step shape for PPD; plain: 1-token steps
         acceptance = plan.profile.acceptance if ppd and plan.profile is not None else None
         speculator = decoding.Speculator(backend, family, self._prompt_table, acceptance, self._merger,
                                          plan.budget if ppd else None,  # ``--tree N``: N rows a step in all
-                                         self._row_costs() if ppd else None, self.loaded.eos_token_ids)
+                                         self._row_costs() if ppd else None, eos_token_ids=self.loaded.eos_token_ids,
+                                         pad_to=plan.padded_rows if ppd else None)  # the profile's step shape; plain: 1 row
         context = DraftContext(input_ids, chains, constraint, self.new_forced_text, plan.new_forced_chains,
-                               backend.vocab_size, self._drafter_memory)
+                               backend.info.vocab_size, self._drafter_memory)
         answering = decoding.Answering(cache, reused, answer_drafters(context, self.drafters) if ppd else [],
                                        constraint, guess_hook)
         steps = decoding.generate(speculator, request, answering)

@@ -10,9 +10,8 @@ from conftest import tiny_llama
 from ppd_core.backends.torch.decoder import TorchDecoder
 from ppd_core.answer_request import check_answer
 from ppd_core.decoding import Speculator, generate
-from ppd_core.device_info import memory_of
+from ppd_core.backends.torch.device import memory_of, torch_properties as properties_of
 from ppd_core.device_memory import nvml_probe
-from ppd_core.device_info import properties_of
 from ppd_core.device_policy import attention_plan, compute_dtype, memory_source, native_bf16
 from ppd_core.backends.torch.lean.model import LeanDecoder
 from ppd_core.static_trees import STATIC_TREES
@@ -31,7 +30,7 @@ def test_policy_reads_the_real_device():
     assert properties.compute_capability == capability
     assert native_bf16(properties) == (capability >= (8, 0))
     assert compute_dtype(properties) == ("bfloat16" if capability >= (8, 0) else "float16")
-    reading = memory_of(CUDA, properties)
+    reading = memory_of(CUDA)
     assert 0 < reading.used_bytes < reading.total_bytes
     if memory_source(properties) == "nvml":  # NVML found the same card by UUID as torch numbers it
         nvml = nvml_probe(properties.uuid)

@@ -13,6 +13,7 @@ from ppd_core.diagnostics import (
     NEAR_TIE_LOGITS, AnswerComparison, FirstDifference, compare_answer, first_index, probe_environment, verdict,
 )
 from ppd_core import Engine
+from ppd_core.device_policy import cpu_properties
 
 # one thread: the CPU is shared with other work; a static tree: no calibration (--tree auto calibrates first)
 SMALL = ["--prompts", "2", "--max-new-tokens", "24", "--threads", "1", "--tree", "medium"]
@@ -187,7 +188,7 @@ def test_environment_without_the_optional_packages(monkeypatch):
 
     monkeypatch.setattr(llamacpp, "import_llama_cpp", missing)
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
-    env = probe_environment(torch.device("cpu"), threads=1).to_json()
+    env = probe_environment(cpu_properties(1)).to_json()
     assert env["llama_cpp"] == {"version": None, "system_info": None, "gpu_offload": None,
                                 "error": "llama-cpp-python is not usable here (No module named 'llama_cpp')"}
     assert env["bitsandbytes"] == "not installed"

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from ppd_core.grammar import schema_grammar
+from ppd_core.backends.llamacpp.grammar import schema_grammar
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.sampling.params import SamplingParams
 from ppd_core.plan import DecodePlan

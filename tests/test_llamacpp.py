@@ -16,6 +16,7 @@ import random
 import numpy as np
 import pytest
 
+from ppd_core.backends import StepRows
 from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 
 from ppd_core.backends.llamacpp.library import chat_model
@@ -91,8 +92,9 @@ def test_every_tree_node_equals_single_token_decoding_bitwise(llama_engine, deco
     cache = decoder.new_cache()
     decoder.prefill(cache, context)
     for rows in (None, prompt_rows):  # a token batch (no prompt rows), then an embedding batch after it was cut back
-        logits = decoder.tree_logits(cache, tree if rows is not None else plain_tree, nodes, rows).rows(slice(None))
-        decoder.keep(cache, len(context), [0])
+        step = StepRows.of(tree if rows is not None else plain_tree, nodes, rows)
+        logits = decoder.tree_logits(cache, step).rows(slice(None))
+        decoder.keep(cache, len(context), [0], step)
         decoder.truncate(cache, len(context))  # as a follow-up turn cuts a cache back
         for node in range(tree.num_nodes):
             assert np.array_equal(logits[node], expected[node]), f"node {node} at {cached} cached tokens"
@@ -109,9 +111,9 @@ def test_embedding_batch_equals_token_batch_bitwise(llama_engine, decoder):
         if embed:  # the same token rows, given as the file's own embedding rows, plus a prompt row the tree ignores
             rows = decoder.embedding_rows(chain[:1])
             with_prompt = build_tree(TreeSpec({**{(0,) * d: 0 for d in range(5)}, (0,) * 5: 1}), 1, 1, max_depth=5)
-            results.append(decoder.tree_logits(cache, with_prompt, chain, rows).rows(slice(0, 6)))
+            results.append(decoder.tree_logits(cache, StepRows.of(with_prompt, chain, rows)).rows(slice(0, 6)))
         else:
-            results.append(decoder.tree_logits(cache, tree, chain, None).rows(slice(None)))
+            results.append(decoder.tree_logits(cache, StepRows.of(tree, chain)).rows(slice(None)))
     assert np.array_equal(results[0], results[1])
 
 
@@ -129,8 +131,9 @@ def test_parked_rows_keep_later_steps_exact_through_truncation_and_rebuild(refer
         nodes = node_tokens_of(plain, step)
         path = plain.node_paths[choices.choice([0, 0, 1, 3, 5, 6, 7])]  # a random branch, often the root alone
         start = decoder.cache_length(cache)
-        decoder.tree_logits(cache, plain, nodes, None)
-        decoder.keep(cache, start, path)
+        rows = StepRows.of(plain, nodes)
+        decoder.tree_logits(cache, rows)
+        decoder.keep(cache, start, path, rows)
         accepted += [int(nodes[i]) for i in path]
         assert decoder.cache_length(cache) == len(accepted) and cache.tokens == accepted
         if step == 7:  # a follow-up turn that cut the answer back
@@ -329,7 +332,7 @@ def test_acceptance_through_llama_cpp_equals_one_cut_at_a_time(llama_engine, dec
     prompt = llama_engine.chat_ids([{"role": "user", "content": "Write a short poem about autumn leaves."}])
     [answer] = decoder_answers(decoder, 30, [])([prompt])
     ranks = answer_ranks(decoder, table, n, V, prompt, answer)
-    assert decoder.max_tree_rows // (1 + n * V) == 8 and ranks.shape == (30 - n, n)  # 4 steps, the last of 6 cuts
+    assert decoder.info.max_tree_rows // (1 + n * V) == 8 and ranks.shape == (30 - n, n)  # 4 steps, the last of 6 cuts
 
     sequence = prompt + answer
     cache = reference.new_cache()
@@ -340,7 +343,8 @@ def test_acceptance_through_llama_cpp_equals_one_cut_at_a_time(llama_engine, dec
     guesses = []
     for cut in range(len(prompt), len(sequence) - n):
         reference.prefill(cache, sequence[:cut])
-        logits = reference.tree_logits(cache, single, np.array([sequence[cut]]), table[single.prompt_embedding_index])
+        rows = StepRows.of(single, np.array([sequence[cut]]), table[single.prompt_embedding_index])
+        logits = reference.tree_logits(cache, rows)
         guesses.append(logits.top_of_mean(single.prompt_slots[0], 10))  # [n, 10]
         reference.truncate(cache, 0)
     truth = np.array([model_tokens[c + 1 : c + n + 1] for c in range(len(answer) - n)])  # [C, n]

@@ -246,7 +246,6 @@ def test_three_sources_merged_decode_exactly_what_plain_decoding_does(llama_defa
     prompts = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat.", "Count from 1 to 20."]
     totals = {"prompt tokens": 0, "lookup": 0, "branching": 0}
     drafted = dict.fromkeys(totals, 0)
-    backend.pad_steps(None)
     for prompt in prompts:
         ids = engine.chat_ids([{"role": "user", "content": prompt}])
         plain = [t for s in generate(Speculator(backend, vanilla_family()),

@@ -17,7 +17,7 @@ import pytest
 
 from app.structured import json_content
 from ppd_core import SamplingParams
-from ppd_core.grammar import schema_grammar
+from ppd_core.backends.llamacpp.grammar import schema_grammar
 from test_api import error_of, served  # noqa: F401 - a fixture
 from test_default_model import planted
 
@@ -47,7 +47,7 @@ def test_schemas_become_the_grammar_llama_server_makes_of_them():
     through it: its whitespace rule and integer bounds (from llama.cpp's tests/test-json-schema-to-grammar.cpp; the
     older Python port gives `" "?` and no bound); json_object and an empty schema are any object, as there; a chat's
     response_format is the JSON bare or in a ```json fence, whitespace around it, as llama-server's chat grammar."""
-    from ppd_core.grammar import json_grammar
+    from ppd_core.backends.llamacpp.grammar import json_grammar
     from ppd_core.native.schema import converter
 
     assert converter() is not None, "make setup did not build ppd_core/native (llama.cpp's schema converter)"
@@ -116,7 +116,7 @@ def test_constrained_ppd_equals_constrained_plain_decoding_and_validates(llama_d
 
 def test_seeded_constrained_sampling_is_valid_json(llama_default):
     """Sampled under the grammar, every token is one it allows, and every answer that ends is valid JSON."""
-    from ppd_core.grammar import allowed_prefix
+    from ppd_core.sampling.constraint import allowed_prefix
 
     prompt, schema = SCHEMAS[0]
     ids = llama_default.chat_ids([{"role": "user", "content": prompt}])

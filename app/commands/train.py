@@ -141,7 +141,7 @@ def train_model(args: argparse.Namespace, eval_questions: Path | None, claim, st
         engine = load_engine(args, auto_calibrate=False)
         record = record_acceptance(engine, ProgressBars(lambda _, done, total: status.write("acceptance", done, total)),
                                    prompts=args.acceptance_prompts)
-        print(f"acceptance record ({engine.loaded.backend.name}, {engine.loaded.quant}) written to {record}")
+        print(f"acceptance record ({engine.loaded.info.name}, {engine.loaded.quant}) written to {record}")
     status.write("done", 1, 1, force=True)
     return 0
 

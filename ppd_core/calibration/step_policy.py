@@ -4,7 +4,7 @@ them, and the step-cost function each policy prices steps with.
 * ``trees``: each step its own shape, trees of guesses between 1-token steps, each step priced by the curve timed
   in that alternation (``latency.measure_latency``). The CPU's choice: a row costs most of a step there, padding
   only adds rows.
-* ``fixed``: every generation step decoded as exactly ``rows`` rows (``Decoder.pad_steps``), plain steps too, so a
+* ``fixed``: every generation step decoded as exactly ``rows`` rows (``StepRows.pad_to``), plain steps too, so a
   GPU build of llama.cpp replays one CUDA graph; every step costs ``fixed_ms[rows]``, whatever its tree
   (``latency.measure_fixed``). On an H200 a tree step between 1-token steps cost 9-19 ms against 1.9-3.5 ms
   repeated (benchmarks/measurements/h200-steps-repeated-vs-alternating.json).

@@ -36,7 +36,7 @@ from ppd_core.drafters.base import Draft
 from ppd_core.tree import Tree, TreeSpec, build_tree, root_only_tree
 
 if TYPE_CHECKING:
-    from ppd_core.grammar import Grammar
+    from ppd_core.sampling.constraint import Grammar
 
 MAX_BUILT = 256  # tree shapes kept
 

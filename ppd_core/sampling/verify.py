@@ -22,7 +22,7 @@ from ppd_core.sampling.logits import HostLogits, StepLogits
 from ppd_core.sampling.penalties import penalize
 
 if TYPE_CHECKING:
-    from ppd_core.grammar import Grammar
+    from ppd_core.sampling.constraint import Grammar
     from ppd_core.sampling.params import SamplingParams
 
 
