@@ -17,7 +17,7 @@ from ppd_core.sampling.logits import MAX_TOP_LOGPROBS
 from ppd_core.sampling.params import GREEDY, SamplingParams
 
 if TYPE_CHECKING:
-    from ppd_core.grammar import Grammar
+    from ppd_core.sampling.constraint import Grammar
 
 Mode = Literal["ppd", "vanilla"]  # PPD's trees, or plain decoding (one token a step)
 MODES: tuple[Mode, ...] = ("ppd", "vanilla")
