@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from ppd_core import Engine, EngineConfig  # noqa: E402
-from ppd_core.grammar import schema_grammar  # noqa: E402
+from ppd_core import schema_grammar  # noqa: E402
 from ppd_core.drafters.base import right_guesses  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
 

@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from app.server_peer import ServerPeer, server_request  # noqa: E402
 from app.structured import json_content  # noqa: E402
 from ppd_core import Engine, EngineConfig, SamplingParams  # noqa: E402
-from ppd_core.grammar import schema_grammar  # noqa: E402
+from ppd_core import schema_grammar  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
 
