@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ppd_core.answer_request import AnswerRequest
-from ppd_core.backends import Decoder, StepRows
+from ppd_core.backend import Decoder, StepRows
 from ppd_core.drafters.base import Draft, Drafter, Verified
 from ppd_core.drafters.merge import Merger, StepTree, root_only
 from ppd_core.drafters.prompt_tokens import GuessHook, PromptTokenDrafter, prompt_rows

@@ -19,7 +19,7 @@ from ppd_core.memory import release_free_heap
 from ppd_core.options import DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
 
 if TYPE_CHECKING:
-    from ppd_core.backends import Backend, BackendInfo
+    from ppd_core.backend import Backend, BackendInfo
 
 
 class ModelLoadError(PpdError, RuntimeError):

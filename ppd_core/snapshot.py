@@ -17,7 +17,7 @@ from ppd_core.sampling.params import ChosenSampling, default_sampling
 from ppd_core.sampling.params import recommended
 
 if TYPE_CHECKING:
-    from ppd_core.backends import BackendInfo
+    from ppd_core.backend import BackendInfo
     from ppd_core.loaded import LoadedModel
     from ppd_core.plan import DecodePlan
     from ppd_core.drafters.prompt_tokens import PromptTokens

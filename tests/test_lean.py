@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import tiny_llama
-from ppd_core.backends import StepRows
+from ppd_core.backend import StepRows
 from ppd_core.backends.torch import cache as kv_cache
 from ppd_core.backends.torch.decoder import TorchDecoder, forward_hidden, logits_of
 from ppd_core.backends.torch.loading import load_gguf_with_transformers, pick_decoder

@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 
-from ppd_core.backends import StepRows
+from ppd_core.backend import StepRows
 from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 
 from ppd_core.backends.llamacpp.library import chat_model

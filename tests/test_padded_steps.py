@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ppd_core.backends import StepRows
+from ppd_core.backend import StepRows
 from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 
 from ppd_core.backends.llamacpp.library import LlamaCppError

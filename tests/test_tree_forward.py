@@ -6,7 +6,7 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.backends.torch import cache as kv_cache
-from ppd_core.backends import StepRows
+from ppd_core.backend import StepRows
 from ppd_core.backends.torch.decoder import TorchDecoder, forward_hidden
 from ppd_core.backends.torch.masks import additive_mask
 from ppd_core.backends.torch.loading import pick_decoder

@@ -15,7 +15,7 @@ import json
 import statistics
 import time
 
-from ppd_core.backends import Decoder
+from ppd_core.backend import Decoder
 from ppd_core import Engine, EngineConfig
 from ppd_core.options import BACKEND_CHOICES
 

@@ -16,7 +16,7 @@ from importlib import resources
 
 import numpy as np
 
-from ppd_core.backends import Decoder, StepRows
+from ppd_core.backend import Decoder, StepRows
 from ppd_core.calibration.records import AcceptanceStats
 from ppd_core.answer_request import check_answer
 from ppd_core.decoding import Speculator, generate

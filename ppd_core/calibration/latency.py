@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ppd_core.backends import Decoder
+from ppd_core.backend import Decoder
 from ppd_core.decoding import DecodeState, Speculator, prefill, tree_step
 from ppd_core.drafters.merge import from_tree
 from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppd_core.backends import BackendInfo, StepRows
+from ppd_core.backend import BackendInfo, StepRows
 from ppd_core.device_memory import read_memory
 from ppd_core.device_policy import cpu_properties, llama_extra_buffers, rows_bitwise
 from ppd_core.faults import fault

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ppd_core.backends import BackendInfo, StepRows
+from ppd_core.backend import BackendInfo, StepRows
 from ppd_core.backends.torch import device as torch_device
 from ppd_core.backends.torch.cache import Cache, new_cache
 from ppd_core.backends.torch.masks import TreeMasks
