@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from app.chat_settings import ChatSettings
 from app.highlight import Highlighter
+from app.history import Unfinished
 from app.model_host import ModelHost
 from app.model_queue import COMPARISON, Queued
 from app.readout import SPEED_DEFINITION, AnswerSpeed, compare_verdict, penalties_line
@@ -19,15 +20,6 @@ from ppd_core import (AnswerRequest, Engine, GenerationEvent, GenerationResult, 
                       PromptTooLongError, SamplingParams, StepPrices)
 from ppd_core.errors import PpdError
 
-
-@dataclass
-class Unfinished:
-    """An answer that ended at the length limit: its text, and the ids its model (``engine``) decoded it from and into
-    (the prompt, then the answer's tokens), so that Continue goes on from exactly those tokens."""
-
-    text: str
-    ids: list[int]
-    engine: Engine
 
 
 @dataclass

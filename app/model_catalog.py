@@ -13,6 +13,8 @@ import platformdirs
 
 from ppd_core.atomic_files import atomic_write
 
+DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too
+
 RECENT = 8  # recently loaded models kept
 
 

@@ -14,14 +14,13 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 from app.background_calibration import Abandoned, BackgroundCalibration
-from app.model_catalog import remember
+from app.model_catalog import DEFAULT_SPEC, remember
 from app.model_queue import ANSWER, CALIBRATION, QUITTING, SWITCH, ModelQueue, Queued
 from app.startup import Progress, Startup, failure_line
 from app.training_job import TrainingJob
 from ppd_core import AnswerRequest, Engine, GenerationEvent, ModelSnapshot, calibrate_engine
 from ppd_core.errors import PpdError
 
-DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too
 log = logging.getLogger(__name__)
 
 

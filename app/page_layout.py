@@ -4,19 +4,16 @@ wires them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from app.history import Conversation
+from app.history import Conversation, Unfinished
 from app.page_text import REPEAT_WINDOW_DETAILS
 from app.plots import COLUMNS
 from app.readout import SPEED_DEFINITION
 from ppd_core import ChosenSampling, default_sampling
 from ppd_core.sampling.fields import BY_NAME, FIELDS, NAMES, PENALTIES, SamplingField
 
-if TYPE_CHECKING:
-    from app.chat import Unfinished
 
 # The page's own status lines say what is going on; Gradio 6 draws its progress overlay and elapsed-time counter
 # ("0.1s") on every output of a running event whatever ``show_progress`` says (gradio-app/gradio#12406): not on these.

@@ -11,9 +11,8 @@ import gradio as gr
 
 from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, NEUTRAL_STYLE, PROMPT_MARK
 from app.history import Conversation, ConversationStore
-from app.model_catalog import size_words
-from app.model_host import DEFAULT_SPEC
-from app.training_job import duration
+from app.model_catalog import DEFAULT_SPEC, size_words
+from app.readout import duration
 from ppd_core import ChosenSampling, TrainingCost, chains_text
 from ppd_core.sampling.fields import FIELDS
 
