@@ -12,6 +12,7 @@ from app.chat_settings import ChatSettings
 from ppd_core import engine as engine_module
 from ppd_core.answer_request import PromptTooLongError, RequestError, check_answer
 from ppd_core.engine import Engine
+from ppd_core.sampling.fields import FIELDS, SamplingField
 from test_api import served  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,7 @@ def counted(monkeypatch):
     return counts
 
 
-def test_an_api_request_takes_the_snapshot_compiles_its_grammar_and_checks_once(served, counted):
+def test_an_api_request_takes_the_snapshot_compiles_its_grammar_and_checks_once(served, counted, monkeypatch):
     client, service, app, url = served
     service.engine.replan()  # a new plan: the snapshot kept for the old one is no longer this model's picture
     answer = client.chat.completions.create(
@@ -50,8 +51,12 @@ def test_an_api_request_takes_the_snapshot_compiles_its_grammar_and_checks_once(
     if answer.choices[0].finish_reason == "stop":
         assert "city" in json.loads(content)
     counted.clear()
+    checked: Counter = Counter()
+    problem = SamplingField.problem
+    monkeypatch.setattr(SamplingField, "problem", lambda field, value: checked.update([field.name]) or problem(field, value))
     client.chat.completions.create(model="m", messages=ASK, temperature=0, max_tokens=4)  # same plan: no new snapshot
     assert counted == {"check": 1, "template": 1}, counted
+    assert checked == {field.name: 1 for field in FIELDS}, checked  # each sampling field's range checked once
 
 
 def test_a_page_answer_and_a_comparison_compile_the_schema_once(served, counted):

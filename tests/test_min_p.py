@@ -119,7 +119,7 @@ def test_min_p_on_the_command_line_the_api_the_page_and_the_peer():
 
     import gradio as gr
 
-    from app.api.jobs import check_sampling, sampling_of
+    from app.api.jobs import sampling_of
     from app.api.errors import ApiError
     from app.api.schemas import ChatCompletionRequest
     from app.chat_settings import ChatSettings
@@ -137,7 +137,7 @@ def test_min_p_on_the_command_line_the_api_the_page_and_the_peer():
     assert sampling_of(request, default_sampling({})).min_p == 0.25
     assert sampling_of(ChatCompletionRequest(messages=question), default_sampling({})).min_p == 0.05
     with pytest.raises(ApiError) as refused:
-        check_sampling(ChatCompletionRequest(messages=question, min_p=1.5))
+        sampling_of(ChatCompletionRequest(messages=question, min_p=1.5), default_sampling({}))
     assert refused.value.param == "min_p" and str(refused.value) == "min_p must be between 0 (off) and 1, got 1.5"
     with gr.Blocks():
         panel = settings_panel()

@@ -15,7 +15,7 @@ from app.tools import ToolPlan, call_grammar, plan_tools, template_format
 from app.tools import prompt as tool_prompt
 from ppd_core import MAX_TOP_LOGPROBS, ChosenSampling, PromptTooLongError, RequestError, SamplingParams
 from ppd_core.sampling.fields import NAMES
-from ppd_core.sampling.params import out_of_range
+from ppd_core.sampling.params import SamplingError
 from ppd_core.errors import PpdError
 
 MAX_STOP_STRINGS = 4  # as OpenAI
@@ -39,22 +39,15 @@ def check_unsupported(request: RequestFields) -> None:
 SAMPLING_FIELDS = NAMES  # every sampling field (``ppd_core.sampling.fields``): the request's own, by the same names
 
 
-def check_sampling(request: RequestFields) -> None:
-    """The sampling fields a request sets, in range: ``ppd_core``'s one rule (``RANGES``), OpenAI's ranges where it
-    has the field, llama-server's else, and no subnormal temperature or penalty."""
-    for name in SAMPLING_FIELDS:
-        value = getattr(request, name)
-        if value is not None and (problem := out_of_range(name, value)):
-            raise ApiError(f"{name} {problem}", name)
-
-
 def sampling_of(request: RequestFields, defaults: ChosenSampling) -> SamplingParams:
-    """The request's sampling: its own fields, ``defaults`` (the model's) for those it leaves unset."""
+    """The request's sampling: its own fields, ``defaults`` (the model's) for those it leaves unset; each field checked
+    here, once, by its declared rule (``ppd_core.sampling.fields``: OpenAI's range where OpenAI has the field,
+    llama-server's else), a 400 naming it."""
     try:
         return defaults.params(**{name: getattr(request, name) for name in SAMPLING_FIELDS},
                                acceptance=request.acceptance, seed=request.seed)
-    except PpdError as error:
-        raise ApiError(str(error), "seed" if str(error).startswith("seed") else None) from None
+    except SamplingError as error:
+        raise ApiError(f"{error.field} {error.problem}", error.field) from None
 
 
 def stop_strings(request: RequestFields) -> list[str]:
@@ -86,7 +79,6 @@ def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequ
         messages, field = None, "prompt"
     else:
         messages, field = chat_messages(request), "messages"
-    check_sampling(request)
     stops = stop_strings(request)
     limit, limit_field = answer_limit(request)
     try:

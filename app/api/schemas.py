@@ -29,7 +29,7 @@ class StreamOptions(BaseModel):
 
 
 # Every sampling field (``ppd_core.sampling.fields``) as an optional request field of its type: unset, the model's
-# recommendation, else llama-server's default (``sampling_defaults``); ranges checked by ``jobs.check_sampling``. The
+# recommendation, else llama-server's default (``sampling_defaults``); ranges checked once, by ``SamplingParams`` (``jobs.sampling_of``). The
 # OpenAI names where OpenAI has the field; llama-server's (the same meaning) else.
 if TYPE_CHECKING:
     SamplingFields = BaseModel  # what a type checker sees: the fields are read by name (``sampling_fields``)

@@ -38,6 +38,14 @@ def out_of_range(name: str, value) -> str | None:
     return BY_NAME[name].problem(value)
 
 
+class SamplingError(PpdError):
+    """A sampling value its field's rule refuses; ``field`` names the field, ``problem`` says what is wrong."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field.replace('_', '-')} {problem}")
+        self.field, self.problem = field, problem
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     # the sampling fields (``fields.py`` declares them: ranges, defaults, names); then how guesses are verified
@@ -59,11 +67,11 @@ class SamplingParams:
         for field in SAMPLING_FIELDS:
             problem = field.problem(getattr(self, field.name))
             if problem:
-                raise PpdError(f"{field.flag.removeprefix('--')} {problem}")
+                raise SamplingError(field.name, problem)
         if self.acceptance not in ACCEPTANCE_RULES:
             raise PpdError(f"unknown acceptance {self.acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # a 64-bit seed, as the OpenAI API takes
-            raise PpdError(f"seed must be a 64-bit integer, got {self.seed}")
+            raise SamplingError("seed", f"must be a 64-bit integer, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
