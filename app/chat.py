@@ -15,8 +15,8 @@ from app.highlight import Highlighter
 from app.model_host import ModelHost
 from app.model_queue import COMPARISON, Queued
 from app.readout import SPEED_DEFINITION, AnswerSpeed, compare_verdict, penalties_line
-from ppd_core import (Engine, GenerationEvent, GenerationResult, GenerationStats, LiveEstimate, SamplingParams,
-                             StepPrices)
+from ppd_core import Engine, GenerationEvent, GenerationResult, GenerationStats, Mode, SamplingParams
+from ppd_core.calibration.prices import LiveEstimate, StepPrices
 from ppd_core.errors import PpdError
 
 
@@ -48,9 +48,9 @@ Make = Callable[[Engine], tuple[list[int], str]]  # the prompt's ids as a model 
 
 @dataclass
 class Comparison:
-    vanilla_text: str
+    plain_text: str
     ppd_text: str
-    vanilla_stats: GenerationStats
+    plain_stats: GenerationStats
     ppd_stats: GenerationStats
     identical: bool
     first: str  # "plain" or "PPD": the order alternates between comparisons
@@ -58,7 +58,7 @@ class Comparison:
 
     @property
     def speedup(self) -> float:
-        return self.ppd_stats.tok_s / self.vanilla_stats.tok_s if self.vanilla_stats.tok_s else 0.0
+        return self.ppd_stats.tok_s / self.plain_stats.tok_s if self.plain_stats.tok_s else 0.0
 
     def verdict(self) -> str:
         """In words, the figures behind a toggle: "PPD was 1.42x faster on this answer; identical text."."""
@@ -68,11 +68,11 @@ class Comparison:
             differs = ("on this path tree steps round differently from single steps, and a near-tie between two tokens "
                        "resolved the other way")
         second = "PPD" if self.first == "plain" else "plain"
-        details = (f"Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.vanilla_stats.seconds:.2f} s "
+        details = (f"Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.plain_stats.seconds:.2f} s "
                    f"({SPEED_DEFINITION}, greedy, no cache reuse on either side; {self.first} ran first, {second} "
                    f"second: the order alternates between comparisons); {self.ppd_stats.mean_accepted:.2f} tokens per "
                    f"PPD step.")
-        return compare_verdict(self.speedup, self.ppd_stats.tok_s, self.vanilla_stats.tok_s, self.identical, differs,
+        return compare_verdict(self.speedup, self.ppd_stats.tok_s, self.plain_stats.tok_s, self.identical, differs,
                                details)
 
 
@@ -181,7 +181,7 @@ class Chat:
                 before: str = "") -> Iterator[AnswerUpdate]:
         """The answer's updates; ``make`` makes the ids again for another model switched in before its turn;
         ``before``: the answer's text before these ids' end (a continued answer)."""
-        mode = "ppd" if settings.ppd else "vanilla"
+        mode = "ppd" if settings.ppd else "plain"
         event: GenerationEvent | None = None
         reading: Reading | None = None
         notes, prompt = [note], [ids]  # the trimming note of the ids that are decoded, and those ids
@@ -255,7 +255,7 @@ class Chat:
         engine = self.host.engine
         grammar = self.checked_grammar(settings, engine)
         ids, _ = self.prepare(messages, settings, engine)  # refused before waiting where it does not fit
-        order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
+        order = ("plain", "ppd") if self._comparisons % 2 == 0 else ("ppd", "plain")
         self._comparisons += 1
         with self.host.turn(COMPARISON):
             if self.host.engine is not engine:  # another model was switched in before this turn: its own ids
@@ -264,22 +264,22 @@ class Chat:
                 ids, _ = self.prepare(messages, settings, engine)
             greedy, max_new = SamplingParams(**settings.penalties()), int(settings.max_new_tokens)
 
-            def run(mode: str) -> GenerationResult:
+            def run(mode: Mode) -> GenerationResult:
                 def told(tokens: int) -> None:
                     if progress is not None:
                         progress(COMPARED[mode], tokens, max_new)
                 return generated(engine.stream(ids, mode, max_new, sampling=greedy, grammar=grammar, chat=True), told)
 
             results = {mode: run(mode) for mode in order}
-        plain, ppd = results["vanilla"], results["ppd"]
-        first = "plain" if order[0] == "vanilla" else "PPD"
+        plain, ppd = results["plain"], results["ppd"]
+        first = "plain" if order[0] == "plain" else "PPD"
         comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first,
                                 engine.loaded.backend.bitwise)
         self._last = comparison, self.host.calibrations
         return comparison
 
 
-COMPARED = {"vanilla": "plain decoding", "ppd": "PPD"}
+COMPARED = {"plain": "plain decoding", "ppd": "PPD"}
 
 
 def generated(events: Iterator[GenerationEvent], step: Callable[[int], object]) -> GenerationResult:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from app.structured import FieldError, checked_schema_grammar
-from ppd_core import SamplingParams
+from ppd_core import Acceptance, SamplingParams
 
 
 @dataclass
@@ -16,7 +16,7 @@ class ChatSettings:
     top_p: float = 1.0
     max_new_tokens: int = 256
     ppd: bool = True
-    acceptance: str = "lossless"  # or "typical" (faster, not distribution-preserving)
+    acceptance: Acceptance = "lossless"  # or "typical" (faster, not distribution-preserving)
     highlight: bool = False  # mark the tokens that came from accepted guesses
     top_k: int = 0  # 0: off
     repeat_penalty: float = 1.0  # llama.cpp's repetition penalties (``PENALTY_FIELDS``): off at these values

@@ -18,7 +18,8 @@ from app.model_catalog import remember
 from app.model_queue import ANSWER, CALIBRATION, QUITTING, SWITCH, ModelQueue, Queued
 from app.startup import Progress, Startup, failure_line
 from app.training_job import TrainingJob
-from ppd_core import Engine, GenerationEvent, ModelSnapshot, SamplingParams, calibrate_engine
+from ppd_core import Engine, GenerationEvent, Mode, ModelSnapshot, SamplingParams
+from ppd_core.calibration.verbs import calibrate_engine
 from ppd_core.errors import PpdError
 
 DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too
@@ -276,7 +277,7 @@ class ModelHost:
             self._jobs[name] = TrainingJob(self.spec, name, self.train_options)
         return self._jobs[name]
 
-    def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
+    def decode(self, ids: list[int], mode: Mode, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
                stop: Callable[[], bool] | None = None, ticket: int | None = None,
                logprobs: int | None = None, made_for: Engine | None = None, grammar: str | None = None,
                remake: Callable[[Engine], list[int]] | None = None, chat: bool = False) -> Iterator[Queued | GenerationEvent]:

@@ -12,7 +12,7 @@ from app.history import Conversation
 from app.page_text import REPEAT_WINDOW_DETAILS, SAMPLING_LABELS
 from app.plots import COLUMNS
 from app.readout import SPEED_DEFINITION
-from ppd_core import default_sampling
+from ppd_core.sampling.params import default_sampling
 
 if TYPE_CHECKING:
     from app.chat import Unfinished

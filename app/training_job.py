@@ -17,7 +17,7 @@ from pathlib import Path
 import platformdirs
 
 from app.trainer_lock import Trainer, describe, live_trainer
-from ppd_core import TrainSize
+from ppd_core.training.cost import TrainSize
 from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 

@@ -13,6 +13,7 @@ import gc
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from ppd_core import decoding
 from ppd_core.calibration.profiles import DeviceProfile
@@ -29,12 +30,13 @@ from ppd_core.progress import Progress
 from ppd_core.drafters.prompt_tokens import PromptTokens
 from ppd_core.sampling.params import GREEDY, SamplingParams
 from ppd_core.snapshot import ModelSnapshot, take_snapshot, thread_count
-from ppd_core.stats import GenerationStats, StepStats
+from ppd_core.stats import GenerationStats, StepStats, StopReason
 from ppd_core.text import chat_ids, text_stream
-from ppd_core.tree import vanilla_family
+from ppd_core.tree import plain_family
 from ppd_core.turn_end import TurnEnd, turn_stops
 
-MODES = ("ppd", "vanilla")
+Mode = Literal["ppd", "plain"]  # PPD, or plain decoding: one token a step
+MODES: tuple[Mode, ...] = ("ppd", "plain")
 log = logging.getLogger(__name__)
 
 
@@ -47,7 +49,7 @@ class GenerationEvent:
     tokens: list[int]  # answer token ids so far
     step: StepStats
     stats: GenerationStats
-    stop_reason: str | None = None  # set on the last event
+    stop_reason: StopReason | None = None  # set on the last event
 
     @property
     def finished(self) -> bool:
@@ -68,7 +70,7 @@ class GenerationResult:
     text: str
     tokens: list[int]
     stats: GenerationStats
-    stop_reason: str
+    stop_reason: StopReason
     steps: list[StepStats] = field(default_factory=list)
 
 
@@ -81,7 +83,7 @@ class Engine:
         self.plan = plan  # replaced whole (``replan``), never edited
         self.max_context = max_context
         self._kept: KeptCache | None = None
-        self._vanilla = vanilla_family()
+        self._plain = plain_family()
         self._prompt_table = prompt_tokens.table() if prompt_tokens.num_prompt_tokens else None  # [n * V, hidden]
         self._char_tokens: dict[str, int] | None = None  # the forced-text drafter's single-character tokens
         self._merger = Merger()  # the steps' merge: the tree shapes it built serve every answer
@@ -189,7 +191,7 @@ class Engine:
     def stream(
         self,
         input_ids: Sequence[int],
-        mode: str = "ppd",
+        mode: Mode = "ppd",
         max_new_tokens: int = 256,
         guess_hook: decoding.GuessHook | None = None,
         reuse_cache: bool = False,
@@ -211,7 +213,7 @@ class Engine:
             raise PpdError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         plan = self.plan
         ppd = mode == "ppd" and not plan.guesses.plain_only
-        family = plan.family if mode == "ppd" else self._vanilla
+        family = plan.family if mode == "ppd" else self._plain
         cache, reused, chains = self._take_cache(input_ids) if reuse_cache else (None, 0, None)
         stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
@@ -311,7 +313,7 @@ class Engine:
         self.loaded.backend.truncate(cache, length)  # drops guesses accepted past a stop
         self._kept = KeptCache(cache, ids[:length], chains)
 
-    def generate(self, input_ids: Sequence[int], mode: str = "ppd", max_new_tokens: int = 256, **kwargs) -> GenerationResult:
+    def generate(self, input_ids: Sequence[int], mode: Mode = "ppd", max_new_tokens: int = 256, **kwargs) -> GenerationResult:
         """Run ``stream`` to the end."""
         steps = []
         event = None

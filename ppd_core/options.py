@@ -6,7 +6,11 @@ that act on a choice import the same names from here.
 
 from __future__ import annotations
 
-BACKEND_CHOICES = ("auto", "llamacpp", "torch")
+from typing import Literal
+
+BackendName = Literal["llamacpp", "torch"]  # what decodes (``Decoder.name``): the readout, the bench and the API say it
+BackendChoice = Literal["auto", "llamacpp", "torch"]  # what the user asks for; "auto": llama.cpp for a GGUF, else torch
+BACKEND_CHOICES: tuple[BackendChoice, ...] = ("auto", "llamacpp", "torch")
 QUANT_CHOICES = ("auto", "none", "4bit", "8bit")  # torch: auto = none (the model's own weights); 4bit/8bit: bitsandbytes
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 FORWARD_CHOICES = ("lean", "transformers")

@@ -11,11 +11,17 @@ from app.commands.options import add_model_options, add_sampling_options, sampli
 from ppd_core.errors import PpdError
 
 
+def mode_name(mode: str) -> str:
+    """``--mode``'s value; "vanilla", plain decoding's name in the README before issue 52, is taken as "plain"."""
+    return "plain" if mode == "vanilla" else mode
+
+
 def register(commands) -> None:
     """Add `ppd generate`'s sub-parser to ``commands``."""
     generate = commands.add_parser("generate", help="answer one chat message")
     generate.add_argument("text")
-    generate.add_argument("--mode", default="ppd", choices=["ppd", "vanilla"])
+    generate.add_argument("--mode", default="ppd", choices=["ppd", "plain"], type=mode_name,
+                          help="PPD (the default), or plain decoding: one token a step")
     generate.add_argument("--max-new-tokens", type=int, default=256)
     add_sampling_options(generate)
     generate.add_argument("--system", default=None, help="system prompt")
@@ -29,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         raise PpdError("--max-new-tokens must be at least 1")
     if not args.text.strip():
         raise PpdError("the message is empty")
-    from ppd_core import check_prompt_fits
+    from ppd_core.decoding import check_prompt_fits
 
     engine = load_engine(args, auto_calibrate=False)  # the answer never waits for a calibration
     if engine.has_chat_template:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # annotations only: the protocol imports nothing, so each wing sits right above what it uses
     import numpy as np
 
+    from ppd_core.options import BackendName
     from ppd_core.sampling.logits import StepLogits
     from ppd_core.tree import Tree
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # annotations only: the protocol imports nothing, so each win
 class Decoder(Protocol):
     """What decoding needs of a model. A cache is opaque: only its backend reads or edits it."""
 
-    name: str  # "torch" or "llamacpp": reported by the readout, the bench and the API (a label, never dispatched on)
+    name: BackendName  # reported by the readout, the bench and the API (a label, never dispatched on)
     forward: str  # what computes a step: "llamacpp", "lean" or "transformers"
     threads: int  # CPU threads a step runs on (llama.cpp's context's; torch's, process-wide)
     pads_steps: bool  # ``pad_steps`` changes the step's shape (llama.cpp: one CUDA graph per shape)

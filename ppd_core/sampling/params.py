@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ppd_core.errors import PpdError
 
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-ACCEPTANCE_RULES = ("lossless", "typical")
+Acceptance = Literal["lossless", "typical"]  # how sampled guesses are verified
+ACCEPTANCE_RULES: tuple[Acceptance, ...] = ("lossless", "typical")
 # The smallest temperature and repeat penalty above 0: logits are divided by them (in float32 for the penalty), and
 # a subnormal one (1e-320) made them infinite: junk answers, and a token the grammar forbids. 0.001 scales a logit
 # of 100 to 1e5, far inside float32.
@@ -58,7 +59,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0  # nucleus: keep the smallest set of tokens with at least this mass
     top_k: int = 0  # keep the k most likely tokens; 0: all
-    acceptance: str = "lossless"
+    acceptance: Acceptance = "lossless"
     seed: int | None = None  # reproducible sampling
     typical_epsilon: float = 0.09  # typical acceptance: p(candidate) > min(epsilon, alpha * exp(-entropy))
     typical_alpha: float = 0.3
