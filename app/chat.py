@@ -16,8 +16,9 @@ from app.history import Unfinished
 from app.model_host import ModelHost
 from app.model_queue import COMPARISON, Queued
 from app.readout import SPEED_DEFINITION, AnswerSpeed, compare_verdict, penalties_line
-from ppd_core import (AnswerRequest, Engine, GenerationEvent, GenerationResult, GenerationStats, LiveEstimate,
-                      PromptTooLongError, SamplingParams, StepPrices)
+from ppd_core import (AnswerRequest, Engine, GenerationEvent, GenerationResult, GenerationStats, Mode,
+                      PromptTooLongError, SamplingParams)
+from ppd_core.calibration.prices import LiveEstimate, StepPrices
 from ppd_core.errors import PpdError
 
 
@@ -40,9 +41,9 @@ Make = Callable[[Engine], tuple[AnswerRequest, str]]  # the request as a model m
 
 @dataclass
 class Comparison:
-    vanilla_text: str
+    plain_text: str
     ppd_text: str
-    vanilla_stats: GenerationStats
+    plain_stats: GenerationStats
     ppd_stats: GenerationStats
     identical: bool
     first: str  # "plain" or "PPD": the order alternates between comparisons
@@ -50,7 +51,7 @@ class Comparison:
 
     @property
     def speedup(self) -> float:
-        return self.ppd_stats.tok_s / self.vanilla_stats.tok_s if self.vanilla_stats.tok_s else 0.0
+        return self.ppd_stats.tok_s / self.plain_stats.tok_s if self.plain_stats.tok_s else 0.0
 
     def verdict(self) -> str:
         """In words, the figures behind a toggle: "PPD was 1.42x faster on this answer; identical text."."""
@@ -60,11 +61,11 @@ class Comparison:
             differs = ("on this path tree steps round differently from single steps, and a near-tie between two tokens "
                        "resolved the other way")
         second = "PPD" if self.first == "plain" else "plain"
-        details = (f"Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.vanilla_stats.seconds:.2f} s "
+        details = (f"Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.plain_stats.seconds:.2f} s "
                    f"({SPEED_DEFINITION}, greedy, no cache reuse on either side; {self.first} ran first, {second} "
                    f"second: the order alternates between comparisons); {self.ppd_stats.mean_accepted:.2f} tokens per "
                    f"PPD step.")
-        return compare_verdict(self.speedup, self.ppd_stats.tok_s, self.vanilla_stats.tok_s, self.identical, differs,
+        return compare_verdict(self.speedup, self.ppd_stats.tok_s, self.plain_stats.tok_s, self.identical, differs,
                                details)
 
 
@@ -103,7 +104,7 @@ class Chat:
         return self._last[0]
 
     def prepare(self, messages: list[dict], settings: ChatSettings, engine: Engine | None = None,
-                mode: str | None = None, sampling: SamplingParams | None = None) -> tuple[AnswerRequest, str]:
+                mode: Mode | None = None, sampling: SamplingParams | None = None) -> tuple[AnswerRequest, str]:
         """The answer's request, checked by ``engine`` (default: the one loaded now, the only one that may answer it):
         the conversation in the chat template, dropping the oldest turns until prompt + answer fit, with the
         settings' limit, sampling (or ``sampling``), mode (or ``mode``) and JSON schema; and the trimming note."""
@@ -122,12 +123,12 @@ class Chat:
         return self.checked(ids, settings, engine, mode, sampling), note
 
     @staticmethod
-    def checked(ids: list[int], settings: ChatSettings, engine: Engine, mode: str | None = None,
+    def checked(ids: list[int], settings: ChatSettings, engine: Engine, mode: Mode | None = None,
                 sampling: SamplingParams | None = None) -> AnswerRequest:
         """``ids`` answered with the settings, checked by ``engine`` (``Engine.check``, once): a conversation too long
         for the context, or a JSON schema the model cannot follow, is refused in one line."""
         try:
-            return engine.check(ids, int(settings.max_new_tokens), mode=mode or ("ppd" if settings.ppd else "vanilla"),
+            return engine.check(ids, int(settings.max_new_tokens), mode=mode or ("ppd" if settings.ppd else "plain"),
                                 sampling=sampling or settings.sampling(), grammar=settings.grammar(), chat=True,
                                 reuse_cache=True)
         except PromptTooLongError as error:
@@ -247,7 +248,7 @@ class Chat:
         engine = self.host.engine
         greedy = SamplingParams(**settings.penalties())
         request, _ = self.prepare(messages, settings, engine, sampling=greedy)  # refused before waiting where it does not fit
-        order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
+        order: tuple[Mode, Mode] = ("plain", "ppd") if self._comparisons % 2 == 0 else ("ppd", "plain")
         self._comparisons += 1
         with self.host.turn(COMPARISON):
             if self.host.engine is not engine:  # another model was switched in before this turn: its own request
@@ -255,22 +256,22 @@ class Chat:
                 request, _ = self.prepare(messages, settings, engine, sampling=greedy)
             request, max_new = replace(request, reuse_cache=False), request.max_new_tokens
 
-            def run(mode: str) -> GenerationResult:
+            def run(mode: Mode) -> GenerationResult:
                 def told(tokens: int) -> None:
                     if progress is not None:
                         progress(COMPARED[mode], tokens, max_new)
                 return generated(engine.answer(replace(request, mode=mode)), told)  # type: ignore[arg-type]
 
             results = {mode: run(mode) for mode in order}
-        plain, ppd = results["vanilla"], results["ppd"]
-        first = "plain" if order[0] == "vanilla" else "PPD"
+        plain, ppd = results["plain"], results["ppd"]
+        first = "plain" if order[0] == "plain" else "PPD"
         comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first,
                                 engine.loaded.info.bitwise)
         self._last = comparison, self.host.calibrations
         return comparison
 
 
-COMPARED = {"vanilla": "plain decoding", "ppd": "PPD"}
+COMPARED = {"plain": "plain decoding", "ppd": "PPD"}
 
 
 def generated(events: Iterator[GenerationEvent], step: Callable[[int], object]) -> GenerationResult:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field, fields
 
 from app.structured import FieldError, checked_schema_grammar
-from ppd_core import SamplingParams
+from ppd_core import Acceptance, SamplingParams
 from ppd_core.sampling.fields import FIELDS, NAMES, PENALTIES
 
 
@@ -15,7 +15,7 @@ class ChatSettings:
     system_prompt: str = ""
     max_new_tokens: int = 256
     ppd: bool = True
-    acceptance: str = "lossless"  # or "typical" (faster, not distribution-preserving)
+    acceptance: Acceptance = "lossless"  # or "typical" (faster, not distribution-preserving)
     highlight: bool = False  # mark the tokens that came from accepted guesses
     schema: str = ""  # the page's JSON schema box: empty for free text
     values: dict = field(default_factory=dict)  # every sampling field's value (``FIELDS``); unset or None: off

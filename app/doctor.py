@@ -17,10 +17,10 @@ from pathlib import Path
 
 from app.bench import ModeTotals, timed_answer
 from ppd_core.atomic_files import atomic_write
-from ppd_core import (
-    GREEDY, NEAR_TIE_LOGITS, AnswerComparison, Engine, chains_text, compare_answer, latency_curve, next_token_logits,
-    probe_environment, verdict,
-)
+from ppd_core import GREEDY, Engine
+from ppd_core.calibration.verbs import latency_curve, next_token_logits
+from ppd_core.diagnostics import NEAR_TIE_LOGITS, AnswerComparison, compare_answer, probe_environment, verdict
+from ppd_core.drafters.lookup import chains_text
 from ppd_core.errors import PpdError
 
 CPU_SIZES = (1, 2, 4, 8, 16)  # a short curve: each CPU row costs most of a step, larger trees never win there
@@ -56,18 +56,18 @@ def check_answers(engine: Engine, questions: list[str], max_new_tokens: int,
     Progress lines go to ``log`` (default: stderr)."""
     log = log or sys.stderr
     warmup = engine.chat_ids([{"role": "user", "content": WARMUP}])
-    for mode in ("vanilla", "ppd"):
+    for mode in ("plain", "ppd"):
         engine.generate(warmup, mode, 8)
-    totals = {"vanilla": ModeTotals(), "ppd": ModeTotals()}
+    totals = {"plain": ModeTotals(), "ppd": ModeTotals()}
     comparisons = []
     for number, question in enumerate(questions):
         ids = engine.chat_ids([{"role": "user", "content": question}])
         answers = {}
-        for mode in ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla"):
+        for mode in ("plain", "ppd") if number % 2 == 0 else ("ppd", "plain"):
             engine.forget_conversation()  # each answer processes its prompt: the second would reuse the first's
             answers[mode] = timed_answer(engine, ids, mode, max_new_tokens, [totals[mode]], GREEDY)
         engine.forget_conversation()
-        comparisons.append(compare_answer(number, ids, answers["vanilla"], answers["ppd"], lambda ids: next_token_logits(engine, ids)))
+        comparisons.append(compare_answer(number, ids, answers["plain"], answers["ppd"], lambda ids: next_token_logits(engine, ids)))
         same = "identical" if comparisons[-1].identical else f"part at token {comparisons[-1].difference.index}"
         print(f"ppd doctor: [{number + 1}/{len(questions)}] answers {same}", file=log, flush=True)
     return comparisons, totals
@@ -111,7 +111,7 @@ def run_doctor(engine: Engine, questions: list[str], config: DoctorConfig, log=N
     result = verdict(comparisons, bitwise)
     print("ppd doctor: timing steps against tree size", file=log, flush=True)
     curve = latency_curve(engine, GPU_SIZES if on_gpu(engine) else CPU_SIZES, contexts=(CONTEXT,))
-    plain, ppd = totals["vanilla"].to_json(True), totals["ppd"].to_json(True)
+    plain, ppd = totals["plain"].to_json(True), totals["ppd"].to_json(True)
     return {
         "ppd_version": ppd_version(),
         "command": config.command,

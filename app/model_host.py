@@ -18,7 +18,8 @@ from app.model_catalog import DEFAULT_SPEC, remember
 from app.model_queue import ANSWER, CALIBRATION, QUITTING, SWITCH, ModelQueue, Queued
 from app.startup import Progress, Startup, failure_line
 from app.training_job import TrainingJob
-from ppd_core import AnswerRequest, Engine, GenerationEvent, ModelSnapshot, calibrate_engine
+from ppd_core import AnswerRequest, Engine, GenerationEvent, ModelSnapshot
+from ppd_core.calibration.verbs import calibrate_engine
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)

@@ -275,8 +275,8 @@ class AnswerHandlers:
             gr.Warning(str(error))
             yield {panel.verdict: str(error)}
             return
-        plain, ppd = result.vanilla_stats, result.ppd_stats
-        yield {panel.plain: f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.vanilla_text}",
+        plain, ppd = result.plain_stats, result.ppd_stats
+        yield {panel.plain: f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.plain_text}",
                panel.ppd: f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
                panel.verdict: result.verdict()}
 

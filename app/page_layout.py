@@ -11,8 +11,9 @@ from app.history import Conversation, Unfinished
 from app.page_text import REPEAT_WINDOW_DETAILS
 from app.plots import COLUMNS
 from app.readout import SPEED_DEFINITION
-from ppd_core import ChosenSampling, default_sampling
+from ppd_core import ChosenSampling
 from ppd_core.sampling.fields import BY_NAME, FIELDS, NAMES, PENALTIES, SamplingField
+from ppd_core.sampling.params import default_sampling
 
 
 # The page's own status lines say what is going on; Gradio 6 draws its progress overlay and elapsed-time counter

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppd_core import DRIFT, GenerationStats, LiveEstimate, SamplingParams
+from ppd_core import GenerationStats, SamplingParams
+from ppd_core.calibration.prices import DRIFT, LiveEstimate
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 SAME_SPEED = 0.03  # within this of 1x, "about as fast"

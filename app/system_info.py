@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ppd_core import ModelSnapshot, PromptTokensInfo, chains_text, describe
+from ppd_core import ModelSnapshot, PromptTokensInfo
+from ppd_core.device_info import describe, memory_of
+from ppd_core.drafters.lookup import chains_text
 
 
 def gib(count: int) -> str:
@@ -109,7 +111,7 @@ def guess_words(model: ModelSnapshot) -> str:
 def step_words(model: ModelSnapshot) -> str:
     """How decoding shapes its steps, in plain words (the step policy's costs are in Details)."""
     if model.profile is None:
-        return ("one token at a time until this device is calibrated" if model.tree["name"] == "vanilla" else
+        return ("one token at a time until this device is calibrated" if model.tree["name"] == "plain" else
                 "a built-in tree of guesses checked with each next token (not calibrated for this device)")
     kind = getattr(model.profile.policy, "kind", "trees")
     if kind == "fixed":

@@ -19,7 +19,7 @@ import platformdirs
 from app.readout import duration
 from app.train_options import add_training_options
 from app.trainer_lock import Trainer, describe, live_trainer
-from ppd_core import TrainSize
+from ppd_core.training.cost import TrainSize
 from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 

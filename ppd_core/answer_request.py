@@ -19,8 +19,8 @@ from ppd_core.sampling.params import GREEDY, SamplingParams
 if TYPE_CHECKING:
     from ppd_core.sampling.constraint import Grammar
 
-Mode = Literal["ppd", "vanilla"]  # PPD's trees, or plain decoding (one token a step)
-MODES: tuple[Mode, ...] = ("ppd", "vanilla")
+Mode = Literal["ppd", "plain"]  # PPD's trees, or plain decoding (one token a step)
+MODES: tuple[Mode, ...] = ("ppd", "plain")
 
 
 class RequestError(PpdError):
@@ -61,7 +61,7 @@ class AnswerRequest:
         return None if self.grammar is None else self.grammar.clone()
 
 
-def check_answer(ids: Sequence[int], max_new_tokens: int | None, context: int, *, mode: str = "ppd",
+def check_answer(ids: Sequence[int], max_new_tokens: int | None, context: int, *, mode: Mode = "ppd",
                  sampling: SamplingParams = GREEDY, logprobs: int | None = None, grammar: str | None = None,
                  compile_grammar: Callable[[str], Any] | None = None, chat: bool = False,
                  reuse_cache: bool = False) -> AnswerRequest:

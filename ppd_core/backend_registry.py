@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
+BackendName = Literal["llamacpp", "torch"]  # the wings, each a folder under ``ppd_core/backends/`` with its lines below
 Loader = Callable[..., Any]  # load(path: Path, name: str, options: LoadOptions) -> LoadedModel
 
 FORMATS = {"gguf": "a GGUF file", "hf": "a Hugging Face model directory"}  # a model's format: what it is on disk

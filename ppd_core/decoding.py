@@ -26,7 +26,7 @@ from ppd_core.sampling.logits import token_logprobs
 from ppd_core.sampling.params import GREEDY, SamplingParams
 from ppd_core.sampling.penalties import window
 from ppd_core.sampling.verify import accept
-from ppd_core.stats import StepStats
+from ppd_core.stats import StepStats, StopReason
 from ppd_core.tree import TreeFamily, root_only_tree
 
 
@@ -239,7 +239,7 @@ def start(speculator: Speculator, request: AnswerRequest, answering: Answering) 
 
 def clip_tokens(
     tokens: list[int], done: int, eos_token_ids: frozenset[int], max_new_tokens: int, room: int
-) -> tuple[list[int], str | None]:
+) -> tuple[list[int], StopReason | None]:
     """Cut a step's tokens at the first EOS and the limits; say why generation stops, if it does."""
     keep = next((i + 1 for i, t in enumerate(tokens) if t in eos_token_ids), len(tokens))
     keep = min(keep, max_new_tokens - done, room)

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from ppd_core import decoding
-from ppd_core.answer_request import AnswerRequest, check_answer
+from ppd_core.answer_request import AnswerRequest, Mode, check_answer
 from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.engine_load import EngineConfig, load_parts, settle_plan
 from ppd_core.errors import PpdError
@@ -30,9 +30,9 @@ from ppd_core.progress import Progress
 from ppd_core.drafters.prompt_tokens import PromptTokens
 from ppd_core.sampling.params import GREEDY, SamplingParams
 from ppd_core.snapshot import ModelSnapshot, take_snapshot, thread_count
-from ppd_core.stats import GenerationStats, StepStats
+from ppd_core.stats import GenerationStats, StepStats, StopReason
 from ppd_core.text import chat_ids, text_stream
-from ppd_core.tree import vanilla_family
+from ppd_core.tree import plain_family
 from ppd_core.turn_end import TurnEnd, turn_stops
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class GenerationEvent:
     tokens: list[int]  # answer token ids so far
     step: StepStats
     stats: GenerationStats
-    stop_reason: str | None = None  # set on the last event
+    stop_reason: StopReason | None = None  # set on the last event
 
     @property
     def finished(self) -> bool:
@@ -68,7 +68,7 @@ class GenerationResult:
     text: str
     tokens: list[int]
     stats: GenerationStats
-    stop_reason: str
+    stop_reason: StopReason
     steps: list[StepStats] = field(default_factory=list)
 
 
@@ -82,7 +82,7 @@ class Engine:
         self.max_context = max_context
         self._kept: KeptCache | None = None
         self._snapshot: tuple[DecodePlan, int, ModelSnapshot] | None = None  # ``snapshot``'s, with its plan and threads
-        self._vanilla = vanilla_family()
+        self._plain = plain_family()
         self._prompt_table = prompt_tokens.table() if prompt_tokens.num_prompt_tokens else None  # [n * V, hidden]
         self._char_tokens: dict[str, int] | None = None  # the forced-text drafter's single-character tokens
         self._merger = Merger()  # the steps' merge: the tree shapes it built serve every answer
@@ -184,7 +184,7 @@ class Engine:
         """The backend's grammar state for GBNF ``grammar``; a PpdError (one line) where it has no grammar engine."""
         return self.loaded.backend.grammar(grammar)
 
-    def check(self, ids: Sequence[int], max_new_tokens: int | None = 256, *, mode: str = "ppd",
+    def check(self, ids: Sequence[int], max_new_tokens: int | None = 256, *, mode: Mode = "ppd",
               sampling: SamplingParams = GREEDY, logprobs: int | None = None, grammar: str | None = None,
               chat: bool = False, reuse_cache: bool = False) -> AnswerRequest:
         """One answer's request, checked once for this model (``answer_request.check_answer``): ``ids`` fit the
@@ -195,7 +195,7 @@ class Engine:
         return check_answer(ids, max_new_tokens, self.max_context, mode=mode, sampling=sampling, logprobs=logprobs,
                             grammar=grammar, compile_grammar=self._constraint, chat=chat, reuse_cache=reuse_cache)
 
-    def stream(self, request: AnswerRequest | Sequence[int], mode: str = "ppd", max_new_tokens: int = 256,
+    def stream(self, request: AnswerRequest | Sequence[int], mode: Mode = "ppd", max_new_tokens: int = 256,
                guess_hook: decoding.GuessHook | None = None, **options) -> Iterator[GenerationEvent]:
         """``answer`` a checked request, or ``check`` ``request`` (token ids), ``mode``, ``max_new_tokens`` and
         ``options`` first (a script's or a test's shorthand)."""
@@ -213,7 +213,7 @@ class Engine:
         """
         plan, input_ids = self.plan, request.ids
         ppd = request.mode == "ppd" and not plan.guesses.plain_only
-        family = plan.family if ppd else self._vanilla
+        family = plan.family if ppd else self._plain
         cache, reused, chains = self._take_cache(input_ids) if request.reuse_cache else (None, 0, None)
         stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
@@ -312,7 +312,7 @@ class Engine:
         self.loaded.backend.truncate(cache, length)  # drops guesses accepted past a stop
         self._kept = KeptCache(cache, ids[:length], chains)
 
-    def generate(self, request: AnswerRequest | Sequence[int], mode: str = "ppd", max_new_tokens: int = 256,
+    def generate(self, request: AnswerRequest | Sequence[int], mode: Mode = "ppd", max_new_tokens: int = 256,
                  **options) -> GenerationResult:
         """Run ``stream`` to the end."""
         steps = []

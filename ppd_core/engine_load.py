@@ -19,7 +19,7 @@ from ppd_core.calibration.calibrate import calibrate_and_save, find_profile
 from ppd_core.errors import PpdError
 from ppd_core.faults import fault
 from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
-from ppd_core.options import MAX_LOOKUP
+from ppd_core.options import MAX_LOOKUP, BackendChoice
 from ppd_core.plan import DecodePlan, Guesses, PlanOptions, make_plan
 from ppd_core.progress import Progress
 from ppd_core.drafters.prompt_tokens import PromptTokenError, PromptTokens, signature_of
@@ -46,7 +46,7 @@ class EngineConfig:
     threads: int = 0  # CPU threads (llama.cpp's; torch's process-wide); 0: one per core
     lookup: int | str | None = None  # n-gram lookup chains: None, learnt per conversation from the profile's figures;
     # "fixed", the profile's lengths; 0, none; N, up to N
-    backend: str = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model; "torch" on a GGUF: de-quantized
+    backend: BackendChoice = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model; "torch" on a GGUF: de-quantized
     gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
     drafters: tuple[str, ...] | None = None  # the guess sources beside the prompt tokens (None: the default ones)
 

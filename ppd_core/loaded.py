@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ppd_core.errors import PpdError
 from ppd_core.memory import release_free_heap
@@ -59,7 +59,7 @@ class LoadOptions:
 class LoadedModel:
     """A frozen causal LM, its tokenizer, and how it was loaded."""
 
-    tokenizer: object  # ``GgufTokenizer`` on llama.cpp, a transformers tokenizer on torch
+    tokenizer: Any  # ``GgufTokenizer`` on llama.cpp, a transformers tokenizer on torch
     name: str
     source: str
     device: object  # "cpu" on llama.cpp (it offloads by itself); a ``torch.device`` on torch

@@ -18,7 +18,9 @@ from ppd_core.sampling.params import recommended
 
 if TYPE_CHECKING:
     from ppd_core.backend import BackendInfo
+    from ppd_core.calibration.profiles import DeviceProfile
     from ppd_core.loaded import LoadedModel
+    from ppd_core.options import BackendName
     from ppd_core.plan import DecodePlan
     from ppd_core.drafters.prompt_tokens import PromptTokens
 
@@ -35,7 +37,7 @@ class PromptTokensInfo:
 @dataclass(frozen=True)
 class ModelSnapshot:
     name: str
-    backend: str  # "llamacpp" or "torch"
+    backend: BackendName
     kernels: dict  # the backend's own description (threads, offload, KV cache, build)
     quant: str  # "gguf" (the file's own, on llama.cpp), "none", "4bit", "8bit"
     dtype: str  # "float32", "bfloat16", ...
@@ -52,7 +54,7 @@ class ModelSnapshot:
     prompt_tokens: PromptTokensInfo
     tree: dict  # ``tree_summary``
     calibration: dict | None  # ``DecodePlan.expectation``
-    profile: object | None  # the ``DeviceProfile`` decoding follows, if any
+    profile: DeviceProfile | None  # the one decoding follows, if any
     expected_speedup: float | None
     device_policy: dict  # ``device_policy.policy_summary``
     recommended_sampling: dict  # temperature / top-p / top-k / repeat penalty the model recommends ({}: none)

@@ -223,6 +223,6 @@ def root_only_tree() -> Tree:
     return build_tree(TreeSpec({(): 0}), 0)
 
 
-def vanilla_family() -> TreeFamily:
+def plain_family() -> TreeFamily:
     """Plain autoregressive decoding: no guesses, no prompt tokens."""
-    return TreeFamily(name="vanilla", trees=(root_only_tree(),))
+    return TreeFamily(name="plain", trees=(root_only_tree(),))

@@ -69,7 +69,7 @@ def test_a_page_answer_and_a_comparison_compile_the_schema_once(served, counted)
     counted.clear()
     comparison = chat.compare(ASK, settings)  # both modes answer the one request, each with its own grammar state
     assert counted["grammar"] == 1 and counted["check"] == 1, counted
-    assert comparison.identical and comparison.vanilla_text == comparison.ppd_text
+    assert comparison.identical and comparison.plain_text == comparison.ppd_text
     assert comparison.ppd_text == updates[-1].text  # greedy: the page's answer, the grammar followed both ways
 
 

@@ -447,7 +447,7 @@ def test_penalties_and_logprobs_through_the_openai_client_equal_plain_decoding(s
     penalties = {"repeat_penalty": 1.3, "repeat_last_n": 32, "presence_penalty": 0.5, "frequency_penalty": 0.3}
     engine = service.engine
     with service.turn():
-        plain = engine.generate(engine.chat_ids(STORY), "vanilla", 40, sampling=SamplingParams(**penalties), logprobs=3)
+        plain = engine.generate(engine.chat_ids(STORY), "plain", 40, sampling=SamplingParams(**penalties), logprobs=3)
     expected = [item for step in plain.steps for item in step.logprobs]
     asked = dict(model="m", messages=STORY, temperature=0, max_tokens=40, logprobs=True, top_logprobs=3,
                  presence_penalty=penalties["presence_penalty"], frequency_penalty=penalties["frequency_penalty"],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli import build_parser, main
 from app.commands.options import model_threads
 from app.questions import DEFAULT_QUESTIONS
 from ppd_core.errors import PpdError
@@ -26,8 +26,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded before the input was checked")
 
     monkeypatch.setattr("ppd_core.engine_load.load_model", refuse)  # what Engine.load calls
-    monkeypatch.setattr("ppd_core.load_model", refuse)  # what `ppd train` calls
-    monkeypatch.setattr("ppd_core.loading.load_model", refuse)  # the function itself
+    monkeypatch.setattr("ppd_core.loading.load_model", refuse)  # the function itself (what `ppd train` calls)
     monkeypatch.delenv("PPD_AUTH", raising=False)
 
 
@@ -272,6 +271,18 @@ def test_generate_bad_input(capsys, no_model_load):
     assert_error(capsys, "unknown tree 'huge'; use auto, small, medium, large or a token budget such as 12",
                  "generate", "hi", "--tree", "huge")
     assert_error(capsys, "--threads must be at least 1, got 0", "generate", "hi", "--threads", 0)
+
+
+def test_generate_modes(capsys):
+    """``--mode`` takes ppd and plain; "vanilla", plain decoding's name in the README before, is read as plain; any
+    other word is refused, naming the two."""
+    parser = build_parser()
+    assert [parser.parse_args(["generate", "hi", "--mode", mode]).mode for mode in ("ppd", "plain", "vanilla")] == [
+        "ppd", "plain", "plain"]
+    assert parser.parse_args(["generate", "hi"]).mode == "ppd"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "hi", "--mode", "fast"])
+    assert "invalid choice: 'fast' (choose from 'ppd', 'plain')" in capsys.readouterr().err
 
 
 def test_chat_leaves_a_core_to_the_browser(monkeypatch):

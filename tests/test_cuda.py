@@ -15,7 +15,7 @@ from ppd_core.device_memory import nvml_probe
 from ppd_core.device_policy import attention_plan, compute_dtype, memory_source, native_bf16
 from ppd_core.backends.torch.lean.model import LeanDecoder
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import family_from_spec, vanilla_family
+from ppd_core.tree import family_from_spec, plain_family
 
 pytestmark = [
     pytest.mark.cuda,
@@ -88,7 +88,7 @@ def test_greedy_ppd_equals_plain_on_cuda():
         steps = generate(Speculator(decoder, family, table), check_answer(prompt, 60, 256))
         return [t for step in steps for t in step.tokens]
 
-    assert tokens(family_from_spec("large", STATIC_TREES["large"], 3, 1)) == tokens(vanilla_family())
+    assert tokens(family_from_spec("large", STATIC_TREES["large"], 3, 1)) == tokens(plain_family())
 
 
 def test_weights_load_straight_to_the_gpu_in_the_policy_dtype(tiny_model_dir):

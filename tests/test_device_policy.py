@@ -21,7 +21,7 @@ from ppd_core.backends.torch.lean.attention import attend
 from ppd_core.backends.torch.lean.model import LeanDecoder, _rms_norm
 from ppd_core import Engine, EngineConfig
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import family_from_spec, vanilla_family
+from ppd_core.tree import family_from_spec, plain_family
 from ppd_core.calibration.calibrate import profile_key
 
 GiB = 2**30
@@ -163,7 +163,7 @@ def test_gpu_attention_plan_decodes_as_plain_on_the_cpu(device):
         steps = list(generate(Speculator(decoder, family, table), check_answer(prompt, 60, 256)))
         return [t for s in steps for t in s.tokens], len(steps)
 
-    plain, _ = tokens(vanilla_family())
+    plain, _ = tokens(plain_family())
     ppd, steps = tokens(family_from_spec("large", STATIC_TREES["large"], 3, 1))
     assert ppd == plain and len(plain) == 60 and steps <= 60
 

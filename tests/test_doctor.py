@@ -212,7 +212,7 @@ def test_every_timed_answer_processes_its_own_prompt(llama_default, monkeypatch)
 
     monkeypatch.setattr(llama_default, "generate", spy)
     comparisons, totals = doctor.check_answers(llama_default, ["Name a colour.", "Name a fruit."], 6, log=sys.stderr)
-    assert len(comparisons) == 2 and totals["vanilla"].new_tokens and totals["ppd"].new_tokens
+    assert len(comparisons) == 2 and totals["plain"].new_tokens and totals["ppd"].new_tokens
     assert reused == [0] * 6  # two warm-ups, then four answers from an empty cache
 
 

@@ -224,7 +224,7 @@ def test_a_background_calibration_failing_at_any_phase_is_one_line_and_answers_g
     assert service.background == f"The calibration failed ({kind.__name__}: injected fault at {point}); answers decode plainly."
     engine = service.engine
     assert engine.plan.profile is None and not service.switching
-    expected = engine.generate(engine.chat_ids(QUESTION), "vanilla", 8).text
+    expected = engine.generate(engine.chat_ids(QUESTION), "plain", 8).text
     assert list(Chat(service).answer(QUESTION, ChatSettings(max_new_tokens=8)))[-1].text == expected
     service.shutdown()
 

@@ -80,7 +80,7 @@ def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_
         assert session.conversation.id == saved.id and chat[0]["content"] == STORY
         assert chat[1]["content"] == answer["content"] + INTERRUPTED
         list(handlers.answers.regenerate(session, "", 32, True, "lossless", False))
-        expected = engine.generate(engine.chat_ids([user]), "vanilla", 32).text
+        expected = engine.generate(engine.chat_ids([user]), "plain", 32).text
         # whole now, by the model named, and ended at the 32-token limit (its bubble says so)
         assert store.load(saved.id).messages == [user, {"role": "assistant", "content": expected,
                                                         "model": engine.loaded.name, "length_limit": True}]

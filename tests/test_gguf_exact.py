@@ -17,7 +17,7 @@ from ppd_core.loading import default_model_file
 from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import family_from_spec, vanilla_family
+from ppd_core.tree import family_from_spec, plain_family
 from tiny_gguf import requantize, tiny_models  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_default_model_requantized_greedy_ppd_equals_plain(default_requantized, 
         guessed = 0
         for prompt in PROMPTS:
             ids = engine.chat_ids([{"role": "user", "content": prompt}])
-            plain = engine.generate(ids, "vanilla", 48)
+            plain = engine.generate(ids, "plain", 48)
             ppd = engine.generate(ids, "ppd", 48)
             assert ppd.tokens == plain.tokens, (type_name, prompt)
             guessed += ppd.stats.from_guesses
@@ -101,7 +101,7 @@ def test_tiny_architectures_greedy_ppd_equals_plain(tiny_models, architecture, t
         for prompt in PROMPTS:
             ids = (tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if tokenizer.has_own_template
                    else tokenizer.complete_ids(prompt))
-            plain, _ = answer(decoder, Speculator(decoder, vanilla_family()), ids, 40)
+            plain, _ = answer(decoder, Speculator(decoder, plain_family()), ids, 40)
             for name, spec in STATIC_TREES.items():
                 family = family_from_spec(name, spec, 3)
                 tokens, from_guesses = answer(decoder, Speculator(decoder, family, table), ids, 40,

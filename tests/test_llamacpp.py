@@ -27,7 +27,7 @@ from ppd_core.loading import default_model_file
 from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
+from ppd_core.tree import TreeSpec, build_tree, family_from_spec, plain_family
 from ppd_core.calibration.calibrate import profile_key
 
 pytestmark = pytest.mark.slow
@@ -158,7 +158,7 @@ def test_greedy_ppd_equals_plain_on_every_static_tree_with_lookup(llama_engine):
     """Three of the prompts (a list, code, a rewrite): every static tree with lookup chains, then chains alone."""
     n = llama_engine.prompt_tokens.num_prompt_tokens
     prompts = PROMPTS[:3]
-    plain = [greedy(llama_engine, p, "vanilla").tokens for p in prompts]
+    plain = [greedy(llama_engine, p, "plain").tokens for p in prompts]
     llama_engine.replan(lookup=4)  # lookup chains join the prompt tokens' guesses in the same steps
     try:
         for name, spec in STATIC_TREES.items():
@@ -170,7 +170,7 @@ def test_greedy_ppd_equals_plain_on_every_static_tree_with_lookup(llama_engine):
                 for source in accepted:
                     accepted[source] += result.stats.accepted.get(source, 0)
             assert all(accepted.values()), (name, accepted)  # both sources were verified, and some guesses kept
-        llama_engine.replan(tree=vanilla_family())  # lookup chains alone, on plain trees
+        llama_engine.replan(tree=plain_family())  # lookup chains alone, on plain trees
         for prompt, expected in zip(prompts, plain):
             assert greedy(llama_engine, prompt, "ppd").tokens == expected
     finally:
@@ -185,7 +185,7 @@ def test_an_answer_filling_its_context_with_rebuilds_equals_plain(llama_engine):
     tokens = llama_engine.prompt_tokens
     small = family_from_spec("small", STATIC_TREES["small"], tokens.num_prompt_tokens, tokens.ensemble_size)
     answers = []
-    for family, chains in ((vanilla_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
+    for family, chains in ((plain_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
         speculator = Speculator(decoder, family, llama_engine._prompt_table)
         request = check_answer(prompt, 448, decoder.max_context)  # the speculator knows no EOS: all 448 tokens
         answering = Answering(drafters=[LookupDrafter(FixedChains(chains), prompt)] if chains else [])
@@ -204,7 +204,7 @@ def test_the_llama_cpp_cpu_path_says_it_is_bitwise(llama_engine):
 def test_follow_up_turn_reusing_the_cache_equals_plain(llama_engine):
     first = [{"role": "user", "content": "Write a short paragraph about rivers."}]
     results = {}
-    for mode in ("vanilla", "ppd"):
+    for mode in ("plain", "ppd"):
         llama_engine.replan(lookup=4)
         turn1 = llama_engine.generate(llama_engine.chat_ids(first), mode, 96, reuse_cache=True)
         follow = first + [{"role": "assistant", "content": turn1.text},
@@ -213,7 +213,7 @@ def test_follow_up_turn_reusing_the_cache_equals_plain(llama_engine):
         assert turn2.stats.reused_tokens > 0
         results[mode] = (turn1.tokens, turn2.tokens, turn2.stats)
     llama_engine.replan(lookup=None)
-    assert results["ppd"][:2] == results["vanilla"][:2]
+    assert results["ppd"][:2] == results["plain"][:2]
     assert results["ppd"][2].steps < len(results["ppd"][1])  # the copy was guessed
 
 
@@ -227,13 +227,13 @@ def test_plain_decoding_equals_llama_cpp_chat_completion(llama_engine):
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         theirs = llm.create_chat_completion(messages, max_tokens=64, temperature=0.0, top_k=1, repeat_penalty=1.0)
-        ours = llama_engine.generate(llama_engine.chat_ids(messages), "vanilla", 64)
+        ours = llama_engine.generate(llama_engine.chat_ids(messages), "plain", 64)
         assert ours.text.strip() == theirs["choices"][0]["message"]["content"].strip(), prompt
 
 
 def test_stats_count_only_the_tokens_kept_when_the_limit_cuts_a_step(llama_engine):
     family = llama_engine.plan.family
-    llama_engine.replan(tree=vanilla_family())
+    llama_engine.replan(tree=plain_family())
     llama_engine.replan(lookup=4)  # copying a count: steps accept up to 4 guessed tokens
     try:
         ids = llama_engine.chat_ids([{"role": "user", "content": "Write the numbers from 1 to 30 separated by commas."}])
@@ -282,7 +282,7 @@ def test_a_context_that_grows_mid_answer_keeps_it_equal_to_plain(llama_engine):
     small = family_from_spec("small", STATIC_TREES["small"], tokens.num_prompt_tokens, tokens.ensemble_size)
     large = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=1024)
     request = check_answer(prompt, 500, 1024)  # the speculator knows no EOS: all 500 tokens
-    plain = [t for step in generate(Speculator(large, vanilla_family()), request) for t in step.tokens]
+    plain = [t for step in generate(Speculator(large, plain_family()), request) for t in step.tokens]
     large.close()
     growing = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=64)
     first_cells = growing.cells

@@ -15,7 +15,8 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.page_text import LENGTH_LIMIT
 from app.ui import build_app
-from ppd_core import Engine, EngineConfig, SamplingParams, limit_malloc_arenas
+from ppd_core import Engine, EngineConfig, SamplingParams
+from ppd_core.memory import limit_malloc_arenas
 from ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -61,7 +62,7 @@ def test_sixteen_streaming_clients_and_a_page_answer_at_once(chat_server):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
     sequential = [streamed(client, messages) for messages in QUESTIONS]  # one at a time, first
     engine = service.engine
-    plain = engine.generate(engine.chat_ids([{"role": "user", "content": PAGE_QUESTION}]), "vanilla", MAX_TOKENS)
+    plain = engine.generate(engine.chat_ids([{"role": "user", "content": PAGE_QUESTION}]), "plain", MAX_TOKENS)
     page_expected = plain.text + (LENGTH_LIMIT if plain.stop_reason == "length" else "")  # as its bubble shows it
     gc.collect()
     rss_before = psutil.Process().memory_info().rss

@@ -141,13 +141,13 @@ def tiny_answers(chains):
     from ppd_core.answer_request import check_answer
     from ppd_core.decoding import Answering, Speculator, generate
     from ppd_core.backends.torch.loading import pick_decoder
-    from ppd_core.tree import vanilla_family
+    from ppd_core.tree import plain_family
 
     decoder = TorchDecoder(pick_decoder(tiny_llama(seed=7), "lean"))
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 
     def answer(policy):
-        return list(generate(Speculator(decoder, vanilla_family()), check_answer(prompt, 80, 256),
+        return list(generate(Speculator(decoder, plain_family()), check_answer(prompt, 80, 256),
                              Answering(drafters=[LookupDrafter(policy, prompt)] if policy is not None else [])))
 
     plain = [t for step in answer(None) for t in step.tokens]
@@ -177,7 +177,7 @@ def test_decoding_learns_to_draft_once_copying_shows_and_stays_exact(llama_defau
     copies the prompt. Output: plain's, token for token (the default model on llama.cpp)."""
     from ppd_core.answer_request import check_answer
     from ppd_core.decoding import Answering, Speculator, generate
-    from ppd_core.tree import vanilla_family
+    from ppd_core.tree import plain_family
 
     text = "The quick brown fox jumps over the lazy dog while the sleepy cat watches from the warm windowsill."
     prompt = llama_default.chat_ids([{"role": "user", "content": f"Repeat this sentence exactly, twice: {text}"}])
@@ -186,7 +186,7 @@ def test_decoding_learns_to_draft_once_copying_shows_and_stays_exact(llama_defau
     def answer(policy):
         request = check_answer(prompt, 64, llama_default.max_context)
         answering = Answering(drafters=[LookupDrafter(policy, prompt)] if policy is not None else [])
-        return list(generate(Speculator(decoder, vanilla_family()), request, answering))
+        return list(generate(Speculator(decoder, plain_family()), request, answering))
 
     pessimist = Spy([[0.0] * MAX_CHAIN for _ in MATCH_CLASSES], lambda rows: 0.010 + 0.0001 * rows, prior_weight=4)
     steps = answer(pessimist)

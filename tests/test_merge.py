@@ -16,7 +16,7 @@ from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
 from ppd_core.drafters.merge import Merger
 from ppd_core.drafters.prompt_tokens import PromptTokenDrafter
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import build_tree, family_from_spec, vanilla_family
+from ppd_core.tree import build_tree, family_from_spec, plain_family
 
 ROOT = 99
 
@@ -248,7 +248,7 @@ def test_three_sources_merged_decode_exactly_what_plain_decoding_does(llama_defa
     drafted = dict.fromkeys(totals, 0)
     for prompt in prompts:
         ids = engine.chat_ids([{"role": "user", "content": prompt}])
-        plain = [t for s in generate(Speculator(backend, vanilla_family()),
+        plain = [t for s in generate(Speculator(backend, plain_family()),
                                      check_answer(ids, 64, engine.max_context)) for t in s.tokens]
         drafters = [LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), ids), Branching(plain, backend.vocab_size)]
         speculator = Speculator(backend, family, engine._prompt_table)

@@ -94,7 +94,7 @@ def test_greedy_answers_are_the_same_padded_over_two_turns(llama_default, monkey
     assert set(padded) == {16} and {rows for _, rows in shapes[: len(shapes) // 2]} == {None}
     assert min(size for size, _ in shapes) < 16  # smaller trees were padded up
     assert answers[None] == answers[16]
-    plain = engine.generate(engine.chat_ids([{"role": "user", "content": TURNS[0]}]), "vanilla", 24)
+    plain = engine.generate(engine.chat_ids([{"role": "user", "content": TURNS[0]}]), "plain", 24)
     assert plain.tokens == answers[16][0] and shapes[-1][1] is None  # plain decoding: 1-token steps, unpadded
 
 

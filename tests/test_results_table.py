@@ -47,3 +47,7 @@ def test_table_rows_follow_the_json(tmp_path):
     (tmp_path / "run.json").write_text(__import__("json").dumps(result))
     line = generator.table(tmp_path).splitlines()[2]
     assert "| budget-4 (4 tokens) + lookup 0/3/3/3 | 10 x 2 turns (coding) |" in line and "| 1.300 (1.500) |" in line
+    # a file from before the mode's rename keeps its plain figures under "vanilla": the same row either way
+    result["plain"] = result.pop("vanilla")
+    (tmp_path / "run.json").write_text(__import__("json").dumps(result))
+    assert generator.table(tmp_path).splitlines()[2] == line

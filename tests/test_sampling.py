@@ -14,7 +14,7 @@ from ppd_core.drafters.registry import DraftContext, answer_drafters
 from ppd_core.sampling.logits import HostLogits
 from ppd_core.sampling.verify import adjusted_probs, sample, typical_threshold
 from ppd_core.sampling.params import SamplingParams
-from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
+from ppd_core.tree import TreeSpec, family_from_spec, plain_family
 from ppd_core.sampling.verify import accept
 from test_penalties import brute_force_row
 
@@ -136,7 +136,7 @@ def test_plain_sampling_matches_the_distribution_too():
     expected = exact_distribution(model, params, 2)
     counts: dict[tuple, int] = {}
     for seed in range(2000):
-        steps = generate(Speculator(TorchDecoder(model), vanilla_family()), check_answer(PROMPT, 2, 256, sampling=SamplingParams(temperature=1.0, seed=seed)))
+        steps = generate(Speculator(TorchDecoder(model), plain_family()), check_answer(PROMPT, 2, 256, sampling=SamplingParams(temperature=1.0, seed=seed)))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
     assert chi_square_p_value(counts, expected, 2000) > 1e-3
@@ -153,7 +153,7 @@ def run(model, params, family=None, table=None, new=20):
 def test_temperature_zero_and_top_k_one_are_the_greedy_path():
     model = small_model()
     greedy = run(model, SamplingParams())
-    assert greedy == run(model, SamplingParams(), family=vanilla_family())
+    assert greedy == run(model, SamplingParams(), family=plain_family())
     assert run(model, SamplingParams(temperature=0.0, seed=5)) == greedy
     assert run(model, SamplingParams(temperature=1.3, top_k=1, seed=5)) == greedy
     assert run(model, SamplingParams(temperature=0.8, top_p=1e-6, seed=6)) == greedy  # only the top token survives

@@ -101,10 +101,10 @@ def test_constrained_ppd_equals_constrained_plain_decoding_and_validates(llama_d
     for prompt, schema in SCHEMAS:
         ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
         grammar = schema_grammar(schema)
-        plain = llama_default.generate(ids, "vanilla", ANSWER, sampling=sampling, grammar=grammar)
+        plain = llama_default.generate(ids, "plain", ANSWER, sampling=sampling, grammar=grammar)
         assert plain.tokens[-1] in llama_default.loaded.eos_token_ids, plain.text  # the grammar ended the answer
         jsonschema.validate(json.loads(plain.text), schema)
-        free = llama_default.generate(ids, "vanilla", ANSWER, sampling=sampling)
+        free = llama_default.generate(ids, "plain", ANSWER, sampling=sampling)
         assert free.tokens != plain.tokens  # the grammar did change the answer
         for ranks in ((0, 1, 0), None):  # right guesses accepted, then all wrong (every tree rejected)
             ppd = llama_default.generate(ids, "ppd", ANSWER, sampling=sampling, grammar=grammar,
@@ -146,7 +146,7 @@ def test_response_format_and_grammar_through_the_openai_client(served):  # noqa:
     engine = service.engine
     sampling = service.snapshot().sampling_defaults.params(temperature=0.0)
     with service.turn():  # what the API does: llama-server's chat grammar, the JSON as the content
-        expected = engine.generate(engine.chat_ids(messages), "vanilla", ANSWER, sampling=sampling,
+        expected = engine.generate(engine.chat_ids(messages), "plain", ANSWER, sampling=sampling,
                                    grammar=schema_grammar(schema, response_format=True))
     assert text == json_content(expected.text, complete=expected.stop_reason == "eos")
     streamed = client.chat.completions.create(
@@ -286,7 +286,7 @@ def test_forty_schema_answers_equal_llama_cpps_grammar_sampler_and_validate(llam
             ids = engine.chat_ids([{"role": "user", "content": prompt}])
             grammar = schema_grammar(schema)
             expected = llama_cpp_answer(oracle, ids, grammar, sampling, eos, ANSWER)
-            for mode in ("vanilla", "ppd"):
+            for mode in ("plain", "ppd"):
                 answer = engine.generate(ids, mode, ANSWER, sampling=sampling, grammar=grammar)
                 assert answer.tokens == expected, (prompt, mode)
             if expected[-1] in eos:  # a finished answer (not cut at the limit) is valid

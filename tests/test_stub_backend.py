@@ -23,7 +23,7 @@ from ppd_core.drafters.recycling import RecyclingDrafter, RecyclingTable
 from ppd_core.loaded import LoadedModel
 from ppd_core.loading import load_model
 from ppd_core.sampling.logits import HostLogits
-from ppd_core.tree import vanilla_family
+from ppd_core.tree import plain_family
 
 VOCAB, PERIOD = 40, 3
 
@@ -107,7 +107,7 @@ def stub(monkeypatch, tmp_path):
 def answer(decoder, prompt: list[int], ppd: bool, new: int = 80) -> tuple[list[int], list]:
     drafters = [LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), prompt),
                 RecyclingDrafter(RecyclingTable.empty(VOCAB))] if ppd else []
-    steps = list(generate(Speculator(decoder, vanilla_family()), check_answer(prompt, new, 4096), Answering(drafters=drafters)))
+    steps = list(generate(Speculator(decoder, plain_family()), check_answer(prompt, new, 4096), Answering(drafters=drafters)))
     return [t for s in steps for t in s.tokens], steps
 
 

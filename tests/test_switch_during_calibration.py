@@ -51,7 +51,7 @@ def greedy_answer(spec: str, max_new_tokens: int) -> str:
     """``spec``'s greedy answer to QUESTION, computed directly by a model of its own."""
     engine = load(spec)
     try:
-        return engine.generate(engine.chat_ids(QUESTION), "vanilla", max_new_tokens).text
+        return engine.generate(engine.chat_ids(QUESTION), "plain", max_new_tokens).text
     finally:
         engine.close()
 
@@ -107,7 +107,7 @@ def test_an_answer_asked_during_a_switch_behind_a_background_calibration_comes_f
                     result["texts"] = [list(Chat(service).answer(QUESTION, settings))[-1].text]
                 else:
                     comparison = Chat(service).compare(QUESTION, settings)
-                    result["texts"] = [comparison.vanilla_text, comparison.ppd_text]
+                    result["texts"] = [comparison.plain_text, comparison.ppd_text]
             except BaseException as error:  # noqa: BLE001 - reported below
                 result["error"] = error
 
@@ -136,7 +136,7 @@ def test_ids_made_by_a_model_no_longer_loaded_are_remade_or_refused(shifted_gguf
         settings = ChatSettings(max_new_tokens=8)
 
         def checked(engine):
-            return engine.check(engine.chat_ids(QUESTION), 8, mode="vanilla", sampling=settings.sampling())
+            return engine.check(engine.chat_ids(QUESTION), 8, mode="plain", sampling=settings.sampling())
 
         request = checked(old)
         answering = service.queue.hold()  # an answer holds the model; a switch waits behind it
@@ -153,7 +153,7 @@ def test_ids_made_by_a_model_no_longer_loaded_are_remade_or_refused(shifted_gguf
         with pytest.raises(PpdError, match="^the model changed .*: ask again$"):
             list(service.decode(request, made_for=old))
         events = list(service.decode(request, made_for=old, remake=checked))
-        assert events[-1].text == new.generate(new.chat_ids(QUESTION), "vanilla", 8).text
+        assert events[-1].text == new.generate(new.chat_ids(QUESTION), "plain", 8).text
         assert not service.queue.busy
     finally:
         service.shutdown()

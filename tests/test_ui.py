@@ -250,7 +250,7 @@ def test_the_page_comes_first_and_shows_the_model_loading_and_calibrating(tmp_pa
         assert page_open.wait(120)
         engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False),
                              progress)
-        assert engine.plan.profile is None and engine.plan.family.name == "vanilla"  # plain decoding until calibrated
+        assert engine.plan.profile is None and engine.plan.family.name == "plain"  # plain decoding until calibrated
         return engine
 
     loader = threading.Thread(target=lambda: service.attach(service.startup.run(load)))

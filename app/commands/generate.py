@@ -11,11 +11,17 @@ from app.commands.options import add_model_options, add_sampling_options, sampli
 from ppd_core.errors import PpdError
 
 
+def mode_name(mode: str) -> str:
+    """``--mode``'s value; "vanilla", plain decoding's name in the README before issue 52, is taken as "plain"."""
+    return "plain" if mode == "vanilla" else mode
+
+
 def register(commands) -> None:
     """Add `ppd generate`'s sub-parser to ``commands``."""
     generate = commands.add_parser("generate", help="answer one chat message")
     generate.add_argument("text")
-    generate.add_argument("--mode", default="ppd", choices=["ppd", "vanilla"])
+    generate.add_argument("--mode", default="ppd", choices=["ppd", "plain"], type=mode_name,
+                          help="PPD (the default), or plain decoding: one token a step")
     generate.add_argument("--max-new-tokens", type=int, default=256)
     add_sampling_options(generate)
     generate.add_argument("--system", default=None, help="system prompt")

@@ -21,7 +21,7 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppd_core import PromptTokens
+    from ppd_core.drafters.prompt_tokens import PromptTokens
 
     for option in ("samples", "epochs", "cuts", "accumulate", "ensemble", "lr", "max_prompt_tokens", "max_new_tokens", "generation_batch"):
         if not getattr(args, option) > 0:
@@ -74,8 +74,11 @@ def train_model(args: argparse.Namespace, eval_questions: Path | None, claim, st
     """`ppd train` once its input is checked: load, answer, train, evaluate, save, measure the acceptance."""
     from tqdm import tqdm
 
-    from ppd_core import (TrainConfig, TrainRun, load_model, model_signature, record_acceptance, run_training,
-                          user_prompt_tokens_path)
+    from ppd_core.calibration.verbs import record_acceptance
+    from ppd_core.engine_load import model_signature, user_prompt_tokens_path
+    from ppd_core.loading import load_model
+    from ppd_core.training.pipeline import TrainRun, run_training
+    from ppd_core.training.trainer import TrainConfig
 
     if model_threads(args):
         import torch

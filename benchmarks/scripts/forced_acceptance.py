@@ -40,7 +40,7 @@ def main() -> int:
     positions = proposed = 0
     for prompt, schema in PROMPTS[: args.limit]:
         grammar = schema_grammar(schema, response_format=True)
-        answer = engine.generate(engine.chat_ids([{"role": "user", "content": prompt}]), "vanilla",
+        answer = engine.generate(engine.chat_ids([{"role": "user", "content": prompt}]), "plain",
                                  args.max_new_tokens, grammar=grammar).tokens
         state, drafter = backend.grammar(grammar), engine.new_forced_text()
         for i, token in enumerate(answer):  # the drafter after answer[:i + 1], as decoding asks it

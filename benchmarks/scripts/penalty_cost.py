@@ -53,8 +53,8 @@ def main() -> None:
                                       threads=args.threads))
     try:
         ids = engine.chat_ids([{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
-        engine.generate(ids, "vanilla", 16)  # warm-up
-        answer = engine.generate(ids, "vanilla", 128)
+        engine.generate(ids, "plain", 16)  # warm-up
+        answer = engine.generate(ids, "plain", 128)
         plain_step = statistics.median(step.seconds for step in answer.steps if not step.prefill)
         vocab = next_token_logits(engine, ids).shape[0]
     finally:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppd_core.training.distillation import student_logits, teacher_pass, valid_cuts  # noqa: E402
-from ppd_core import load_model  # noqa: E402
+from ppd_core.loading import load_model  # noqa: E402
 from ppd_core.drafters.prompt_tokens import INIT_TEXT, PromptTokens  # noqa: E402
 from ppd_core.training.answers import read_cache  # noqa: E402
 from ppd_core.training.prompt_tensors import initial_prompt_tokens, prompt_table  # noqa: E402

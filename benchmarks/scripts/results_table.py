@@ -55,7 +55,8 @@ def row(path: Path, result: dict) -> list[str]:
     steps = f"{result['ppd'].get('mean_accepted', 0):.3f}" + (f" ({predicted:.3f})" if predicted else "")
     identical = {True: "yes", False: "NO", None: "(sampled)"}[result.get("identical")]
     reference = result.get("transformers_generate", {}).get("tok_s")
-    peak = max(result["vanilla"].get("peak_mem_mb", 0), result["ppd"].get("peak_mem_mb", 0))
+    plain = plain_of(result)
+    peak = max(plain.get("peak_mem_mb", 0), result["ppd"].get("peak_mem_mb", 0))
     return [
         f"`{path.name}`",
         f"{device.get('name', '?')}, {device.get('threads', '?')} threads",
@@ -65,7 +66,7 @@ def row(path: Path, result: dict) -> list[str]:
         tree_label,
         questions,
         sampling_label(result.get("sampling")),
-        f"{result['vanilla']['tok_s']:.2f}",
+        f"{plain['tok_s']:.2f}",
         f"{result['ppd']['tok_s']:.2f}",
         f"**{result['speedup']:.2f}x**",
         steps,
@@ -75,11 +76,16 @@ def row(path: Path, result: dict) -> list[str]:
     ]
 
 
+def plain_of(result: dict) -> dict:
+    """A bench file's plain-decoding figures: "plain", or "vanilla" in files written before the mode was renamed."""
+    return result.get("plain") or result.get("vanilla") or {}
+
+
 def table(folder: Path = FOLDER) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text(encoding="utf-8"))
-        if "speedup" in result and "vanilla" in result:  # a `ppd bench --json` file
+        if "speedup" in result and plain_of(result):  # a `ppd bench --json` file
             lines.append("| " + " | ".join(row(path, result)) + " |")
     return "\n".join(lines)
 

@@ -59,7 +59,7 @@ def main() -> int:
                 totals["llama-server"]["tokens"] += theirs["usage"]["completion_tokens"]
                 text = theirs["choices"][0]["message"]["content"]
                 grammar = schema_grammar(schema, response_format=True)  # as ppd serve takes response_format
-                for name, mode in (("ppd plain", "vanilla"), ("ppd PPD", "ppd")):
+                for name, mode in (("ppd plain", "plain"), ("ppd PPD", "ppd")):
                     start = time.perf_counter()  # tokenizing counts, as the server's does
                     result = engine.generate(engine.chat_ids(messages), mode, args.max_new_tokens, grammar=grammar)
                     totals[name]["seconds"] += time.perf_counter() - start

@@ -49,7 +49,7 @@ def main() -> int:
                 wrapped = schema_grammar(schema, response_format=True)  # what ppd serve gives response_format
                 ids = engine.chat_ids(messages)
                 answers = {field: {mode: engine.generate(ids, mode, args.max_new_tokens, sampling=sampling,
-                                                         grammar=constraint) for mode in ("vanilla", "ppd")}
+                                                         grammar=constraint) for mode in ("plain", "ppd")}
                            for field, constraint in (("response_format", wrapped), ("grammar", grammar))}
                 answers["grammar"] = {mode: result.text for mode, result in answers["grammar"].items()}
                 answers["response_format"] = {mode: json_content(result.text, complete=result.stop_reason == "eos")

@@ -22,7 +22,7 @@ from ppd_core.answer_request import check_answer
 from ppd_core.decoding import Speculator, generate
 from ppd_core.drafters.lookup import LookupStats
 from ppd_core.text import chat_ids
-from ppd_core.tree import Tree, TreeSpec, build_tree, vanilla_family
+from ppd_core.tree import Tree, TreeSpec, build_tree, plain_family
 
 TOP_K = 10
 CUTS_PER_STEP = 16  # the most answer positions one acceptance step measures (fewer where the backend's rows end)
@@ -61,7 +61,7 @@ def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int
     """Greedy answers from the decoding backend itself, plain decoding, one prompt at a time (``progress`` gets
     the number answered so far; ``between()`` runs before each step, a pause point): lookup is replayed on exactly
     the text decoding will see (llama.cpp's answers differ from transformers' fp32 ones)."""
-    speculator = Speculator(decoder, vanilla_family(), eos_token_ids=frozenset(eos_ids))
+    speculator = Speculator(decoder, plain_family(), eos_token_ids=frozenset(eos_ids))
     answered = itertools.count(1)
 
     def answer(prompts: list[list[int]]) -> list[list[int]]:

@@ -288,7 +288,7 @@ def chosen_fields(search: TreeAndChains, policy: StepPolicy, lookup: LookupStats
         expected_tokens_per_step=round(best.tokens_per_step, 4),  # the tree alone, without chains
         expected_ms_per_step=round(1000 * (seconds(best.sizes[-1]) if policy.pads else best.seconds_per_step), 3),
         expected_speedup=round(best.tokens_per_step / seconds(best.sizes[-1]) * plain_seconds if policy.pads
-                               else best.tokens_per_second / choice.vanilla_tokens_per_second, 4),
+                               else best.tokens_per_second / choice.plain_tokens_per_second, 4),
         budgets=[{"budget": budget, "tokens_per_step": round(e.tokens_per_step, 4),
                   "ms_per_step": round(1000 * e.seconds_per_step, 3), "tokens_per_second": round(e.tokens_per_second, 3)}
                  for budget, e in sorted(choice.by_budget.items())],

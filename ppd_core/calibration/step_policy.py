@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
-KINDS = ("trees", "fixed", "plain")
+StepPolicyKind = Literal["trees", "fixed", "plain"]  # the module's docstring says each
+KINDS: tuple[StepPolicyKind, ...] = ("trees", "fixed", "plain")
 FIXED_LADDER = (2, 4, 8, 12, 16, 24, 32)  # rows a fixed-shape step is timed at (the GPU's ladder is the same)
 
 
 @dataclass(frozen=True)
 class StepPolicy:
-    kind: str = "trees"
+    kind: StepPolicyKind = "trees"
     rows: int = 0  # ``fixed``: the rows every step is decoded as
     fixed_ms: dict[int, float] = field(default_factory=dict)  # rows -> ms of a step of that shape repeated (1: plain)
     rates: dict[str, float] = field(default_factory=dict)  # the expected tokens/s of each policy weighed

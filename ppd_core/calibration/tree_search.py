@@ -233,11 +233,11 @@ class Choice:
     best: FamilyEstimate
     budget: int
     by_budget: dict[int, FamilyEstimate]  # every budget tried
-    vanilla_tokens_per_second: float
+    plain_tokens_per_second: float
 
     @property
     def expected_speedup(self) -> float:
-        return self.best.tokens_per_second / self.vanilla_tokens_per_second
+        return self.best.tokens_per_second / self.plain_tokens_per_second
 
 
 def choose_family(

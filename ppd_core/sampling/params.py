@@ -14,7 +14,7 @@ the loops (``benchmarks/scripts/loop_rate.py``; the figures: docs/sampling.md, "
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ppd_core.errors import PpdError
 from ppd_core.sampling.fields import (
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-ACCEPTANCE_RULES = ("lossless", "typical")
+Acceptance = Literal["lossless", "typical"]  # how sampled guesses are verified
+ACCEPTANCE_RULES: tuple[Acceptance, ...] = ("lossless", "typical")
 # The one rule for every sampling field, whoever sets it (the API, the command line, the page, a model's
 # recommendation): field -> (whether a value is fine, the rule in words). Values are finite numbers.
 RANGES = {field.name: (field.fine, field.rule) for field in SAMPLING_FIELDS}
@@ -52,7 +53,7 @@ class SamplingParams:
     temperature: float = TEMPERATURE.default  # 0: greedy
     top_p: float = TOP_P.default  # nucleus: keep the smallest set of tokens with at least this mass
     top_k: int = TOP_K.default  # keep the k most likely tokens; 0: all
-    acceptance: str = "lossless"
+    acceptance: Acceptance = "lossless"
     seed: int | None = None  # reproducible sampling
     typical_epsilon: float = 0.09  # typical acceptance: p(candidate) > min(epsilon, alpha * exp(-entropy))
     typical_alpha: float = 0.3

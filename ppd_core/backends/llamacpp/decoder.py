@@ -45,6 +45,7 @@ from ppd_core.backends.llamacpp.cache import (
 from ppd_core.backends.llamacpp.library import LIVE_MODELS, LlamaCppError, import_llama_cpp, quiet_logs, system_info
 from ppd_core.backends.llamacpp.rows import EmbeddingRows
 from ppd_core.backends.llamacpp.sequences import tree_sequences
+from ppd_core.options import BackendName
 from ppd_core.sampling.logits import HostLogits
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ log = logging.getLogger(__name__)
 class LlamaCppDecoder:
     """``Decoder`` on llama.cpp for a GGUF file."""
 
-    name = forward = "llamacpp"
+    name: BackendName = "llamacpp"
+    forward = "llamacpp"
     # what ``close`` frees, None until made (a constructor that fails anywhere leaves a decoder close() can free;
     # the embedding batch is made on the first step with prompt-token rows)
     model = context = _token_batch = _embedding_batch = _embeddings = None

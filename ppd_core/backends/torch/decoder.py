@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
 
     from ppd_core.backends.torch.lean.model import LeanDecoder
+    from ppd_core.options import BackendName
 
 
 def forward_hidden(
@@ -61,7 +62,7 @@ def logits_of(model: PreTrainedModel | LeanDecoder, hidden: torch.Tensor) -> tor
 class TorchDecoder:
     """``Decoder`` over a ``LeanDecoder`` or a transformers model."""
 
-    name = "torch"
+    name: BackendName = "torch"
     tree_note = None  # a transformers cache holds any tree
     accepts_embeddings = True  # prompt-token rows go in as inputs_embeds
     max_tree_rows = 1 << 16  # one forward of any size (the mask grows with it)
