@@ -18,7 +18,7 @@ from pathlib import Path
 from app.bench import ModeTotals, timed_answer
 from ppd_core.atomic_files import atomic_write
 from ppd_core import GREEDY, Engine
-from ppd_core.calibration.verbs import latency_curve, next_token_logits
+from ppd_core.engine_calibration import latency_curve, next_token_logits
 from ppd_core.diagnostics import NEAR_TIE_LOGITS, AnswerComparison, compare_answer, probe_environment, verdict
 from ppd_core.drafters.lookup import chains_text
 from ppd_core.errors import PpdError

@@ -19,7 +19,7 @@ from app.model_queue import ANSWER, CALIBRATION, QUITTING, SWITCH, ModelQueue, Q
 from app.startup import Progress, Startup, failure_line
 from app.training_job import TrainingJob
 from ppd_core import AnswerRequest, Engine, GenerationEvent, ModelSnapshot
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The engine session: a loaded model and its decode plan stream answers, PPD or plain, keeping the last
 conversation's cache for the next turn. The load sequence is ``engine_load``; the plan is ``plan``; what the page and
-the API show is ``snapshot``; calibrating an engine is ``calibration.verbs``.
+the API show is ``snapshot``; calibrating an engine is ``engine_calibration``.
 
     engine = Engine.load(EngineConfig(model="default"))
     for event in engine.stream(engine.chat_ids([{"role": "user", "content": "Hi"}])):

@@ -23,7 +23,7 @@ from ppd_core.calibration.records import read_records, AcceptanceStats
 from ppd_core.training.prompt_tensors import prompt_table
 from ppd_core import Engine, EngineConfig
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.calibration.verbs import calibrate_engine, export_acceptance
+from ppd_core.engine_calibration import calibrate_engine, export_acceptance
 
 
 def test_acceptance_counts_are_conditional_on_earlier_depths():

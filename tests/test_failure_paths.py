@@ -34,7 +34,7 @@ from ppd_core.backends.llamacpp.library import LIVE_MODELS
 from ppd_core import Engine, EngineConfig
 from ppd_core.faults import FaultError, fault, inject
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from ppd_core.sampling.params import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
 from ppd_core.tree import TreeSpec, family_from_spec, plain_family
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.calibration.verbs import calibrate_engine, saved_profile
+from ppd_core.engine_calibration import calibrate_engine, saved_profile
 
 
 CLASSES = len(MATCH_CLASSES)

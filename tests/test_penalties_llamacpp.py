@@ -10,7 +10,7 @@ import pytest
 from ppd_core.backends.llamacpp.library import chat_model
 from ppd_core.loading import default_model_file
 from ppd_core.sampling.params import SamplingParams
-from ppd_core.calibration.verbs import next_token_logits
+from ppd_core.engine_calibration import next_token_logits
 
 pytestmark = pytest.mark.slow
 

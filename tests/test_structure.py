@@ -16,12 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CORE = "ppd_core"
 API = CORE  # app/ imports ppd_core's public API from the package
-LIGHT = {"ppd_core.options", "ppd_core.errors", "ppd_core.sampling", "ppd_core.sampling.params"}  # plain data, read before any heavy import
+LIGHT = {"ppd_core.options", "ppd_core.errors", "ppd_core.sampling", "ppd_core.sampling.params", "ppd_core.sampling.fields"}  # plain data, read before any heavy import
 DIRECT = {"ppd_core.atomic_files"}  # one helper app/ and ppd_core share, imported where it is used
 TOOLS = {  # modules of what is not the session API (calibration, training, quantizing, diagnostics...): their commands'
     "ppd_core.backends.llamacpp.library", "ppd_core.backends.llamacpp.perplexity", "ppd_core.backends.llamacpp.quantize",
     "ppd_core.calibration.curves", "ppd_core.calibration.prices", "ppd_core.calibration.profiles",
-    "ppd_core.calibration.tree_search", "ppd_core.calibration.type_curves", "ppd_core.calibration.verbs",
+    "ppd_core.calibration.tree_search", "ppd_core.calibration.type_curves", "ppd_core.engine_calibration",
     "ppd_core.decoding", "ppd_core.device_info", "ppd_core.diagnostics", "ppd_core.drafters.lookup",
     "ppd_core.drafters.prompt_tokens", "ppd_core.engine_load", "ppd_core.loading", "ppd_core.memory", "ppd_core.text",
     "ppd_core.training.cost", "ppd_core.training.greedy", "ppd_core.training.pipeline", "ppd_core.training.trainer",
@@ -215,7 +215,7 @@ def test_ppd_core_modules_import_no_cycle():
 
 def test_ppd_core_subpackages_import_no_cycle():
     """Counting calibration/, training/ and each backend wing as one unit: e.g. no engine -> calibration -> training ->
-    engine. ``calibration.verbs`` takes an engine but names its class under ``TYPE_CHECKING`` only."""
+    engine. ``engine_calibration`` takes an engine but names its class under ``TYPE_CHECKING`` only."""
     cycle = find_cycle(import_graph(units=True))
     assert cycle is None, "import cycle among ppd_core modules and subpackages: " + " -> ".join(cycle)
 

@@ -15,7 +15,7 @@ from app.chat import Chat
 from app.chat_settings import ChatSettings
 from app.model_host import ModelHost
 from ppd_core import Engine, EngineConfig
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 from ppd_core.errors import PpdError
 from ppd_core.loading import default_model_file
 from tiny_gguf import default_vocabulary, write_tiny_gguf

@@ -16,7 +16,7 @@ from app.page_layout import new_session
 from app.training_job import progress_line
 from app.ui import build
 from ppd_core import Engine, EngineConfig
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 
 pytestmark = pytest.mark.slow
 

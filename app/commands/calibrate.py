@@ -27,7 +27,7 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ppd_core.calibration.profiles import profile_path
-    from ppd_core.calibration.verbs import calibrate_engine, calibrate_with_curve, export_acceptance
+    from ppd_core.engine_calibration import calibrate_engine, calibrate_with_curve, export_acceptance
     from ppd_core.drafters.lookup import chains_text
 
     curve = None
@@ -75,7 +75,7 @@ def report_type_curves(engine) -> None:
     """For an F16/BF16/Q8_0 file: this device's step curve for it, and what flatter types would decode at."""
     from ppd_core.backends.llamacpp.quantize import read_source
     from ppd_core.calibration.type_curves import TYPE_CURVE_CONTEXT, TYPE_CURVE_SIZES, other_type_curves
-    from ppd_core.calibration.verbs import step_curve
+    from ppd_core.engine_calibration import step_curve
 
     gguf, threads, layers = engine.loaded.gguf_file, engine.threads, engine.loaded.kernels.get("gpu_layers")
     own_type = read_source(gguf)[0]

@@ -74,7 +74,7 @@ def train_model(args: argparse.Namespace, eval_questions: Path | None, claim, st
     """`ppd train` once its input is checked: load, answer, train, evaluate, save, measure the acceptance."""
     from tqdm import tqdm
 
-    from ppd_core.calibration.verbs import record_acceptance
+    from ppd_core.engine_calibration import record_acceptance
     from ppd_core.engine_load import model_signature, user_prompt_tokens_path
     from ppd_core.loading import load_model
     from ppd_core.training.pipeline import TrainRun, run_training

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from app.questions import DEFAULT_QUESTIONS, read_questions  # noqa: E402
 from ppd_core.calibration.tree_search import step_seconds  # noqa: E402
 from ppd_core import Engine, EngineConfig  # noqa: E402
-from ppd_core.calibration.verbs import calibrate_with_curve  # noqa: E402
+from ppd_core.engine_calibration import calibrate_with_curve  # noqa: E402
 
 
 def replay(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seconds, plain: float) -> dict:

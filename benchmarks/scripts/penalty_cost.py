@@ -47,7 +47,7 @@ def main() -> None:
     from ppd_core.sampling.penalties import window
     from ppd_core.sampling.params import SamplingParams
     from ppd_core.sampling.verify import accept
-    from ppd_core.calibration.verbs import next_token_logits
+    from ppd_core.engine_calibration import next_token_logits
 
     engine = Engine.load(EngineConfig(model=str(args.model or default_gguf()), backend="llamacpp", tree="medium",
                                       threads=args.threads))

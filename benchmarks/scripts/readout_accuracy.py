@@ -30,7 +30,7 @@ from app.chat import Chat
 from app.chat_settings import ChatSettings
 from app.model_host import ModelHost
 from ppd_core import Engine, EngineConfig
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 
 CONVERSATIONS = [
     ("Give me three tips for staying healthy.", "Repeat your previous answer word for word."),
