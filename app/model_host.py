@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from app.background_calibration import Abandoned, BackgroundCalibration
 from app.model_catalog import DEFAULT_SPEC, remember
@@ -291,7 +291,7 @@ class ModelHost:
         one line); without ``remake`` the call is refused in one line.
         """
         ticket = self.queue.join() if ticket is None else ticket
-        made_for = made_for if made_for is not None else self.queue.stamp_of(ticket)
+        made_for = made_for if made_for is not None else cast("Engine | None", self.queue.stamp_of(ticket))
         try:
             quitting = self._stopping.is_set
             if not (yield from self.queue.wait(ticket, lambda: (stop is not None and stop()) or quitting())):

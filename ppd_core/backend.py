@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # annotations only: the protocol imports nothing, so each wing sits right above what it uses
     import numpy as np
 
+    from ppd_core.backend_registry import BackendName
     from ppd_core.device_memory import MemoryReading
     from ppd_core.device_policy import DeviceProperties
 
@@ -30,7 +31,7 @@ class BackendInfo:
     device panel): each wing builds one at load. torch's threads are process-wide and can change after load
     (``set_threads``): the wing then builds a new record, so a record says what held when it was made."""
 
-    name: str  # "torch" or "llamacpp": a label in reports, never dispatched on
+    name: BackendName  # a label in reports (the readout, the bench, the API), never dispatched on
     forward: str  # what computes a step: "llamacpp", "lean" or "transformers"
     vocab_size: int
     max_context: int  # positions a cache may hold (prompt and answer)
@@ -89,14 +90,17 @@ class Decoder(Protocol):
 
     def cache_length(self, cache: Any) -> int:
         """Positions the cache holds (accepted tokens only)."""
+        ...
 
     def prefill(self, cache: Any, token_ids: Sequence[int]) -> StepLogits:
         """Append ``token_ids`` after what ``cache`` holds; the logits [1, vocab] of the last one."""
+        ...
 
     def tree_logits(self, cache: Any, rows: StepRows) -> StepLogits:
         """One forward pass over ``rows`` rooted right after the cache: every row sees the cache and its ancestors;
         row i sits at position ``cache_length + rows.positions[i]``. Returns the logits [T, vocab] of all T rows.
         The rows' keys and values are held until ``keep``."""
+        ...
 
     def keep(self, cache: Any, start: int, path: Sequence[int], rows: StepRows) -> None:
         """After ``tree_logits(cache, rows)`` at cache length ``start``: keep rows ``path`` (root first, ascending)
@@ -116,6 +120,7 @@ class Backend(Decoder, Protocol):
     def embedding_rows(self, token_ids: np.ndarray) -> np.ndarray:
         """The model's input embeddings [k, hidden] float32 of ``token_ids`` [k], as its first layer sees them
         (fingerprints, prompt-token rows' scale, training)."""
+        ...
 
     def set_threads(self, threads: int) -> None:
         """Run steps on ``threads`` CPU threads where the backend takes it after loading (torch's process-wide

@@ -10,7 +10,7 @@ entries; every drafter then observes what was accepted. Plain decoding is the sa
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,7 +187,8 @@ def merge(speculator: Speculator, state: DecodeState, draft: Draft, reach: int) 
     return step if step.tree.max_offset < reach else root_only(state.root)
 
 
-def generate(speculator: Speculator, request: AnswerRequest, answering: Answering | None = None) -> Iterator[StepStats]:
+def generate(speculator: Speculator, request: AnswerRequest, answering: Answering | None = None
+             ) -> Generator[StepStats, None, None]:
     """Yield the stats of each forward pass, prefill first, until EOS, the token limit or the context end.
 
     A step's tokens are cut at EOS (kept, as ``generate()`` does) and at the limits, so the

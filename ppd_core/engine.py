@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from ppd_core import decoding
@@ -196,7 +196,7 @@ class Engine:
                             grammar=grammar, compile_grammar=self._constraint, chat=chat, reuse_cache=reuse_cache)
 
     def stream(self, request: AnswerRequest | Sequence[int], mode: Mode = "ppd", max_new_tokens: int = 256,
-               guess_hook: decoding.GuessHook | None = None, **options) -> Iterator[GenerationEvent]:
+               guess_hook: decoding.GuessHook | None = None, **options) -> Generator[GenerationEvent, None, None]:
         """``answer`` a checked request, or ``check`` ``request`` (token ids), ``mode``, ``max_new_tokens`` and
         ``options`` first (a script's or a test's shorthand)."""
         if not isinstance(request, AnswerRequest):
@@ -204,7 +204,7 @@ class Engine:
         return self.answer(request, guess_hook)
 
     def answer(self, request: AnswerRequest, guess_hook: decoding.GuessHook | None = None
-               ) -> Iterator[GenerationEvent]:
+               ) -> Generator[GenerationEvent, None, None]:
         """Yield the growing answer to ``request`` after every forward pass (the prompt's first).
 
         With ``request.reuse_cache`` the KV cache of the previous such answer is kept and only the tokens after its
@@ -247,7 +247,7 @@ class Engine:
             self._keep_cache(cache, list(input_ids) + tokens, chains)
 
     @staticmethod
-    def _events(steps: Iterator[StepStats], stats: GenerationStats, tokens: list[int], text,
+    def _events(steps: Generator[StepStats, None, None], stats: GenerationStats, tokens: list[int], text,
                 ends: TurnEnd | None) -> Iterator[GenerationEvent]:
         """``stream``'s events from the decoding's ``steps``, adding to ``stats``, ``tokens`` and ``text``; with
         ``ends`` (the stop texts' ``TurnEnd``; none are empty) a step is cut at the token completing one, the answer

@@ -88,10 +88,10 @@ def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequ
         raise not_ready(service, error) from None
     sampling = sampling_of(request, snapshot.sampling_defaults)
     grammar, json_answer, tools, messages, variables = answer_rules(request, engine, messages)
-    prompt = completion_prompt(engine.tokenizer, request.prompt, request.suffix, bool(request.echo)) if completion \
-        else None
+    prompt = completion_prompt(engine.tokenizer, request.prompt, request.suffix, bool(request.echo)) \
+        if isinstance(request, CompletionRequest) else None
     try:
-        ids = prompt.ids if completion else engine.chat_ids(messages, **variables)
+        ids = prompt.ids if prompt is not None else engine.chat_ids(messages or [], **variables)
     except PpdError as error:
         raise ApiError(str(error), field) from None
     if completion and limit is None:
@@ -113,7 +113,7 @@ def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequ
     return Job(
         id=f"{'cmpl' if completion else 'chatcmpl'}-{uuid.uuid4().hex}", answer=answer, stop=stops,
         include_usage=bool(request.stream_options and request.stream_options.include_usage), model=snapshot.name,
-        json_content=json_answer, tools=tools, completion=completion, echo=prompt.echo if completion else "",
+        json_content=json_answer, tools=tools, completion=completion, echo=prompt.echo if prompt is not None else "",
         grammar_param=param)
 
 
