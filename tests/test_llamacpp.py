@@ -266,9 +266,10 @@ def test_a_fully_offloaded_model_keys_its_profile_without_the_cpu_threads(llama_
     """Every layer on the GPU (llama.cpp's -1): the CPU threads barely change the curve, so `ppd chat` (cores - 1)
     and `ppd bench` (all cores) share one profile; a partial offload keeps them in the key."""
     backend = llama_engine.loaded.backend
-    described = backend.describe()
-    for layers, keyed in ((-1, False), (12, True), (0, True)):
-        monkeypatch.setattr(backend, "describe", lambda layers=layers: {**described, "gpu_layers": layers})
+    info = backend.info
+    for layers, keyed in ((-1, False), (12, True), (0, True)):  # what the wing's record would say of that offload
+        offloaded = dataclasses.replace(info, kernels={**info.kernels, "gpu_layers": layers}, offloaded=layers)
+        monkeypatch.setattr(backend, "info", offloaded)
         key = profile_key(llama_engine.loaded, llama_engine.prompt_tokens)
         assert ("threads" in key["device"]) == keyed and key["gpu_layers"] == layers
 
