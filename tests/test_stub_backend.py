@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ppd_core.backend import BackendInfo, StepRows, registry
+from ppd_core import backend_registry as registry
+from ppd_core.backend import BackendInfo, StepRows
 from ppd_core.answer_request import check_answer
 from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core.device_memory import read_memory
