@@ -99,6 +99,10 @@ class Job:
         return self.answer.ids
 
     @property
+    def max_new_tokens(self) -> int:
+        return self.answer.max_new_tokens
+
+    @property
     def sampling(self) -> SamplingParams:
         return self.answer.sampling
 
