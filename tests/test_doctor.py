@@ -12,7 +12,7 @@ from app.cli import main
 from ppd_core.diagnostics import (
     NEAR_TIE_LOGITS, AnswerComparison, FirstDifference, compare_answer, first_index, probe_environment, verdict,
 )
-from ppd_core import Engine
+from ppd_core import AnswerRequest, Engine
 from ppd_core.device_policy import cpu_properties
 
 # one thread: the CPU is shared with other work; a static tree: no calibration (--tree auto calibrates first)
@@ -87,13 +87,13 @@ def test_doctor_fails_with_the_first_difference_on_a_bitwise_path(capsys, tmp_pa
     there (its own token is their best), and the command exits 1 with the report written."""
     generate, plain = Engine.generate, {}
 
-    def altered(self, ids, mode="ppd", max_new_tokens=256, **kwargs):
-        result = generate(self, ids, mode, max_new_tokens, **kwargs)
-        if max_new_tokens == 24:  # not the warm-up
-            if mode == "ppd":
-                result.tokens[3] = (result.tokens[3] + 1) % self.loaded.backend.vocab_size
+    def altered(self, request, *args, **kwargs):
+        result = generate(self, request, *args, **kwargs)
+        if isinstance(request, AnswerRequest) and request.max_new_tokens == 24:  # the checked answers, not the warm-up
+            if request.mode == "ppd":
+                result.tokens[3] = (result.tokens[3] + 1) % self.loaded.info.vocab_size
             else:
-                plain["tokens"], plain["vocab"] = list(result.tokens), self.loaded.backend.vocab_size
+                plain["tokens"], plain["vocab"] = list(result.tokens), self.loaded.info.vocab_size
         return result
 
     monkeypatch.setattr(Engine, "generate", altered)
