@@ -162,7 +162,7 @@ class Chat:
             asked, note = self.prepare(messages[:-1], settings, now)
             ids = list(asked.ids)
             if known is not None and known.engine is now and known.text == partial and known.ids[:len(ids)] == ids:
-                return replace(asked, ids=tuple(known.ids)), note  # the tokens it was decoded as: greedy goes on
+                return self.checked(list(known.ids), settings, now), note  # the tokens it was decoded as: greedy goes on
             return self.checked(ids + now.tokenizer.encode(partial, add_special_tokens=False), settings, now), note
 
         engine = self.host.engine
