@@ -7,13 +7,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from app.bench_depths import add_counts, depth_table, json_name, per_step_by_depth
 from app.questions import Question
 from app.server_peer import ServerPeer
-from ppd_core import GREEDY, Engine, SamplingParams, chat_model, describe
+from ppd_core import GREEDY, Engine, Mode, SamplingParams
+from ppd_core.backends.llamacpp.library import chat_model
+from ppd_core.device_info import describe
 from ppd_core.errors import PpdError
 
 
@@ -24,7 +27,7 @@ class PeakMemory:
     /proc/self/clear_refs, so nothing has to poll (a polling thread would slow the decode loop).
     """
 
-    def __init__(self, device="cpu"):
+    def __init__(self, device: Any = "cpu"):
         self.device = device  # "cpu", or a torch device
         self.cuda = getattr(device, "type", device) == "cuda"
         self.peak = 0
@@ -104,7 +107,7 @@ class BenchConfig:
 class BenchRun:
     """Running totals of one benchmark."""
 
-    modes: dict[str, ModeTotals] = field(default_factory=lambda: {"vanilla": ModeTotals(), "ppd": ModeTotals()})
+    modes: dict[str, ModeTotals] = field(default_factory=lambda: {"plain": ModeTotals(), "ppd": ModeTotals()})
     groups: dict[str, dict[str, ModeTotals]] = field(default_factory=dict)  # "turn 2", "coding", ...: the same per group
     reference: ModeTotals = field(default_factory=ModeTotals)  # transformers generate()
     peer: ModeTotals = field(default_factory=ModeTotals)  # llama-cpp-python create_chat_completion
@@ -114,10 +117,11 @@ class BenchRun:
     mismatches: list[int] = field(default_factory=list)  # questions whose greedy answers differ
 
 
-def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int, totals: list[ModeTotals], sampling: SamplingParams) -> list[int]:
+def timed_answer(engine: Engine, ids: list[int], mode: Mode, max_new_tokens: int, totals: list[ModeTotals], sampling: SamplingParams) -> list[int]:
     """One answer, counted into each of ``totals`` (the run's, its turn's, its category's)."""
+    request = engine.check(ids, max_new_tokens, mode=mode, sampling=sampling, reuse_cache=True)
     with PeakMemory(engine.loaded.device) as memory:
-        result = engine.generate(ids, mode, max_new_tokens, sampling=sampling, reuse_cache=True)
+        result = engine.generate(request)
     stats = result.stats
     for total in totals:
         total.new_tokens += stats.new_tokens
@@ -132,7 +136,7 @@ def timed_answer(engine: Engine, ids: list[int], mode: str, max_new_tokens: int,
 
 def timed_reference(engine: Engine, ids: list[int], max_new_tokens: int, totals: ModeTotals) -> None:
     """transformers' own greedy decoding of a Hugging Face model, timed (torch loads here, on request only)."""
-    from ppd_core import reference_answer  # noqa: PLC0415
+    from ppd_core.training.greedy import reference_answer  # noqa: PLC0415
 
     with PeakMemory(engine.loaded.device) as memory:
         start = time.perf_counter()
@@ -152,8 +156,10 @@ class LlamaCppPeer:
             raise PpdError("--compare-llama-cpp needs a GGUF model (the default is one)")
         self.threads = engine.threads
         try:
-            self.llama = chat_model(gguf, n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads, verbose=False,
-                                    last_n_tokens_size=4096 if sampling.repeat_last_n < 0 else sampling.repeat_last_n)
+            # ``Any``: llama-cpp-python's stubs type a whole answer and a streamed one alike
+            self.llama: Any = chat_model(gguf, n_ctx=4096, n_threads=self.threads, n_threads_batch=self.threads,
+                                         verbose=False,
+                                         last_n_tokens_size=4096 if sampling.repeat_last_n < 0 else sampling.repeat_last_n)
         except PpdError as error:
             raise PpdError(f"--compare-llama-cpp: {error}") from None
 
@@ -197,7 +203,7 @@ def bench_question(engine: Engine, number: int, question: Question, config: Benc
     if not sampling.greedy:  # both modes get the same seed per question
         sampling = dataclasses.replace(sampling, seed=(sampling.seed or 0) + number)
     turns = question.turns[: config.turns]
-    order = ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla")
+    order = ("plain", "ppd") if number % 2 == 0 else ("ppd", "plain")
     answers: dict[str, list[list[int]]] = {}
     for mode in order:
         engine.forget_conversation()
@@ -205,22 +211,22 @@ def bench_question(engine: Engine, number: int, question: Question, config: Benc
         answers[mode] = []
         for index, turn in enumerate(turns, 1):
             history.append({"role": "user", "content": turn})
-            groups = [run.groups.setdefault(name, {"vanilla": ModeTotals(), "ppd": ModeTotals()}) for name in (f"turn {index}", question.category)]
+            groups = [run.groups.setdefault(name, {"plain": ModeTotals(), "ppd": ModeTotals()}) for name in (f"turn {index}", question.category)]
             ids = engine.chat_ids(history)
             tokens = timed_answer(engine, ids, mode, config.max_new_tokens, [run.modes[mode]] + [g[mode] for g in groups], sampling)
-            if mode == "vanilla" and config.compare_generate and sampling.greedy:  # the same prompt, no cache reuse
+            if mode == "plain" and config.compare_generate and sampling.greedy:  # the same prompt, no cache reuse
                 timed_reference(engine, ids, config.max_new_tokens, run.reference)
             answers[mode].append(tokens)
             history.append({"role": "assistant", "content": engine.tokenizer.decode(tokens, skip_special_tokens=True)})
     engine.forget_conversation()
     if number % 2 == 0:
         server_answers = server_conversations(servers, question, config, run)
-    plain = [engine.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens in answers["vanilla"]]
+    plain = [engine.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens in answers["plain"]]
     for spec, texts in server_answers.items():
         run.server_same_text[spec] = run.server_same_text.get(spec, 0) + sum(a.strip() == b for a, b in zip(texts, plain))
     if peer is not None and sampling.greedy:
         run.peer_same_text += sum(a.strip() == b for a, b in zip(peer.conversation(turns, config.max_new_tokens, run.peer), plain))
-    if answers["ppd"] != answers["vanilla"]:
+    if answers["ppd"] != answers["plain"]:
         run.mismatches.append(number)
 
 
@@ -274,7 +280,7 @@ def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig
                                      "hold back the copying lookup guesses rely on" if sampling.penalized else
                                      "off (--repeat-penalty and the others turn them on)"), file=log, flush=True)
     warmup = engine.chat_ids([{"role": "user", "content": "Say hello."}])
-    for mode in ("vanilla", "ppd"):
+    for mode in ("plain", "ppd"):
         engine.generate(warmup, mode, 16)
     run = BenchRun()
     peer = LlamaCppPeer(engine, sampling) if config.compare_llama_cpp else None
@@ -285,7 +291,7 @@ def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig
         for number, question in enumerate(questions):
             bench_question(engine, number, question, config, run, peer, servers)
             speeds = {mode: t.new_tokens / max(t.seconds, 1e-9) for mode, t in run.modes.items()}
-            line = f"[{number + 1}/{len(questions)}] ppd {speeds['ppd']:.1f} tok/s, vanilla {speeds['vanilla']:.1f} tok/s"
+            line = f"[{number + 1}/{len(questions)}] ppd {speeds['ppd']:.1f} tok/s, plain {speeds['plain']:.1f} tok/s"
             if peer is not None:
                 line += f", llama.cpp create_chat_completion {run.peer.tok_s:.1f} tok/s"
             line += "".join(f", llama-server {spec} {run.servers[spec]['all'].tok_s:.1f} tok/s" for spec in servers)
@@ -299,27 +305,29 @@ def run_benchmark(engine: Engine, questions: list[Question], config: BenchConfig
         result["llama_server"] = server_summary(engine, servers, run, result)
     if peer is not None:
         result["llama_cpp"] = {**run.peer.to_json(False), **peer.describe(), "same_text_as_plain": run.peer_same_text,
-                               "plain_over_llama_cpp": round(result["vanilla"]["tok_s"] / run.peer.tok_s, 4) if run.peer.tok_s else 0.0,
+                               "plain_over_llama_cpp": round(result["plain"]["tok_s"] / run.peer.tok_s, 4) if run.peer.tok_s else 0.0,
                                "ppd_over_llama_cpp": round(result["ppd"]["tok_s"] / run.peer.tok_s, 4) if run.peer.tok_s else 0.0}
     return result
 
 
 def server_summary(engine: Engine, servers: dict[str, ServerPeer], run: BenchRun, result: dict) -> dict:
     """Each llama-server's tokens/s, all turns and per turn, and ppd's (plain and PPD) over it on the same parts."""
-    ours = {"all": {mode: result[mode]["tok_s"] for mode in ("vanilla", "ppd")}}
+    gguf = engine.loaded.gguf_file
+    assert gguf is not None  # llama-servers run on a GGUF only (``start_servers``)
+    ours = {"all": {mode: result[mode]["tok_s"] for mode in ("plain", "ppd")}}
     for name, group in result["groups"].items():
         if name.startswith("turn "):
-            ours[name] = {"vanilla": group["vanilla_tok_s"], "ppd": group["ppd"]["tok_s"]}
+            ours[name] = {"plain": group["plain_tok_s"], "ppd": group["ppd"]["tok_s"]}
     out = {}
     for spec, server in servers.items():
         totals = run.servers[spec]
         out[spec] = {
             **{key: value for key, value in totals["all"].to_json(False).items() if key != "peak_mem_mb"},
-            **server.describe(engine.loaded.gguf_file),
+            **server.describe(gguf),
             "same_text_as_plain": run.server_same_text.get(spec, 0),
             "by_part": {part: {"tok_s": totals[part].tok_s,
                                **{f"{mode}_over_it": round(ours[part][mode] / totals[part].tok_s, 4) if totals[part].tok_s else 0.0
-                                  for mode in ("vanilla", "ppd")}}
+                                  for mode in ("plain", "ppd")}}
                         for part in ours if part in totals},
         }
     return out
@@ -328,13 +336,13 @@ def server_summary(engine: Engine, servers: dict[str, ServerPeer], run: BenchRun
 def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchRun) -> dict:
     """The ``ppd bench --json`` object (names fixed: other tools read them)."""
     greedy = config.sampling.greedy
-    vanilla, ppd = run.modes["vanilla"].to_json(False), run.modes["ppd"].to_json(True)
+    plain, ppd = run.modes["plain"].to_json(False), run.modes["ppd"].to_json(True)
     result = {
         "model": engine.loaded.name,
-        "device": describe(engine.loaded.device, engine.threads).to_json(),
+        "device": describe(engine.loaded.info.properties).to_json(),
         "quant": engine.loaded.quant,
-        "dtype": str(engine.loaded.dtype).removeprefix("torch."),
-        "backend": engine.loaded.backend.name,
+        "dtype": engine.loaded.info.dtype,
+        "backend": engine.loaded.info.name,
         "forward": engine.loaded.forward,
         "kernels": engine.loaded.kernels,
         "questions": num_questions,
@@ -342,9 +350,9 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
         "max_new_tokens": config.max_new_tokens,
         "tree": engine.snapshot().tree,
         "prompt_tokens": engine.prompt_tokens.training,
-        "vanilla": vanilla,
+        "plain": plain,
         "ppd": ppd,
-        "speedup": round(ppd["tok_s"] / vanilla["tok_s"], 4) if vanilla["tok_s"] else 0.0,
+        "speedup": round(ppd["tok_s"] / plain["tok_s"], 4) if plain["tok_s"] else 0.0,
         "identical": not run.mismatches if greedy else None,
         "mismatches": run.mismatches if greedy else [],
         "sampling": config.sampling.describe(),
@@ -356,8 +364,8 @@ def summary(engine: Engine, num_questions: int, config: BenchConfig, run: BenchR
     if config.compare_generate:
         result["transformers_generate"] = run.reference.to_json(False)
     result["groups"] = {  # by turn and by category: the same measures on each part of the run
-        name: {"vanilla_tok_s": totals["vanilla"].tok_s, "ppd": totals["ppd"].to_json(True),
-               "speedup": round(totals["ppd"].tok_s / totals["vanilla"].tok_s, 4) if totals["vanilla"].tok_s else 0.0}
+        name: {"plain_tok_s": totals["plain"].tok_s, "ppd": totals["ppd"].to_json(True),
+               "speedup": round(totals["ppd"].tok_s / totals["plain"].tok_s, 4) if totals["plain"].tok_s else 0.0}
         for name, totals in sorted(run.groups.items())
     }
     return result
@@ -370,7 +378,7 @@ def plot_result(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = ["vanilla", "ppd"] + (["transformers_generate"] if "transformers_generate" in result else [])
+    modes = ["plain", "ppd"] + (["transformers_generate"] if "transformers_generate" in result else [])
     values = [result[m]["tok_s"] for m in modes]
     figure, axis = plt.subplots(figsize=(5, 3))
     axis.bar(modes, values, color=["#888", "#2a7", "#57c"][: len(modes)])

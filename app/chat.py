@@ -12,22 +12,15 @@ from dataclasses import dataclass, replace
 
 from app.chat_settings import ChatSettings
 from app.highlight import Highlighter
+from app.history import Unfinished
 from app.model_host import ModelHost
 from app.model_queue import COMPARISON, Queued
 from app.readout import SPEED_DEFINITION, AnswerSpeed, compare_verdict, penalties_line
-from ppd_core import (Engine, GenerationEvent, GenerationResult, GenerationStats, LiveEstimate, SamplingParams,
-                             StepPrices)
+from ppd_core import (AnswerRequest, Engine, GenerationEvent, GenerationResult, GenerationStats, Mode,
+                      PromptTooLongError, SamplingParams)
+from ppd_core.calibration.prices import LiveEstimate, StepPrices
 from ppd_core.errors import PpdError
 
-
-@dataclass
-class Unfinished:
-    """An answer that ended at the length limit: its text, and the ids its model (``engine``) decoded it from and into
-    (the prompt, then the answer's tokens), so that Continue goes on from exactly those tokens."""
-
-    text: str
-    ids: list[int]
-    engine: Engine
 
 
 @dataclass
@@ -43,14 +36,14 @@ class AnswerUpdate:
     unfinished: Unfinished | None = None  # on the last update of an answer that ended at the length limit
 
 
-Make = Callable[[Engine], tuple[list[int], str]]  # the prompt's ids as a model makes them, and the trimming note
+Make = Callable[[Engine], tuple[AnswerRequest, str]]  # the request as a model makes and checks it, and the trimming note
 
 
 @dataclass
 class Comparison:
-    vanilla_text: str
+    plain_text: str
     ppd_text: str
-    vanilla_stats: GenerationStats
+    plain_stats: GenerationStats
     ppd_stats: GenerationStats
     identical: bool
     first: str  # "plain" or "PPD": the order alternates between comparisons
@@ -58,7 +51,7 @@ class Comparison:
 
     @property
     def speedup(self) -> float:
-        return self.ppd_stats.tok_s / self.vanilla_stats.tok_s if self.vanilla_stats.tok_s else 0.0
+        return self.ppd_stats.tok_s / self.plain_stats.tok_s if self.plain_stats.tok_s else 0.0
 
     def verdict(self) -> str:
         """In words, the figures behind a toggle: "PPD was 1.42x faster on this answer; identical text."."""
@@ -68,11 +61,11 @@ class Comparison:
             differs = ("on this path tree steps round differently from single steps, and a near-tie between two tokens "
                        "resolved the other way")
         second = "PPD" if self.first == "plain" else "plain"
-        details = (f"Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.vanilla_stats.seconds:.2f} s "
+        details = (f"Times: PPD {self.ppd_stats.seconds:.2f} s, plain {self.plain_stats.seconds:.2f} s "
                    f"({SPEED_DEFINITION}, greedy, no cache reuse on either side; {self.first} ran first, {second} "
                    f"second: the order alternates between comparisons); {self.ppd_stats.mean_accepted:.2f} tokens per "
                    f"PPD step.")
-        return compare_verdict(self.speedup, self.ppd_stats.tok_s, self.vanilla_stats.tok_s, self.identical, differs,
+        return compare_verdict(self.speedup, self.ppd_stats.tok_s, self.plain_stats.tok_s, self.identical, differs,
                                details)
 
 
@@ -110,9 +103,11 @@ class Chat:
             return None
         return self._last[0]
 
-    def prepare(self, messages: list[dict], settings: ChatSettings, engine: Engine | None = None) -> tuple[list[int], str]:
-        """Chat-template ids for the conversation, dropping the oldest turns until prompt + answer fit; made by
-        ``engine`` (default: the one loaded now), the only one that may decode them."""
+    def prepare(self, messages: list[dict], settings: ChatSettings, engine: Engine | None = None,
+                mode: Mode | None = None, sampling: SamplingParams | None = None) -> tuple[AnswerRequest, str]:
+        """The answer's request, checked by ``engine`` (default: the one loaded now, the only one that may answer it):
+        the conversation in the chat template, dropping the oldest turns until prompt + answer fit, with the
+        settings' limit, sampling (or ``sampling``), mode (or ``mode``) and JSON schema; and the trimming note."""
         if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
             raise PpdError("the message is empty")
         engine = engine or self.host.engine
@@ -123,25 +118,34 @@ class Chat:
         while len(ids) + settings.max_new_tokens > limit and len(kept) > 1:
             kept = kept[2:] if len(kept) > 2 else kept[1:]  # a user turn and its answer
             ids = engine.chat_ids(system + kept)
-        if len(ids) >= limit:
-            raise PpdError(f"the message is too long: {len(ids)} tokens, but the model's context holds {limit}")
         dropped = len(messages) - len(kept)
         note = f"Trimmed the {dropped} earliest messages to fit the model's {limit}-token context." if dropped else ""
-        return ids, note
+        return self.checked(ids, settings, engine, mode, sampling), note
+
+    @staticmethod
+    def checked(ids: list[int], settings: ChatSettings, engine: Engine, mode: Mode | None = None,
+                sampling: SamplingParams | None = None) -> AnswerRequest:
+        """``ids`` answered with the settings, checked by ``engine`` (``Engine.check``, once): a conversation too long
+        for the context, or a JSON schema the model cannot follow, is refused in one line."""
+        try:
+            return engine.check(ids, int(settings.max_new_tokens), mode=mode or ("ppd" if settings.ppd else "plain"),
+                                sampling=sampling or settings.sampling(), grammar=settings.grammar(), chat=True,
+                                reuse_cache=True)
+        except PromptTooLongError as error:
+            raise PpdError(f"the message is too long: {error.prompt_tokens} tokens, but the model's context holds "
+                           f"{error.context}") from None
 
     def answer(self, messages: list[dict], settings: ChatSettings, stop: Callable[[], bool] | None = None) -> Iterator[AnswerUpdate]:
         """Stream the answer to the last user message; ends within one decoding step of ``stop()`` turning true.
 
         Refused (``PpdError``) before anything runs when the conversation does not fit (for the model loaded now), the
         JSON schema box holds what cannot be used, or the line is full; a model switched in before its turn makes the
-        ids again (and may refuse them then).
+        request again (and may refuse it then).
         """
         engine = self.host.engine
-        grammar = self.checked_grammar(settings, engine)
-        ids, note = self.prepare(messages, settings, engine)
+        request, note = self.prepare(messages, settings, engine)
         self.host.queue.check_room()
-        return self._answer(ids, engine, lambda now: self.prepare(messages, settings, now), settings, note, stop,
-                            grammar)
+        return self._answer(request, engine, lambda now: self.prepare(messages, settings, now), settings, note, stop)
 
     def resume(self, messages: list[dict], settings: ChatSettings, stop: Callable[[], bool] | None = None,
                known: Unfinished | None = None) -> Iterator[AnswerUpdate]:
@@ -154,44 +158,32 @@ class Chat:
             raise PpdError("there is no answer to continue")
         partial = messages[-1]["content"]
 
-        def made(now: Engine) -> tuple[list[int], str]:
-            ids, note = self.prepare(messages[:-1], settings, now)
+        def made(now: Engine) -> tuple[AnswerRequest, str]:
+            asked, note = self.prepare(messages[:-1], settings, now)
+            ids = list(asked.ids)
             if known is not None and known.engine is now and known.text == partial and known.ids[:len(ids)] == ids:
-                return list(known.ids), note  # the tokens it was decoded as: greedy goes on exactly
-            return ids + now.tokenizer.encode(partial, add_special_tokens=False), note
+                return self.checked(list(known.ids), settings, now), note  # the tokens it was decoded as: greedy goes on
+            return self.checked(ids + now.tokenizer.encode(partial, add_special_tokens=False), settings, now), note
 
         engine = self.host.engine
-        grammar = self.checked_grammar(settings, engine)
-        ids, note = made(engine)
+        request, note = made(engine)
         self.host.queue.check_room()
-        updates = self._answer(ids, engine, made, settings, note, stop, grammar, partial)
+        updates = self._answer(request, engine, made, settings, note, stop, partial)
         return (update if update.queued else replace(update, text=partial + update.text) for update in updates)
 
-    @staticmethod
-    def checked_grammar(settings: ChatSettings, engine: Engine) -> str | None:
-        """The settings' grammar (``ChatSettings.grammar``), checked as the API checks one: one line where ``engine``
-        cannot follow it."""
-        grammar = settings.grammar()
-        if grammar is not None:
-            engine.check_grammar(grammar)
-        return grammar
-
-    def _answer(self, ids: list[int], engine: Engine, make: Make, settings: ChatSettings, note: str,
-                stop: Callable[[], bool] | None, grammar: str | None = None,
-                before: str = "") -> Iterator[AnswerUpdate]:
-        """The answer's updates; ``make`` makes the ids again for another model switched in before its turn;
+    def _answer(self, request: AnswerRequest, engine: Engine, make: Make, settings: ChatSettings, note: str,
+                stop: Callable[[], bool] | None, before: str = "") -> Iterator[AnswerUpdate]:
+        """The answer's updates; ``make`` makes the request again for another model switched in before its turn;
         ``before``: the answer's text before these ids' end (a continued answer)."""
-        mode = "ppd" if settings.ppd else "vanilla"
         event: GenerationEvent | None = None
         reading: Reading | None = None
-        notes, prompt = [note], [ids]  # the trimming note of the ids that are decoded, and those ids
+        notes, asked = [note], [request]  # the trimming note of the request that is answered, and that request
 
-        def remake(now: Engine) -> list[int]:  # another model was switched in before this answer's turn
-            prompt[0], notes[0] = make(now)
-            return prompt[0]
+        def remake(now: Engine) -> AnswerRequest:  # another model was switched in before this answer's turn
+            asked[0], notes[0] = make(now)
+            return asked[0]
 
-        events = self.host.decode(ids, mode, int(settings.max_new_tokens), settings.sampling(), reuse_cache=True,
-                                  stop=stop, made_for=engine, remake=remake, grammar=grammar, chat=True)
+        events = self.host.decode(request, stop=stop, made_for=engine, remake=remake)
         with closing(events):
             for event in events:
                 if isinstance(event, Queued):
@@ -203,7 +195,8 @@ class Chat:
                 reading.add(step)
                 update = self._update(event, settings, note, reading, event.stop_reason)
                 if event.stop_reason == "length":  # Continue goes on from these tokens
-                    update.unfinished = Unfinished(before + event.text, prompt[0] + event.tokens, self.host.engine)
+                    update.unfinished = Unfinished(before + event.text, list(asked[0].ids) + event.tokens,
+                                                   self.host.engine)
                 yield update
         if event is None or isinstance(event, Queued):
             yield AnswerUpdate("", "", "", "Stopped before the answer began.", None, "stopped")
@@ -253,33 +246,32 @@ class Chat:
         Which mode runs first alternates between comparisons, so neither always gets the warmer caches.
         """
         engine = self.host.engine
-        grammar = self.checked_grammar(settings, engine)
-        ids, _ = self.prepare(messages, settings, engine)  # refused before waiting where it does not fit
-        order = ("vanilla", "ppd") if self._comparisons % 2 == 0 else ("ppd", "vanilla")
+        greedy = SamplingParams(**settings.penalties())
+        request, _ = self.prepare(messages, settings, engine, sampling=greedy)  # refused before waiting where it does not fit
+        order: tuple[Mode, Mode] = ("plain", "ppd") if self._comparisons % 2 == 0 else ("ppd", "plain")
         self._comparisons += 1
         with self.host.turn(COMPARISON):
-            if self.host.engine is not engine:  # another model was switched in before this turn: its own ids
+            if self.host.engine is not engine:  # another model was switched in before this turn: its own request
                 engine = self.host.engine
-                grammar = self.checked_grammar(settings, engine)
-                ids, _ = self.prepare(messages, settings, engine)
-            greedy, max_new = SamplingParams(**settings.penalties()), int(settings.max_new_tokens)
+                request, _ = self.prepare(messages, settings, engine, sampling=greedy)
+            request, max_new = replace(request, reuse_cache=False), request.max_new_tokens
 
-            def run(mode: str) -> GenerationResult:
+            def run(mode: Mode) -> GenerationResult:
                 def told(tokens: int) -> None:
                     if progress is not None:
                         progress(COMPARED[mode], tokens, max_new)
-                return generated(engine.stream(ids, mode, max_new, sampling=greedy, grammar=grammar, chat=True), told)
+                return generated(engine.answer(replace(request, mode=mode)), told)  # type: ignore[arg-type]
 
             results = {mode: run(mode) for mode in order}
-        plain, ppd = results["vanilla"], results["ppd"]
-        first = "plain" if order[0] == "vanilla" else "PPD"
+        plain, ppd = results["plain"], results["ppd"]
+        first = "plain" if order[0] == "plain" else "PPD"
         comparison = Comparison(plain.text, ppd.text, plain.stats, ppd.stats, plain.tokens == ppd.tokens, first,
-                                engine.loaded.backend.bitwise)
+                                engine.loaded.info.bitwise)
         self._last = comparison, self.host.calibrations
         return comparison
 
 
-COMPARED = {"vanilla": "plain decoding", "ppd": "PPD"}
+COMPARED = {"plain": "plain decoding", "ppd": "PPD"}
 
 
 def generated(events: Iterator[GenerationEvent], step: Callable[[int], object]) -> GenerationResult:

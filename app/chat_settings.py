@@ -3,41 +3,47 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from app.structured import FieldError, checked_schema_grammar
-from ppd_core import SamplingParams
+from ppd_core import Acceptance, SamplingParams
+from ppd_core.sampling.fields import FIELDS, NAMES, PENALTIES
 
 
 @dataclass
 class ChatSettings:
     system_prompt: str = ""
-    temperature: float = 0.0
-    top_p: float = 1.0
     max_new_tokens: int = 256
     ppd: bool = True
-    acceptance: str = "lossless"  # or "typical" (faster, not distribution-preserving)
+    acceptance: Acceptance = "lossless"  # or "typical" (faster, not distribution-preserving)
     highlight: bool = False  # mark the tokens that came from accepted guesses
-    top_k: int = 0  # 0: off
-    repeat_penalty: float = 1.0  # llama.cpp's repetition penalties (``PENALTY_FIELDS``): off at these values
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     schema: str = ""  # the page's JSON schema box: empty for free text
+    values: dict = field(default_factory=dict)  # every sampling field's value (``FIELDS``); unset or None: off
 
     def __post_init__(self):  # values straight from the UI's widgets
         self.system_prompt = self.system_prompt or ""
-        self.temperature, self.top_p, self.top_k = float(self.temperature), float(self.top_p), int(self.top_k or 0)
         self.max_new_tokens, self.ppd, self.highlight = int(self.max_new_tokens), bool(self.ppd), bool(self.highlight)
-        for name in PENALTY_FIELDS:  # a cleared number box sends None: the field's default (off)
-            if getattr(self, name) is None:
-                setattr(self, name, type(self).__dataclass_fields__[name].default)
-        self.repeat_penalty, self.repeat_last_n = float(self.repeat_penalty), int(self.repeat_last_n)
-        self.presence_penalty, self.frequency_penalty = float(self.presence_penalty), float(self.frequency_penalty)
+        unknown = set(self.values) - set(NAMES)
+        if unknown:
+            raise TypeError(f"unknown sampling fields {sorted(unknown)}")
+        # a cleared number box sends None: the field's default (off)
+        self.values = {f.name: f.default if self.values.get(f.name) is None else f.kind(self.values[f.name])
+                       for f in FIELDS}
         self.schema = self.schema or ""
 
+    @classmethod
+    def of(cls, *widgets) -> ChatSettings:
+        """The settings of the page's widgets' values, in ``SettingsPanel.inputs``' order: the fields above but
+        ``values``, then every sampling field's (``FIELDS``' order)."""
+        head = len(fields(cls)) - 1
+        return cls(*widgets[:head], values=dict(zip(NAMES, widgets[head:])))
+
+    @property
+    def temperature(self) -> float:
+        return self.values["temperature"]
+
     def penalties(self) -> dict:
-        return {name: getattr(self, name) for name in PENALTY_FIELDS}
+        return {name: self.values[name] for name in PENALTY_FIELDS}
 
     def grammar(self) -> str | None:
         """The GBNF the answers follow (the API's conversion, ``app/structured.py``), None for free text; a PpdError
@@ -50,11 +56,10 @@ class ChatSettings:
         return bool(self.schema.strip())
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, acceptance=self.acceptance,
-                              **self.penalties())
+        return SamplingParams(acceptance=self.acceptance, **self.values)
 
 
-PENALTY_FIELDS = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
+PENALTY_FIELDS = PENALTIES  # llama.cpp's repetition penalties: the page's own section, and Compare's settings
 SCHEMA_BOX = "the JSON schema box"
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from app.bench import ModeTotals, timed_answer
 from ppd_core.atomic_files import atomic_write
-from ppd_core import (
-    GREEDY, NEAR_TIE_LOGITS, AnswerComparison, Engine, chains_text, compare_answer, latency_curve, next_token_logits,
-    probe_environment, verdict,
-)
+from ppd_core import GREEDY, Engine
+from ppd_core.engine_calibration import latency_curve, next_token_logits
+from ppd_core.diagnostics import NEAR_TIE_LOGITS, AnswerComparison, compare_answer, probe_environment, verdict
+from ppd_core.drafters.lookup import chains_text
 from ppd_core.errors import PpdError
 
 CPU_SIZES = (1, 2, 4, 8, 16)  # a short curve: each CPU row costs most of a step, larger trees never win there
@@ -38,15 +38,15 @@ class DoctorConfig:
 
 def on_gpu(engine: Engine) -> bool:
     """Whether steps run on a GPU: a CUDA torch device, or llama.cpp layers offloaded."""
-    return engine.loaded.device_kind == "cuda" or bool(engine.loaded.kernels.get("gpu_layers"))
+    return engine.loaded.info.on_gpu
 
 
 def engine_json(engine: Engine) -> dict:
-    loaded = engine.loaded
-    return {"model": loaded.name, "backend": loaded.backend.name, "forward": loaded.forward, "quant": loaded.quant,
-            "dtype": str(loaded.dtype).removeprefix("torch."), "torch_device": str(loaded.device),
-            "gpu_layers": loaded.kernels.get("gpu_layers"), "threads": engine.threads, "kernels": loaded.kernels,
-            "bitwise": bool(loaded.backend.bitwise), "exactness": engine.snapshot().exactness, "tree": engine.snapshot().tree,
+    loaded, info = engine.loaded, engine.loaded.info
+    return {"model": loaded.name, "backend": info.name, "forward": info.forward, "quant": loaded.quant,
+            "dtype": info.dtype, "torch_device": info.device,
+            "gpu_layers": info.kernels.get("gpu_layers"), "threads": info.threads, "kernels": info.kernels,
+            "bitwise": info.bitwise, "exactness": engine.snapshot().exactness, "tree": engine.snapshot().tree,
             "calibrated": engine.plan.profile is not None, "calibration": engine.plan.expectation}
 
 
@@ -56,18 +56,18 @@ def check_answers(engine: Engine, questions: list[str], max_new_tokens: int,
     Progress lines go to ``log`` (default: stderr)."""
     log = log or sys.stderr
     warmup = engine.chat_ids([{"role": "user", "content": WARMUP}])
-    for mode in ("vanilla", "ppd"):
+    for mode in ("plain", "ppd"):
         engine.generate(warmup, mode, 8)
-    totals = {"vanilla": ModeTotals(), "ppd": ModeTotals()}
+    totals = {"plain": ModeTotals(), "ppd": ModeTotals()}
     comparisons = []
     for number, question in enumerate(questions):
         ids = engine.chat_ids([{"role": "user", "content": question}])
         answers = {}
-        for mode in ("vanilla", "ppd") if number % 2 == 0 else ("ppd", "vanilla"):
+        for mode in ("plain", "ppd") if number % 2 == 0 else ("ppd", "plain"):
             engine.forget_conversation()  # each answer processes its prompt: the second would reuse the first's
             answers[mode] = timed_answer(engine, ids, mode, max_new_tokens, [totals[mode]], GREEDY)
         engine.forget_conversation()
-        comparisons.append(compare_answer(number, ids, answers["vanilla"], answers["ppd"], lambda ids: next_token_logits(engine, ids)))
+        comparisons.append(compare_answer(number, ids, answers["plain"], answers["ppd"], lambda ids: next_token_logits(engine, ids)))
         same = "identical" if comparisons[-1].identical else f"part at token {comparisons[-1].difference.index}"
         print(f"ppd doctor: [{number + 1}/{len(questions)}] answers {same}", file=log, flush=True)
     return comparisons, totals
@@ -105,13 +105,13 @@ def ppd_version() -> str:
 def run_doctor(engine: Engine, questions: list[str], config: DoctorConfig, log=None) -> dict:
     """Every check on ``engine``; the report object (``doctor.json``). Progress lines go to ``log`` (default: stderr)."""
     log = log or sys.stderr
-    environment = probe_environment(engine.loaded.device, engine.threads)
+    environment = probe_environment(engine.loaded.info.properties, engine.loaded.info.read_memory)
     comparisons, totals = check_answers(engine, questions, config.max_new_tokens, log)
-    bitwise = bool(engine.loaded.backend.bitwise)
+    bitwise = engine.loaded.info.bitwise
     result = verdict(comparisons, bitwise)
     print("ppd doctor: timing steps against tree size", file=log, flush=True)
     curve = latency_curve(engine, GPU_SIZES if on_gpu(engine) else CPU_SIZES, contexts=(CONTEXT,))
-    plain, ppd = totals["vanilla"].to_json(True), totals["ppd"].to_json(True)
+    plain, ppd = totals["plain"].to_json(True), totals["ppd"].to_json(True)
     return {
         "ppd_version": ppd_version(),
         "command": config.command,

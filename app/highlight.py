@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from ppd_core import text_stream
+from ppd_core.text import text_stream
 
 PROMPT_MARK = '<mark style="background-color: #ffe066">'  # guesses from the prompt tokens: yellow
 LOOKUP_MARK = '<mark style="background-color: #bfe3ff">'  # guesses copied from the conversation: blue

@@ -18,12 +18,16 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import platformdirs
 import psutil
 from filelock import FileLock
 
 from ppd_core.atomic_files import atomic_write
+
+if TYPE_CHECKING:
+    from ppd_core import Engine
 
 
 EXPORT_PREFIX = "ppd-export-"
@@ -196,3 +200,13 @@ def export_folder(root: Path | None = None) -> Path:
     folder.mkdir(mode=0o700)
     atexit.register(shutil.rmtree, folder, True)
     return folder
+
+
+@dataclass
+class Unfinished:
+    """An answer that ended at the length limit: its text, and the ids its model (``engine``) decoded it from and into
+    (the prompt, then the answer's tokens), so that Continue goes on from exactly those tokens."""
+
+    text: str
+    ids: list[int]
+    engine: Engine

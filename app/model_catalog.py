@@ -13,6 +13,8 @@ import platformdirs
 
 from ppd_core.atomic_files import atomic_write
 
+DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too
+
 RECENT = 8  # recently loaded models kept
 
 
@@ -117,7 +119,7 @@ def model_label(spec: str, hub: dict[str, tuple[str, int]]) -> str:
     """How the picker shows ``spec``: its name, quantization and size ("... (default)" for the default); the spec
     itself where none of that can be read without a download."""
     if spec == "default":
-        from ppd_core import model_path
+        from ppd_core.loading import model_path
         from ppd_core.errors import PpdError
 
         try:

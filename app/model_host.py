@@ -11,23 +11,23 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from app.background_calibration import Abandoned, BackgroundCalibration
-from app.model_catalog import remember
+from app.model_catalog import DEFAULT_SPEC, remember
 from app.model_queue import ANSWER, CALIBRATION, QUITTING, SWITCH, ModelQueue, Queued
 from app.startup import Progress, Startup, failure_line
 from app.training_job import TrainingJob
-from ppd_core import Engine, GenerationEvent, ModelSnapshot, SamplingParams, calibrate_engine
+from ppd_core import AnswerRequest, Engine, GenerationEvent, ModelSnapshot
+from ppd_core.engine_calibration import calibrate_engine
 from ppd_core.errors import PpdError
 
-DEFAULT_SPEC = "default"  # the embedded model: what a failed switch falls back to when the previous model fails too
 log = logging.getLogger(__name__)
 
 
 class ModelHost:
     """The one door to the engine for every browser tab (answers and Compare through ``Chat``, Calibrate) and the HTTP
-    API (``app/api.py``).
+    API (``app/api/``).
 
     Every model call waits its turn in ``queue`` (first come, first served; beyond its bound a call is
     refused with ``Busy``), gives up its place when its ``stop()`` turns true while waiting, ends within
@@ -276,25 +276,22 @@ class ModelHost:
             self._jobs[name] = TrainingJob(self.spec, name, self.train_options)
         return self._jobs[name]
 
-    def decode(self, ids: list[int], mode: str, max_new_tokens: int, sampling: SamplingParams, *, reuse_cache: bool,
-               stop: Callable[[], bool] | None = None, ticket: int | None = None,
-               logprobs: int | None = None, made_for: Engine | None = None, grammar: str | None = None,
-               remake: Callable[[Engine], list[int]] | None = None, chat: bool = False) -> Iterator[Queued | GenerationEvent]:
-        """``Queued`` while waiting, then the engine's events; ends right after the event during which ``stop()``
-        turned true. Close it (``contextlib.closing``) when leaving it early.
+    def decode(self, request: AnswerRequest, *, stop: Callable[[], bool] | None = None, ticket: int | None = None,
+               made_for: Engine | None = None, remake: Callable[[Engine], AnswerRequest] | None = None
+               ) -> Iterator[Queued | GenerationEvent]:
+        """``Queued`` while waiting, then the engine's events answering ``request``; ends right after the event during
+        which ``stop()`` turned true. Close it (``contextlib.closing``) when leaving it early.
 
         ``ticket``: a place in line taken beforehand (``queue.join``); else one is taken here (``Busy`` if full).
-        ``logprobs``: the engine's (each step's tokens' log-probabilities and that many alternatives); ``chat``: the
-        ids are a chat in the template (its turn markers end the answer, ``Engine.stream``).
 
-        Ids mean something only to the model that made them, and a switch waiting ahead in line may replace it before
-        this call's turn. ``made_for``: the engine that made ``ids`` (default: the model loaded when the ticket was
-        taken; make the ids just before). Where another one holds the model by this call's turn, ``remake(engine)``
-        makes them again with it (it may refuse them: a PpdError, one line); without ``remake`` the call is refused in
-        one line.
+        A request means something only to the model that checked it (its ids, its grammar), and a switch waiting
+        ahead in line may replace that model before this call's turn. ``made_for``: the engine that checked it
+        (default: the model loaded when the ticket was taken; check it just before). Where another one holds the model
+        by this call's turn, ``remake(engine)`` makes and checks it again with that one (it may refuse it: a PpdError,
+        one line); without ``remake`` the call is refused in one line.
         """
         ticket = self.queue.join() if ticket is None else ticket
-        made_for = made_for if made_for is not None else self.queue.stamp_of(ticket)
+        made_for = made_for if made_for is not None else cast("Engine | None", self.queue.stamp_of(ticket))
         try:
             quitting = self._stopping.is_set
             if not (yield from self.queue.wait(ticket, lambda: (stop is not None and stop()) or quitting())):
@@ -304,9 +301,8 @@ class ModelHost:
                 if remake is None:
                     raise ModelChanged(f"the model changed while this request waited for it (now {engine.loaded.name}): "
                                        "ask again")
-                ids = remake(engine)
-            stream = engine.stream(ids, mode, max_new_tokens, reuse_cache=reuse_cache, sampling=sampling,
-                                   logprobs=logprobs, grammar=grammar, chat=chat)
+                request = remake(engine)
+            stream = engine.answer(request)
             try:
                 for event in stream:
                     self.last_answer = (engine, event.stats)

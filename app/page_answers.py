@@ -137,7 +137,7 @@ class AnswerHandlers:
             conversation = session.conversation
             asked = conversation.messages + [{"role": "user", "content": message}]
             try:  # a refused message (too long, ppd busy) stays in the textbox and out of the conversation
-                updates = self._start(session, asked, ChatSettings(*settings))
+                updates = self._start(session, asked, ChatSettings.of(*settings))
             except PpdError as error:
                 gr.Warning(str(error))
                 yield {page.chat.note: str(error), page.session: session}
@@ -200,7 +200,7 @@ class AnswerHandlers:
                 yield {**shown, page.chat.note: empty, page.session: session}
                 return
             try:  # a refused prompt keeps the conversation as it was
-                updates = self._start(session, messages, ChatSettings(*settings))
+                updates = self._start(session, messages, ChatSettings.of(*settings))
             except PpdError as error:
                 gr.Warning(str(error))
                 yield {**shown, page.chat.note: str(error), page.session: session}
@@ -229,7 +229,7 @@ class AnswerHandlers:
                        page.session: session}
                 return
             messages = [{"role": m["role"], "content": m["content"]} for m in conversation.messages]
-            chosen = ChatSettings(*settings)
+            chosen = ChatSettings.of(*settings)
             try:  # refused (too long, ppd busy): the answer stays as it was, Continue with it
                 session.stop_requested, conversation.system_prompt = False, chosen.system_prompt
                 updates = self.chat.resume(messages, chosen, lambda: session.stop_requested, session.unfinished)
@@ -262,8 +262,8 @@ class AnswerHandlers:
             gr.Warning("Send a message first, then compare.")
             yield {panel.verdict: "Send a message first, then compare."}
             return
-        settings = ChatSettings(system, max_new_tokens=int(max_new),
-                                **dict(zip((*PENALTY_FIELDS, "schema"), penalties_and_schema)))
+        given = dict(zip((*PENALTY_FIELDS, "schema"), penalties_and_schema))
+        settings = ChatSettings(system, max_new_tokens=int(max_new), schema=given.pop("schema", ""), values=given)
         lines = followed(lambda progress: self.chat.compare(messages, settings, progress), CompareProgress())
         try:
             yield {panel.plain: "", panel.ppd: "", panel.verdict: next(lines)}  # the last comparison's answers go
@@ -275,8 +275,8 @@ class AnswerHandlers:
             gr.Warning(str(error))
             yield {panel.verdict: str(error)}
             return
-        plain, ppd = result.vanilla_stats, result.ppd_stats
-        yield {panel.plain: f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.vanilla_text}",
+        plain, ppd = result.plain_stats, result.ppd_stats
+        yield {panel.plain: f"**Plain decoding** · {plain.tok_s:.1f} tokens/s · {plain.seconds:.2f} s\n\n{result.plain_text}",
                panel.ppd: f"**PPD** · {ppd.tok_s:.1f} tokens/s · {ppd.seconds:.2f} s\n\n{result.ppd_text}",
                panel.verdict: result.verdict()}
 

@@ -4,18 +4,17 @@ wires them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from app.history import Conversation
-from app.page_text import REPEAT_WINDOW_DETAILS, SAMPLING_LABELS
+from app.history import Conversation, Unfinished
+from app.page_text import REPEAT_WINDOW_DETAILS
 from app.plots import COLUMNS
 from app.readout import SPEED_DEFINITION
-from ppd_core import default_sampling
+from ppd_core import ChosenSampling
+from ppd_core.sampling.fields import BY_NAME, FIELDS, NAMES, PENALTIES, SamplingField
+from ppd_core.sampling.params import default_sampling
 
-if TYPE_CHECKING:
-    from app.chat import Unfinished
 
 # The page's own status lines say what is going on; Gradio 6 draws its progress overlay and elapsed-time counter
 # ("0.1s") on every output of a running event whatever ``show_progress`` says (gradio-app/gradio#12406): not on these.
@@ -157,80 +156,70 @@ def model_panel() -> ModelPanel:
 @dataclass
 class SettingsPanel:
     system: gr.Textbox
-    temperature: gr.Slider
-    top_p: gr.Slider
     max_new: gr.Slider
     ppd: gr.Checkbox
     acceptance: gr.Radio
     highlight: gr.Checkbox
-    top_k: gr.Slider
-    greedy: gr.Button
-    repeat_penalty: gr.Slider
-    repeat_last_n: gr.Number
-    presence_penalty: gr.Slider
-    frequency_penalty: gr.Slider
     schema: gr.Textbox  # a JSON schema the answers follow; empty: free text
+    greedy: gr.Button
+    by_name: dict  # the sampling widgets by field name (``FIELDS``' order; the repeat window a number box)
 
     @property
     def inputs(self) -> list:
-        """In the order of ``ChatSettings``' fields."""
-        return [self.system, self.temperature, self.top_p, self.max_new, self.ppd, self.acceptance, self.highlight,
-                self.top_k, *self.penalties, self.schema]
+        """In the order ``ChatSettings.of`` reads them."""
+        return [self.system, self.max_new, self.ppd, self.acceptance, self.highlight, self.schema, *self.sampling]
+
+    @property
+    def temperature(self) -> gr.Slider:
+        return self.by_name["temperature"]
 
     @property
     def penalties(self) -> list:
-        return [self.repeat_penalty, self.repeat_last_n, self.presence_penalty, self.frequency_penalty]
+        return [self.by_name[name] for name in PENALTIES]
 
     @property
     def sampling(self) -> list:
-        """What a model's sampling defaults set (``SAMPLING_LABELS``' order)."""
-        return [self.temperature, self.top_p, self.top_k, *self.penalties]
+        """What a model's sampling defaults set (``FIELDS``' order)."""
+        return list(self.by_name.values())
 
-    @property
-    def by_name(self) -> dict:
-        """The sampling widgets by ``SAMPLING_LABELS``' names."""
-        return dict(zip(SAMPLING_LABELS, self.sampling))
+
+def sampling_widget(field: SamplingField, start: ChosenSampling, **options) -> gr.Slider | gr.Number:
+    """A sampling field's widget, on ``start``'s value, its label saying where that came from."""
+    label, value = f"{field.label} · {start.sources[field.name]}", start.values[field.name]
+    low, high, step = field.page
+    if high is None:
+        return gr.Number(value, precision=0 if field.kind is int else None, minimum=low, label=label,
+                         elem_id=field.name.replace("_", "-"), **options)
+    return gr.Slider(low, high, value, step=step, label=label, elem_id=field.name.replace("_", "-"), **options)
 
 
 def settings_panel() -> SettingsPanel:
     """The answer settings, opening on what a request leaving them unset gets with no model recommendation (each
-    model's own defaults replace them once it is loaded, ``sampling_defaults``)."""
+    model's own defaults replace them once it is loaded, ``sampling_defaults``): every sampling field (``FIELDS``),
+    the temperature beside Greedy, the repetition penalties in their own section."""
     start = default_sampling({})
-    sliders = {"temperature": (0.0, 2.0, 0.05), "top_p": (0.05, 1.0, 0.05), "top_k": (0, 200, 1),
-               "repeat_penalty": (0.5, 2.0, 0.01), "presence_penalty": (-2.0, 2.0, 0.05),
-               "frequency_penalty": (-2.0, 2.0, 0.05)}
-
-    def slider(name: str, **options) -> gr.Slider:
-        low, high, step = sliders[name]
-        return gr.Slider(low, high, start.values[name], step=step, label=f"{SAMPLING_LABELS[name]} · {start.sources[name]}",
-                         elem_id=name.replace("_", "-"), **options)
-
     with gr.Accordion("Settings", open=True):
         ppd = gr.Checkbox(True, label="PPD (parallel prompt decoding)", elem_id="ppd")
         highlight = gr.Checkbox(False, label="Highlight tokens from accepted guesses (yellow: prompt tokens, blue: copied "
                                 "from the conversation, green: forced by the JSON schema)", elem_id="highlight")
         system = gr.Textbox("", label="System prompt", lines=2)
         with gr.Row():
-            temperature = slider("temperature", scale=4)
+            by_name = {"temperature": sampling_widget(BY_NAME["temperature"], start, scale=4)}
             greedy = gr.Button("Greedy", size="sm", scale=1, elem_id="greedy")
-        top_p, top_k = slider("top_p"), slider("top_k")
+        by_name.update({f.name: sampling_widget(f, start) for f in FIELDS if not f.penalty and f.name not in by_name})
         max_new = gr.Slider(16, 1024, 256, step=16, label="Max new tokens", elem_id="max-new-tokens")
         schema = gr.Textbox("", label="JSON schema: the answers follow it (empty: free text)", lines=3, max_lines=12,
                             placeholder='{"type": "object", "properties": {"name": {"type": "string"}}}',
                             elem_id="json-schema")
         with gr.Accordion("Repetition penalties (llama.cpp's)", open=False):
-            repeat_penalty = slider("repeat_penalty")
-            repeat_last_n = gr.Number(start.values["repeat_last_n"], precision=0, minimum=-1,
-                                      label=f"{SAMPLING_LABELS['repeat_last_n']} · {start.sources['repeat_last_n']}",
-                                      elem_id="repeat-last-n")
-            presence_penalty, frequency_penalty = slider("presence_penalty"), slider("frequency_penalty")
+            by_name.update({name: sampling_widget(BY_NAME[name], start) for name in PENALTIES})
             gr.Markdown(REPEAT_WINDOW_DETAILS, elem_id="penalty-details")
         acceptance = gr.Radio(
             [("Lossless (exact model distribution)", "lossless"), ("Typical (faster, not distribution-preserving)", "typical")],
             value="lossless", label="Acceptance when sampling",
         )
-    return SettingsPanel(system, temperature, top_p, max_new, ppd, acceptance, highlight, top_k, greedy,
-                         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, schema)
+    return SettingsPanel(system, max_new, ppd, acceptance, highlight, schema, greedy,
+                         {name: by_name[name] for name in NAMES})
 
 
 @dataclass

@@ -18,7 +18,7 @@ from app.page_text import (calibration_summary, chosen_label, model_note, one_li
                            switched_line, training_choice, training_offer)
 from app.plots import latency_points
 from app.system_info import device_panel
-from ppd_core import TrainingCost, answered_step, calibrated_step, model_shape, training_cost
+from ppd_core.training.cost import TrainingCost, answered_step, calibrated_step, model_shape, training_cost
 from ppd_core.errors import PpdError
 
 
@@ -206,7 +206,8 @@ def training_costs(host: ModelHost) -> tuple[TrainingCost, TrainingCost]:
         size = job.size(samples)
         return training_cost(size, shape, calibrated_step(host.snapshot().profile, size) or answered_step(last))
 
-    return tuple(cost(samples) for samples in job.choices())
+    quick, full = job.choices()
+    return cost(quick), cost(full)
 
 
 def training_button(label: str, variant: str = "secondary") -> dict:

@@ -11,10 +11,12 @@ import gradio as gr
 
 from app.highlight import GRAMMAR_MARK, LOOKUP_MARK, NEUTRAL_STYLE, PROMPT_MARK
 from app.history import Conversation, ConversationStore
-from app.model_catalog import size_words
-from app.model_host import DEFAULT_SPEC
-from app.training_job import duration
-from ppd_core import ChosenSampling, TrainingCost, chains_text
+from app.model_catalog import DEFAULT_SPEC, size_words
+from app.readout import duration
+from ppd_core import ChosenSampling
+from ppd_core.drafters.lookup import chains_text
+from ppd_core.sampling.fields import FIELDS
+from ppd_core.training.cost import TrainingCost
 
 INTERRUPTED = "\n\n*(interrupted)*"  # shown after an answer that did not finish
 LENGTH_LIMIT = "\n\n*(stopped at the length limit: Continue goes on from here)*"  # an answer cut at Max new tokens
@@ -91,10 +93,7 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-SAMPLING_LABELS = {"temperature": "Temperature (0 = greedy)", "top_p": "Top-p", "top_k": "Top-k (0 = off)",
-                   "repeat_penalty": "Repeat penalty (1 = off)",
-                   "repeat_last_n": "Repeat window: how many recent tokens the penalties look at",
-                   "presence_penalty": "Presence penalty", "frequency_penalty": "Frequency penalty"}
+SAMPLING_LABELS = {field.name: field.label for field in FIELDS}  # the sampling widgets' labels (``FIELDS``' order)
 # the window's special values, behind the penalties' Details toggle
 REPEAT_WINDOW_DETAILS = ("<details><summary>Details</summary>\n\nRepeat window: -1 looks at the whole conversation, 0 "
                          "turns the penalties off, N looks at the last N tokens (llama.cpp's `repeat_last_n`).\n\n"
@@ -183,7 +182,7 @@ def calibration_summary(profile, tree_name: str = "") -> str:
     tree, alone and with chains) behind Details, named as forecasts: the page shows one speedup figure, the readout's
     estimate for the answer just given (Compare measures it)."""
     if profile is None:  # --tree auto decodes plainly until calibrated; a named static tree is used as asked
-        return ("Not calibrated yet: decoding plainly until it is." if tree_name == "vanilla" else
+        return ("Not calibrated yet: decoding plainly until it is." if tree_name == "plain" else
                 "Not calibrated yet: using a built-in tree.")
     chains = any(profile.lookup_lengths)
     trees = f"trees of up to {profile.budget} tokens" if profile.budget > 1 else ""

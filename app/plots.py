@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ppd_core import DeviceProfile, step_seconds
+from ppd_core.calibration.profiles import DeviceProfile
+from ppd_core.calibration.tree_search import step_seconds
 
 COLUMNS = ["tree tokens", "step latency (ms)", "series"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppd_core import DRIFT, GenerationStats, LiveEstimate, SamplingParams
+from ppd_core import GenerationStats, SamplingParams
+from ppd_core.calibration.prices import DRIFT, LiveEstimate
 
 SPEED_DEFINITION = "answer tokens per second, prompt processing included"
 SAME_SPEED = 0.03  # within this of 1x, "about as fast"
@@ -126,3 +127,9 @@ def compare_verdict(speedup: float, ppd_tok_s: float, plain_tok_s: float, identi
     text = "identical text" if identical else f"different text ({same_line})"
     return (f"{head} ({ppd_tok_s:.1f} against {plain_tok_s:.1f} tokens/s, measured); {text}.\n\n"
             f"<details><summary>Details</summary>\n\n{details}\n\n</details>")
+
+def duration(seconds: float) -> str:
+    """A time in words: seconds up to 90, minutes up to 90, then hours."""
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.middleware import Middleware
@@ -24,6 +25,9 @@ from app.api import api_routes
 from app.guard import LocalGuard, Policy
 from app.model_host import ModelHost
 from app.signals import sigterm_interrupts
+
+if TYPE_CHECKING:
+    from ppd_core import Engine
 
 QUIT_SECONDS = 2.0  # Ctrl+C or SIGTERM to exit, at any moment (container runtimes wait 10 s before a kill)
 SERVER_SECONDS = 1.2  # of which the server and its open connections get this much (uvicorn's graceful shutdown)
@@ -51,7 +55,7 @@ class Serving:
         self.server = make_server(app, host, port, graceful_seconds=SERVER_SECONDS - 0.2)
         self.thread = threading.Thread(target=self.server.run, name="ppd-server", daemon=True)
 
-    def run(self, service: ModelHost, load: Callable[[Callable], object], ready: Callable[[], None]) -> None:
+    def run(self, service: ModelHost, load: Callable[[Callable], Engine], ready: Callable[[], None]) -> None:
         """Listen, load the model (``load(progress)``), call ``ready``, then serve until Ctrl+C or SIGTERM (the normal
         way to stop a server: it returns) or until the server stops by itself."""
         self.thread.start()

@@ -78,14 +78,11 @@ def server_command(binary: Path, gguf: Path, threads: int, spec: str, port: int,
 
 def server_request(messages: list[dict], max_new_tokens: int, sampling: SamplingParams) -> dict:
     """Greedy as ppd's: the top-k sampler alone, k 1 (the server's default chain has DRY, min-p...); its penalties
-    sampler first where the bench's penalties are on."""
-    penalties = sampling.penalized
-    return {"messages": messages, "max_tokens": max_new_tokens, "stream": False, "temperature": 0.0, "top_k": 1,
-            "samplers": ["penalties", "top_k"] if penalties else ["top_k"], "cache_prompt": True,
-            "repeat_penalty": sampling.repeat_penalty if penalties else 1.0,
-            "repeat_last_n": sampling.repeat_last_n if penalties else 0,
-            "presence_penalty": sampling.presence_penalty if penalties else 0.0,
-            "frequency_penalty": sampling.frequency_penalty if penalties else 0.0}
+    sampler first where the bench's penalties are on. Every sampling field goes by its own name (llama-server's, the
+    same: ``ppd_core.sampling.fields``); ``samplers`` says which of them act."""
+    chain = ["penalties", "top_k"] if sampling.penalized else ["top_k"]
+    return {"messages": messages, "max_tokens": max_new_tokens, "stream": False, **sampling.values(),
+            "temperature": 0.0, "top_k": 1, "samplers": chain, "cache_prompt": True}
 
 
 class ServerPeer:

@@ -10,11 +10,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ppd_core.errors import PpdError
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 RETRY_SECONDS = 5  # what a client is told to wait while the model loads
+Loaded = TypeVar("Loaded")
 
 
 class NotReady(PpdError):
@@ -39,7 +41,7 @@ class Startup:
         with self._lock:
             self.phase, self.done, self.total = phase, done, total
 
-    def run(self, load: Callable[[Progress], object]):
+    def run(self, load: Callable[[Progress], Loaded]) -> Loaded:
         """``load(progress)`` with its phases recorded; whatever it raises (``BaseException`` included) is recorded as
         the one line, then raised."""
         self.report("loading the model", 0, 0)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ppd_core import ModelSnapshot, PromptTokensInfo, chains_text, describe, memory_of
+from ppd_core import ModelSnapshot, PromptTokensInfo
+from ppd_core.device_info import describe, memory_of
+from ppd_core.drafters.lookup import chains_text
 
 
 def gib(count: int) -> str:
@@ -57,7 +59,7 @@ def policy_line(model: ModelSnapshot) -> str:
     sources = {"system": "the system (psutil)", "unified": "unified memory (psutil, /proc/meminfo)",
                "nvml": "NVML, by the GPU's UUID", "cuda": "torch.cuda.mem_get_info"}
     line = f"**Device policy:** memory read from {sources[policy['memory_source']]}"
-    if model.backend == "torch":
+    if model.info.policy_dtype:
         dtype = policy["compute_dtype"] + (" (native bf16)" if policy["native_bf16"] else "")
         line += f"; compute dtype {dtype} (running {model.dtype}); {policy['attention']}"
     return line + "".join(f"; {note}" for note in policy["version_notes"])
@@ -66,9 +68,8 @@ def policy_line(model: ModelSnapshot) -> str:
 def device_panel(model: ModelSnapshot) -> str:
     """Markdown for the device panel, from a snapshot of the loaded model: what runs where and what PPD does, in plain
     words; the figures (backend settings, tree sizes, step costs, chain lengths, policy) behind a Details toggle."""
-    device = model.device if model.device_kind == "cuda" else "cpu"
-    info = describe(device if device == "cpu" else _torch_device(device), model.threads)
-    memory = memory_of(device if device == "cpu" else _torch_device(device))
+    info = describe(model.info.properties)
+    memory = model.info.read_memory()
     surface = [
         f"**Device:** {info.name} ({info.kind}, {info.threads} threads)" + (f", driver {info.driver}" if info.driver else ""),
         f"**{memory.label}:** {gib(memory.used_bytes)} used of {gib(memory.total_bytes)}",
@@ -77,7 +78,7 @@ def device_panel(model: ModelSnapshot) -> str:
         f"**Steps:** {step_words(model)}",
         f"**Answers:** the same as plain decoding, {'token for token' if model.bitwise else 'but for rare near-ties'}",
     ]
-    if model.device_kind == "cpu" and not model.kernels.get("gpu_layers"):
+    if not model.info.on_gpu:
         surface.append("*Running on the CPU.*")
     details = [
         backend_line(model),
@@ -110,7 +111,7 @@ def guess_words(model: ModelSnapshot) -> str:
 def step_words(model: ModelSnapshot) -> str:
     """How decoding shapes its steps, in plain words (the step policy's costs are in Details)."""
     if model.profile is None:
-        return ("one token at a time until this device is calibrated" if model.tree["name"] == "vanilla" else
+        return ("one token at a time until this device is calibrated" if model.tree["name"] == "plain" else
                 "a built-in tree of guesses checked with each next token (not calibrated for this device)")
     kind = getattr(model.profile.policy, "kind", "trees")
     if kind == "fixed":
@@ -119,8 +120,3 @@ def step_words(model: ModelSnapshot) -> str:
         return "one token at a time: checking guesses does not pay off on this device"
     return "guesses checked together with the next token, each step as large as pays off on this device"
 
-
-def _torch_device(name: str):
-    import torch  # noqa: PLC0415 - a torch model on a GPU: torch is loaded already
-
-    return torch.device(name)

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import platformdirs
 
+from app.readout import duration
+from app.train_options import add_training_options
 from app.trainer_lock import Trainer, describe, live_trainer
-from ppd_core import TrainSize
+from ppd_core.training.cost import TrainSize
 from ppd_core.atomic_files import atomic_write
 from ppd_core.errors import PpdError
 
@@ -224,23 +226,16 @@ def progress_line(reported: dict) -> str:
     return f"Training PPD tokens{stage}: {', '.join(parts)}…"
 
 
-def duration(seconds: float) -> str:
-    """A time in words: seconds up to 90, minutes up to 90, then hours."""
-    if seconds >= 5400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def train_size(options: list[str]) -> TrainSize:
     """The size of a `ppd train` run given ``options``, read by ``ppd train``'s own parser (its defaults included)."""
-    from app.commands.train import register
-
     parser = argparse.ArgumentParser(add_help=False)
-    register(parser.add_subparsers(dest="command"))
+    add_training_options(parser)
     try:
-        args = parser.parse_known_args(["train", *options])[0]
+        args = parser.parse_known_args(options)[0]
     except SystemExit:  # an option ``ppd train`` refuses: it says so when it runs
-        args = parser.parse_known_args(["train"])[0]
+        args = parser.parse_known_args([])[0]
     return TrainSize(samples=args.samples, epochs=args.epochs, cuts=args.cuts, ensemble=args.ensemble,
                      max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
                      generation_batch=args.generation_batch, eval_limit=args.eval_limit,

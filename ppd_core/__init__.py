@@ -1,57 +1,59 @@
-"""ppd_core's public API: what app/ (and a script) imports, each name from the module that defines it.
+"""ppd_core's public API: the session API, what app/ (and a script) needs to load a model and stream answers.
 
     from ppd_core import Engine, EngineConfig
     engine = Engine.load(EngineConfig(model="default"))
 
-A name's module is imported on first use (PEP 562), so ``import ppd_core.errors`` stays cheap and a chat on a GGUF
-never imports torch (training) or llama.cpp's quantizer.
+A type checker reads the imports under ``TYPE_CHECKING``; at run time a name's module is imported on first use
+(PEP 562, ``_WHERE``), so ``import ppd_core`` and ``import ppd_core.errors`` stay cheap and a chat on a GGUF never
+imports torch. A tool's names (calibration, training, quantizing, perplexity, diagnostics, the hub...) are imported
+from their own modules by the commands that use them.
 """
 
 from __future__ import annotations
 
 import importlib
 
-_MODULES = {  # module -> its public names ("name:attribute" where the module calls it otherwise; never a module's name)
-    "ppd_core.engine": "Engine GenerationEvent GenerationResult",
-    "ppd_core.engine_load": "EngineConfig user_prompt_tokens_path model_signature live_llama_cpp_models",
-    "ppd_core.plan": "DecodePlan PlanOptions make_plan",
-    "ppd_core.snapshot": "ModelSnapshot PromptTokensInfo take_snapshot",
-    "ppd_core.calibration.verbs": "calibrate_engine calibrate_with_curve record_acceptance export_acceptance "
-                                  "saved_profile step_curve latency_curve next_token_logits",
-    "ppd_core.calibration.calibrate": "profile_key",
-    "ppd_core.calibration.profiles": "DeviceProfile profile_path",
-    "ppd_core.calibration.curves": "LatencyCurve read_curve",
-    "ppd_core.calibration.prices": "DRIFT LiveEstimate StepPrices",
-    "ppd_core.calibration.tree_search": "step_seconds",
-    "ppd_core.calibration.type_curves": "TYPE_CURVE_CONTEXT TYPE_CURVE_SIZES other_type_curves",
-    "ppd_core.training.trainer": "TrainConfig",
-    "ppd_core.training.pipeline": "TrainRun run_training",
-    "ppd_core.training.greedy": "reference_answer",
-    "ppd_core.training.cost": "TrainSize TrainingCost training_cost calibrated_step answered_step model_shape",
-    "ppd_core.decoding": "check_prompt_fits",
-    "ppd_core.loading": "load_model model_path",
-    "ppd_core.backends.llamacpp.library": "chat_model",
-    "ppd_core.drafters.prompt_tokens": "PromptTokens",
-    "ppd_core.options": "MAX_LOOKUP",
-    "ppd_core.static_trees": "STATIC_TREES",
-    "ppd_core.sampling.params": "GREEDY SamplingParams ChosenSampling default_sampling",
-    "ppd_core.sampling.logits": "MAX_TOP_LOGPROBS",
-    "ppd_core.grammar": "GrammarError json_grammar schema_grammar",
-    "ppd_core.stats": "GenerationStats",
-    "ppd_core.text": "TextStream UnencodableText text_stream utf8",
-    "ppd_core.drafters.lookup": "chains_text",
-    "ppd_core.device_info": "describe memory_of",
-    "ppd_core.memory": "limit_malloc_arenas",
-    "ppd_core.diagnostics": "NEAR_TIE_LOGITS AnswerComparison compare_answer probe_environment verdict",
-    "ppd_core.backends.llamacpp.perplexity": "SHIPPED_TEXT perplexity_of:perplexity",
-    "ppd_core.backends.llamacpp.quantize": "read_source QUANT_TYPES:TYPES quantize_plan:plan quantize_model:quantize",
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; type checkers take it as True
+if TYPE_CHECKING:
+    from ppd_core.answer_request import AnswerRequest, Mode, PromptTooLongError, RequestError
+    from ppd_core.engine import Engine, GenerationEvent, GenerationResult
+    from ppd_core.engine_load import EngineConfig
+    from ppd_core.errors import PpdError
+    from ppd_core.backends.llamacpp.grammar import json_grammar, schema_grammar
+    from ppd_core.plan import DecodePlan, LookupPolicy
+    from ppd_core.sampling.logits import MAX_TOP_LOGPROBS
+    from ppd_core.sampling.constraint import GrammarError
+    from ppd_core.sampling.params import GREEDY, Acceptance, ChosenSampling, SamplingError, SamplingParams
+    from ppd_core.snapshot import ModelSnapshot, PromptTokensInfo
+    from ppd_core.stats import GenerationStats, StepStats, StopReason
+    from ppd_core.text import UnencodableText
+
+_WHERE = {  # name -> the module that defines it: the imports above, for run time
+    "AnswerRequest": "ppd_core.answer_request", "Mode": "ppd_core.answer_request",
+    "PromptTooLongError": "ppd_core.answer_request", "RequestError": "ppd_core.answer_request",
+    "Engine": "ppd_core.engine", "GenerationEvent": "ppd_core.engine", "GenerationResult": "ppd_core.engine",
+    "EngineConfig": "ppd_core.engine_load",
+    "PpdError": "ppd_core.errors",
+    "GrammarError": "ppd_core.sampling.constraint",
+    "json_grammar": "ppd_core.backends.llamacpp.grammar", "schema_grammar": "ppd_core.backends.llamacpp.grammar",
+    "DecodePlan": "ppd_core.plan", "LookupPolicy": "ppd_core.plan",
+    "MAX_TOP_LOGPROBS": "ppd_core.sampling.logits",
+    "GREEDY": "ppd_core.sampling.params", "Acceptance": "ppd_core.sampling.params",
+    "ChosenSampling": "ppd_core.sampling.params", "SamplingParams": "ppd_core.sampling.params",
+    "SamplingError": "ppd_core.sampling.params",
+    "ModelSnapshot": "ppd_core.snapshot", "PromptTokensInfo": "ppd_core.snapshot",
+    "GenerationStats": "ppd_core.stats", "StepStats": "ppd_core.stats", "StopReason": "ppd_core.stats",
+    "UnencodableText": "ppd_core.text",
 }
-_WHERE = {name.split(":")[0]: (module, name.split(":")[-1]) for module, names in _MODULES.items() for name in names.split()}
-__all__ = sorted(_WHERE)
+__all__ = [
+    "Acceptance", "AnswerRequest", "ChosenSampling", "DecodePlan", "Engine", "EngineConfig", "GREEDY", "GenerationEvent",
+    "GenerationResult", "GenerationStats", "GrammarError", "LookupPolicy", "MAX_TOP_LOGPROBS", "Mode", "ModelSnapshot",
+    "PpdError", "PromptTokensInfo", "PromptTooLongError", "RequestError", "SamplingError", "SamplingParams", "StepStats", "StopReason",
+    "UnencodableText", "json_grammar", "schema_grammar",
+]
 
 
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _WHERE[name]
-    return getattr(importlib.import_module(module), attribute)
+    return getattr(importlib.import_module(_WHERE[name]), name)

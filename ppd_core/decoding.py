@@ -10,28 +10,24 @@ entries; every drafter then observes what was accepted. Plain decoding is the sa
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ppd_core.backends import Decoder
+from ppd_core.answer_request import AnswerRequest
+from ppd_core.backend import Decoder, StepRows
 from ppd_core.drafters.base import Draft, Drafter, Verified
 from ppd_core.drafters.merge import Merger, StepTree, root_only
 from ppd_core.drafters.prompt_tokens import GuessHook, PromptTokenDrafter, prompt_rows
-from ppd_core.errors import PpdError
-from ppd_core.grammar import Grammar
+from ppd_core.sampling.constraint import Grammar
 from ppd_core.sampling.logits import token_logprobs
 from ppd_core.sampling.params import GREEDY, SamplingParams
 from ppd_core.sampling.penalties import window
 from ppd_core.sampling.verify import accept
-from ppd_core.stats import StepStats
+from ppd_core.stats import StepStats, StopReason
 from ppd_core.tree import TreeFamily, root_only_tree
-
-
-class PromptTooLongError(PpdError):
-    """The prompt leaves no room in the model's context for an answer."""
 
 
 @dataclass
@@ -47,6 +43,8 @@ class Speculator:
     # [R + 1] what a step of r rows costs in plain steps (r <= R; ``Draft.row_costs``): each step's tree is only as big
     # as pays; None: every step fills its budget
     row_costs: tuple[float, ...] | None = None
+    eos_token_ids: frozenset[int] = frozenset()  # the model's end-of-generation tokens: an answer ends at one
+    pad_to: int | None = None  # every step computed as exactly this many rows (``StepRows.pad_to``); None: its own
 
     @property
     def top_k(self) -> int:
@@ -59,7 +57,7 @@ class Speculator:
 
     def new_draft(self) -> Draft:
         """An empty draft for a step: the row budget (``rows``, at most the decoder's), the prompt tokens' shape."""
-        tree, most = self.family.trees[0], self.decoder.max_tree_rows
+        tree, most = self.family.trees[0], self.pad_to or self.decoder.info.max_tree_rows
         budget = most if self.rows is None else min(self.rows, most)
         if self.row_costs is not None:
             budget = min(budget, len(self.row_costs) - 1)  # no larger than the costs say
@@ -67,35 +65,36 @@ class Speculator:
 
 
 @dataclass
-class Request:
-    """One answer to generate."""
+class Answering:
+    """What one answer adds to its ``AnswerRequest``: the cache it goes on from, its drafters, its grammar's state."""
 
-    input_ids: Sequence[int]  # the prompt (after whatever ``cache`` already holds)
-    max_new_tokens: int
-    eos_token_ids: frozenset[int]
-    max_context: int
-    sampling: SamplingParams = GREEDY
-    cache: Any = None  # the decoder's cache to continue (multi-turn); None: a new one
-    guess_hook: GuessHook | None = None
-    history: Sequence[int] = ()  # the tokens ``cache`` already holds
-    logprobs: int | None = None  # report each token's log-probability and this many alternatives; None: none
-    grammar: Grammar | None = None  # the answer must follow it (a fresh state, advanced as tokens are emitted)
+    cache: Any = None  # the decoder's cache holding the request's first ``reused`` tokens; None: a new one
+    reused: int = 0
     # this answer's own drafters (``drafters.registry``), in order (on ties the earlier's nodes are kept first); the
     # prompt tokens' drafter comes from the speculator, ahead of them
     drafters: Sequence[Drafter] = ()
+    grammar: Grammar | None = None  # the grammar's state, advanced as tokens are emitted; None: a clone of the request's
+    guess_hook: GuessHook | None = None
 
 
 @dataclass
 class DecodeState:
-    """What one step hands the next."""
+    """What one step hands the next; the request it answers (None: greedy, no logprobs) is read, never copied."""
 
     cache: Any  # the decoder's
     root: int  # the last emitted token: the next tree's root
-    sampling: SamplingParams = GREEDY
+    request: AnswerRequest | None = None
     generator: np.random.Generator | None = None
     sequence: list[int] | None = None  # with repetition penalties: every token so far (the cache's, the root last)
-    logprobs: int | None = None  # ``Request.logprobs``
-    grammar: Grammar | None = None  # ``Request.grammar``, after the tokens emitted so far
+    grammar: Grammar | None = None  # the request's grammar, after the tokens emitted so far
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return GREEDY if self.request is None else self.request.sampling
+
+    @property
+    def logprobs(self) -> int | None:
+        return None if self.request is None else self.request.logprobs
 
 
 def prefill(
@@ -130,7 +129,8 @@ def verify(speculator: Speculator, state: DecodeState, step: StepTree) -> Verifi
     decoder, cache, tree = speculator.decoder, state.cache, step.tree
     cached = decoder.cache_length(cache)
     node_tokens = step.node_tokens  # [N]: the root, then the kept candidates
-    logits = decoder.tree_logits(cache, tree, node_tokens, prompt_rows(speculator.prompt_table, tree))  # [T, vocab]
+    rows = StepRows.of(tree, node_tokens, prompt_rows(speculator.prompt_table, tree), speculator.pad_to)
+    logits = decoder.tree_logits(cache, rows)  # [T, vocab]
 
     # the longest path the model agrees with; its own next token comes free
     node_list = node_tokens.tolist()
@@ -142,7 +142,7 @@ def verify(speculator: Speculator, state: DecodeState, step: StepTree) -> Verifi
     if state.logprobs is not None:
         reported = token_logprobs(logits.rows(np.asarray(path)), tokens, state.logprobs)
 
-    decoder.keep(cache, cached, path)  # the accepted path's KV; the rest dropped
+    decoder.keep(cache, cached, path, rows)  # the accepted path's KV; the rest dropped
     state.root = tokens[-1]
     stats = StepStats(tokens=tokens, from_guesses=len(path) - 1, tree_tokens=tree.num_tokens,
                       seconds=time.perf_counter() - start, logprobs=reported,
@@ -187,24 +187,29 @@ def merge(speculator: Speculator, state: DecodeState, draft: Draft, reach: int) 
     return step if step.tree.max_offset < reach else root_only(state.root)
 
 
-def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
+def generate(speculator: Speculator, request: AnswerRequest, answering: Answering | None = None
+             ) -> Generator[StepStats, None, None]:
     """Yield the stats of each forward pass, prefill first, until EOS, the token limit or the context end.
 
     A step's tokens are cut at EOS (kept, as ``generate()`` does) and at the limits, so the
     concatenated tokens equal plain greedy decoding exactly (or, sampling losslessly, follow
-    the model's distribution). The last step has ``stop`` set.
+    the model's distribution). The last step has ``stop`` set. ``request`` was checked when it was made
+    (``check_answer``): nothing is checked again here.
     """
-    decoder, state, prompt_end = start(speculator, request)
-    drafters = [speculator.prompt_drafter(request.guess_hook), *request.drafters]
-    verified = prefill(decoder, state.cache, request.input_ids, state.sampling, state.generator, state.sequence or (),
-                       state.logprobs, state.grammar)
+    answering = answering or Answering()
+    decoder, state = speculator.decoder, start(speculator, request, answering)
+    prompt_end = len(request.ids)  # the sequence's length before the answer
+    drafters = [speculator.prompt_drafter(answering.guess_hook), *answering.drafters]
+    verified = prefill(decoder, state.cache, request.ids[answering.reused:], state.sampling, state.generator,
+                       state.sequence or (), state.logprobs, state.grammar)
     state.root = verified.stats.tokens[-1]
     observe(drafters, verified)
     produced: list[int] = []
     while True:
         stats = verified.stats
-        room = request.max_context - prompt_end - len(produced)
-        kept, stats.stop = clip_tokens(stats.tokens, len(produced), request.eos_token_ids, request.max_new_tokens, room)
+        room = request.context - prompt_end - len(produced)
+        kept, stats.stop = clip_tokens(stats.tokens, len(produced), speculator.eos_token_ids, request.max_new_tokens,
+                                       room)
         stats.clip(len(kept))  # the stats count only the tokens kept
         produced.extend(stats.tokens)
         if state.sequence is not None:
@@ -215,43 +220,27 @@ def generate(speculator: Speculator, request: Request) -> Iterator[StepStats]:
 
         started = time.perf_counter()
         draft = propose(speculator, drafters)  # 1. every drafter proposes its nodes
-        reach = request.max_context - (prompt_end + len(produced) - 1)  # positions left after the root's
+        reach = request.context - (prompt_end + len(produced) - 1)  # positions left after the root's
         step = merge(speculator, state, draft, reach)  # 2. one tree under the row budget
         verified = verify(speculator, state, step)  # 3. one forward pass: the longest path the model agrees with
         observe(drafters, verified)  # 4. every drafter learns what was accepted
         verified.stats.seconds = time.perf_counter() - started  # the whole step's: proposing and merging included
 
 
-def start(speculator: Speculator, request: Request) -> tuple[Decoder, DecodeState, int]:
-    """Check ``request``; the decoder, the first state (the cache to fill; the root is set by prefill) and the
-    sequence's length before the answer."""
-    if not request.input_ids:
-        raise PpdError("the prompt is empty")
-    if request.max_new_tokens < 1:
-        raise PpdError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
-    decoder, sampling = speculator.decoder, request.sampling
-    cache = decoder.new_cache() if request.cache is None else request.cache
-    prompt_end = decoder.cache_length(cache) + len(request.input_ids)  # sequence length before the answer
-    check_prompt_fits(prompt_end, request.max_context)
+def start(speculator: Speculator, request: AnswerRequest, answering: Answering) -> DecodeState:
+    """The first state: the cache to fill (the root is set by prefill), the sampler's generator, the sequence
+    penalties count, the grammar's state."""
+    sampling = request.sampling
+    cache = speculator.decoder.new_cache() if answering.cache is None else answering.cache
     generator = None if sampling.greedy else sampling.generator()
-    sequence = [*request.history, *request.input_ids] if sampling.penalized else None  # what penalties count
-    state = DecodeState(cache, root=-1, sampling=sampling, generator=generator, sequence=sequence,
-                        logprobs=request.logprobs, grammar=request.grammar)
-    return decoder, state, prompt_end
-
-
-def check_prompt_fits(prompt_length: int, max_context: int) -> None:
-    """Raise PromptTooLongError unless the prompt leaves room for at least one answer token."""
-    if prompt_length >= max_context:
-        raise PromptTooLongError(
-            f"the prompt has {prompt_length} tokens but the model's context holds {max_context} "
-            "(prompt and answer together)"
-        )
+    sequence = list(request.ids) if sampling.penalized else None  # what penalties count
+    grammar = answering.grammar if answering.grammar is not None else request.grammar_state()
+    return DecodeState(cache, root=-1, request=request, generator=generator, sequence=sequence, grammar=grammar)
 
 
 def clip_tokens(
     tokens: list[int], done: int, eos_token_ids: frozenset[int], max_new_tokens: int, room: int
-) -> tuple[list[int], str | None]:
+) -> tuple[list[int], StopReason | None]:
     """Cut a step's tokens at the first EOS and the limits; say why generation stops, if it does."""
     keep = next((i + 1 for i, t in enumerate(tokens) if t in eos_token_ids), len(tokens))
     keep = min(keep, max_new_tokens - done, room)

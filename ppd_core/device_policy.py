@@ -87,12 +87,13 @@ def profile_fields(properties: DeviceProperties, driver: str = "", offloaded: bo
     return fields
 
 
-def rows_bitwise(properties: DeviceProperties, backend: str, quant: str, gpu_layers: int = 0) -> bool:
-    """Whether a tree step's rows can get exactly the logits a 1-token step gives them, so greedy PPD equals plain
-    decoding bit for bit: llama.cpp on a CPU with nothing offloaded (Q8_0 cache, flash attention; each file's
-    kernels are then probed at load: ``LlamaCppDecoder.rows_match_single_steps``). torch's matmuls and GPU kernels
-    pick other reduction orders for other row counts: there output is equal up to floating-point near-ties."""
-    return properties.kind == "cpu" and backend == "llamacpp" and gpu_layers == 0
+def rows_bitwise(properties: DeviceProperties, gpu_layers: int = 0) -> bool:
+    """Whether llama.cpp's tree step rows can get exactly the logits a 1-token step gives them, so greedy PPD equals
+    plain decoding bit for bit: on a CPU with nothing offloaded (Q8_0 cache, flash attention; each file's kernels are
+    then probed at load: ``LlamaCppDecoder.rows_match_single_steps``). GPU kernels pick other reduction orders for
+    other row counts, as torch's matmuls do everywhere (its wing says not bitwise): there output is equal up to
+    floating-point near-ties."""
+    return properties.kind == "cpu" and gpu_layers == 0
 
 
 def attention_plan(properties: DeviceProperties) -> AttentionPlan:

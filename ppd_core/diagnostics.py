@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ppd_core.device_info import memory_of, properties_of
+from ppd_core.device_memory import MemoryReading
+from ppd_core.device_info import memory_of
 from ppd_core.device_policy import DeviceProperties, policy_summary
 
 # A difference between greedy PPD and plain answers is accepted on a non-bitwise path only where plain decoding's
@@ -174,17 +175,17 @@ def torch_report(device) -> dict:
     return {**found, "gpu": None if found["gpu"] is None else properties_json(found["gpu"])}
 
 
-def probe_environment(device, threads: int = 1) -> Environment:
-    """Everything about this machine that decides how ppd runs here (``device``: where the model's tensors live:
-    "cpu" or a ``torch.device``). torch is probed too: its CUDA build decides the torch path."""
-    properties = properties_of(device, threads)
+def probe_environment(properties: DeviceProperties, read: Callable[[], MemoryReading] | None = None) -> Environment:
+    """Everything about this machine that decides how ppd runs here (``properties``: the device the model's tensors
+    live on, as its wing read it; ``read``: its memory reading, by default the policy's). torch is probed too: its
+    CUDA build decides the torch path."""
     try:
-        reading = memory_of(device, properties)
+        reading = read() if read is not None else memory_of(properties)
         memory: dict | str = {"label": reading.label, "used_bytes": reading.used_bytes, "total_bytes": reading.total_bytes}
     except Exception as error:  # noqa: BLE001 - a report, not a crash: say what failed
         memory = f"no reading: {type(error).__name__}: {error}"
     return Environment(
-        python=sys.version.split()[0], os=platform.platform(), arch=platform.machine(), **torch_report(device),
+        python=sys.version.split()[0], os=platform.platform(), arch=platform.machine(), **torch_report(properties.kind),
         device=properties_json(properties), **policy_summary(properties), memory=memory,
         transformers=package_version("transformers"), llama_cpp=llama_cpp_info(), bitsandbytes=bitsandbytes_version(),
     )

@@ -1,6 +1,6 @@
 """The engine session: a loaded model and its decode plan stream answers, PPD or plain, keeping the last
 conversation's cache for the next turn. The load sequence is ``engine_load``; the plan is ``plan``; what the page and
-the API show is ``snapshot``; calibrating an engine is ``calibration.verbs``.
+the API show is ``snapshot``; calibrating an engine is ``engine_calibration``.
 
     engine = Engine.load(EngineConfig(model="default"))
     for event in engine.stream(engine.chat_ids([{"role": "user", "content": "Hi"}])):
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from ppd_core import decoding
+from ppd_core.answer_request import AnswerRequest, Mode, check_answer
 from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.engine_load import EngineConfig, load_parts, settle_plan
 from ppd_core.errors import PpdError
@@ -29,12 +30,11 @@ from ppd_core.progress import Progress
 from ppd_core.drafters.prompt_tokens import PromptTokens
 from ppd_core.sampling.params import GREEDY, SamplingParams
 from ppd_core.snapshot import ModelSnapshot, take_snapshot, thread_count
-from ppd_core.stats import GenerationStats, StepStats
+from ppd_core.stats import GenerationStats, StepStats, StopReason
 from ppd_core.text import chat_ids, text_stream
-from ppd_core.tree import vanilla_family
+from ppd_core.tree import plain_family
 from ppd_core.turn_end import TurnEnd, turn_stops
 
-MODES = ("ppd", "vanilla")
 log = logging.getLogger(__name__)
 
 
@@ -47,7 +47,7 @@ class GenerationEvent:
     tokens: list[int]  # answer token ids so far
     step: StepStats
     stats: GenerationStats
-    stop_reason: str | None = None  # set on the last event
+    stop_reason: StopReason | None = None  # set on the last event
 
     @property
     def finished(self) -> bool:
@@ -68,7 +68,7 @@ class GenerationResult:
     text: str
     tokens: list[int]
     stats: GenerationStats
-    stop_reason: str
+    stop_reason: StopReason
     steps: list[StepStats] = field(default_factory=list)
 
 
@@ -81,7 +81,8 @@ class Engine:
         self.plan = plan  # replaced whole (``replan``), never edited
         self.max_context = max_context
         self._kept: KeptCache | None = None
-        self._vanilla = vanilla_family()
+        self._snapshot: tuple[DecodePlan, int, ModelSnapshot] | None = None  # ``snapshot``'s, with its plan and threads
+        self._plain = plain_family()
         self._prompt_table = prompt_tokens.table() if prompt_tokens.num_prompt_tokens else None  # [n * V, hidden]
         self._char_tokens: dict[str, int] | None = None  # the forced-text drafter's single-character tokens
         self._merger = Merger()  # the steps' merge: the tree shapes it built serve every answer
@@ -123,8 +124,13 @@ class Engine:
         return self.plan
 
     def snapshot(self) -> ModelSnapshot:
-        """What the page, the API and the device panel show of this model, as it is now."""
-        return take_snapshot(self.loaded, self.prompt_tokens, self.plan, self.max_context)
+        """What the page, the API and the device panel show of this model, as it is now: taken once per plan (the
+        plan is replaced whole) and thread count."""
+        plan, threads = self.plan, self.threads
+        kept = self._snapshot
+        if kept is None or kept[0] is not plan or kept[1] != threads:
+            kept = self._snapshot = (plan, threads, take_snapshot(self.loaded, self.prompt_tokens, plan, self.max_context))
+        return kept[2]
 
     @property
     def threads(self) -> int:
@@ -174,45 +180,41 @@ class Engine:
         """Whether the model brings its own chat template (else chats use ChatML, and say so)."""
         return self.loaded.template_note is None
 
-    def check_grammar(self, grammar: str) -> None:
-        """A PpdError (one line) unless this model can follow GBNF ``grammar`` and begin an answer with it."""
-        state = self._constraint(grammar)
-        try:
-            state.check_opening()
-        finally:
-            state.close()
-
     def _constraint(self, grammar: str):
         """The backend's grammar state for GBNF ``grammar``; a PpdError (one line) where it has no grammar engine."""
         return self.loaded.backend.grammar(grammar)
 
-    def stream(
-        self,
-        input_ids: Sequence[int],
-        mode: str = "ppd",
-        max_new_tokens: int = 256,
-        guess_hook: decoding.GuessHook | None = None,
-        reuse_cache: bool = False,
-        sampling: SamplingParams = GREEDY,
-        logprobs: int | None = None,
-        grammar: str | None = None,
-        chat: bool = False,
-    ) -> Iterator[GenerationEvent]:
-        """Yield the growing answer after every forward pass (the prompt's first).
+    def check(self, ids: Sequence[int], max_new_tokens: int | None = 256, *, mode: Mode = "ppd",
+              sampling: SamplingParams = GREEDY, logprobs: int | None = None, grammar: str | None = None,
+              chat: bool = False, reuse_cache: bool = False) -> AnswerRequest:
+        """One answer's request, checked once for this model (``answer_request.check_answer``): ``ids`` fit the
+        context (``max_new_tokens`` None: the rest of it), ``grammar`` (GBNF, a ``root`` rule) compiled and able to
+        begin an answer. With ``chat`` (``ids`` are a chat in this model's template) the template's turn markers
+        written as text end the answer; with ``reuse_cache`` the answer goes on from the last such answer's cache
+        (multi-turn chat). A ``RequestError`` names the field at fault."""
+        return check_answer(ids, max_new_tokens, self.max_context, mode=mode, sampling=sampling, logprobs=logprobs,
+                            grammar=grammar, compile_grammar=self._constraint, chat=chat, reuse_cache=reuse_cache)
 
-        With ``reuse_cache`` the KV cache of the previous such call is kept and only the
-        tokens after its longest common prefix with ``input_ids`` are prefilled (multi-turn chat).
-        With ``logprobs`` (the number of alternatives, 0 to ``MAX_TOP_LOGPROBS``) each step's ``logprobs`` has its
-        tokens' log-probabilities. With ``grammar`` (GBNF, a ``root`` rule) the answer follows it, in both modes.
-        With ``chat`` (``input_ids`` are a chat in this model's template) the template's turn markers written as text
-        end the answer (``turn_end``: a model without a template of its own), stop reason "eos", the marker not shown.
+    def stream(self, request: AnswerRequest | Sequence[int], mode: Mode = "ppd", max_new_tokens: int = 256,
+               guess_hook: decoding.GuessHook | None = None, **options) -> Generator[GenerationEvent, None, None]:
+        """``answer`` a checked request, or ``check`` ``request`` (token ids), ``mode``, ``max_new_tokens`` and
+        ``options`` first (a script's or a test's shorthand)."""
+        if not isinstance(request, AnswerRequest):
+            request = self.check(request, max_new_tokens, mode=mode, **options)
+        return self.answer(request, guess_hook)
+
+    def answer(self, request: AnswerRequest, guess_hook: decoding.GuessHook | None = None
+               ) -> Generator[GenerationEvent, None, None]:
+        """Yield the growing answer to ``request`` after every forward pass (the prompt's first).
+
+        With ``request.reuse_cache`` the KV cache of the previous such answer is kept and only the tokens after its
+        longest common prefix with the request's ids are prefilled. With ``request.logprobs`` each step's
+        ``logprobs`` has its tokens' log-probabilities. ``guess_hook``: a test's view of each step's guesses.
         """
-        if mode not in MODES:
-            raise PpdError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-        plan = self.plan
-        ppd = mode == "ppd" and not plan.guesses.plain_only
-        family = plan.family if mode == "ppd" else self._vanilla
-        cache, reused, chains = self._take_cache(input_ids) if reuse_cache else (None, 0, None)
+        plan, input_ids = self.plan, request.ids
+        ppd = request.mode == "ppd" and not plan.guesses.plain_only
+        family = plan.family if ppd else self._plain
+        cache, reused, chains = self._take_cache(input_ids) if request.reuse_cache else (None, 0, None)
         stats = GenerationStats(prompt_tokens=len(input_ids), reused_tokens=reused)
         tokens: list[int] = []
         text = text_stream(self.tokenizer)  # incremental: O(new tokens) per step
@@ -221,19 +223,18 @@ class Engine:
         elif chains is None:  # a new conversation (a follow-up goes on with what its turns taught)
             chains = plan.new_chains()
         backend = self.loaded.backend
-        constraint = self._constraint(grammar) if grammar is not None else None
-        backend.pad_steps(plan.padded_rows if ppd else None)  # the profile's step shape for PPD; plain: 1-token steps
+        constraint = request.grammar_state()  # this answer's: the request's compiled grammar stays as it was
         acceptance = plan.profile.acceptance if ppd and plan.profile is not None else None
         speculator = decoding.Speculator(backend, family, self._prompt_table, acceptance, self._merger,
                                          plan.budget if ppd else None,  # ``--tree N``: N rows a step in all
-                                         self._row_costs() if ppd else None)
+                                         self._row_costs() if ppd else None, eos_token_ids=self.loaded.eos_token_ids,
+                                         pad_to=plan.padded_rows if ppd else None)  # the profile's step shape; plain: 1 row
         context = DraftContext(input_ids, chains, constraint, self.new_forced_text, plan.new_forced_chains,
-                               backend.vocab_size, self._drafter_memory)
-        request = decoding.Request(input_ids[reused:], max_new_tokens, self.loaded.eos_token_ids, self.max_context,
-                                   sampling, cache, guess_hook, history=input_ids[:reused], logprobs=logprobs,
-                                   grammar=constraint, drafters=answer_drafters(context, self.drafters) if ppd else [])
-        steps = decoding.generate(speculator, request)
-        ends = TurnEnd(turn_stops(self.tokenizer)) if chat else None
+                               backend.info.vocab_size, self._drafter_memory)
+        answering = decoding.Answering(cache, reused, answer_drafters(context, self.drafters) if ppd else [],
+                                       constraint, guess_hook)
+        steps = decoding.generate(speculator, request, answering)
+        ends = TurnEnd(turn_stops(self.tokenizer)) if request.chat else None
         try:
             yield from self._events(steps, stats, tokens, text, ends)
         except GeneratorExit:  # stopped by the consumer between steps: the cache is consistent
@@ -246,7 +247,7 @@ class Engine:
             self._keep_cache(cache, list(input_ids) + tokens, chains)
 
     @staticmethod
-    def _events(steps: Iterator[StepStats], stats: GenerationStats, tokens: list[int], text,
+    def _events(steps: Generator[StepStats, None, None], stats: GenerationStats, tokens: list[int], text,
                 ends: TurnEnd | None) -> Iterator[GenerationEvent]:
         """``stream``'s events from the decoding's ``steps``, adding to ``stats``, ``tokens`` and ``text``; with
         ``ends`` (the stop texts' ``TurnEnd``; none are empty) a step is cut at the token completing one, the answer
@@ -311,10 +312,11 @@ class Engine:
         self.loaded.backend.truncate(cache, length)  # drops guesses accepted past a stop
         self._kept = KeptCache(cache, ids[:length], chains)
 
-    def generate(self, input_ids: Sequence[int], mode: str = "ppd", max_new_tokens: int = 256, **kwargs) -> GenerationResult:
+    def generate(self, request: AnswerRequest | Sequence[int], mode: Mode = "ppd", max_new_tokens: int = 256,
+                 **options) -> GenerationResult:
         """Run ``stream`` to the end."""
         steps = []
         event = None
-        for event in self.stream(input_ids, mode, max_new_tokens, **kwargs):
+        for event in self.stream(request, mode, max_new_tokens, **options):
             steps.append(event.step)
         return GenerationResult(event.text, event.tokens, event.stats, event.stop_reason, steps)

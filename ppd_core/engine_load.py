@@ -19,7 +19,7 @@ from ppd_core.calibration.calibrate import calibrate_and_save, find_profile
 from ppd_core.errors import PpdError
 from ppd_core.faults import fault
 from ppd_core.loading import DEFAULT_NAME, LoadedModel, load_model
-from ppd_core.options import MAX_LOOKUP
+from ppd_core.options import MAX_LOOKUP, BackendChoice
 from ppd_core.plan import DecodePlan, Guesses, PlanOptions, make_plan
 from ppd_core.progress import Progress
 from ppd_core.drafters.prompt_tokens import PromptTokenError, PromptTokens, signature_of
@@ -46,7 +46,7 @@ class EngineConfig:
     threads: int = 0  # CPU threads (llama.cpp's; torch's process-wide); 0: one per core
     lookup: int | str | None = None  # n-gram lookup chains: None, learnt per conversation from the profile's figures;
     # "fixed", the profile's lengths; 0, none; N, up to N
-    backend: str = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model; "torch" on a GGUF: de-quantized
+    backend: BackendChoice = "auto"  # "auto": llama.cpp for a GGUF file, torch for a Hugging Face model; "torch" on a GGUF: de-quantized
     gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
     drafters: tuple[str, ...] | None = None  # the guess sources beside the prompt tokens (None: the default ones)
 
@@ -75,7 +75,7 @@ def user_prompt_tokens_path(model_name: str, signature: list[float]) -> Path:
 
 def model_signature(loaded: LoadedModel) -> list[float]:
     """The loaded model's embedding fingerprint (``signature_of``), as prompt-token files record it."""
-    return signature_of(loaded.backend.embedding_rows, loaded.backend.vocab_size)
+    return signature_of(loaded.backend.embedding_rows, loaded.info.vocab_size)
 
 
 def users_prompt_tokens(signature: list[float], vocab: int, hidden: int, name: str) -> PromptTokens | None:
@@ -99,29 +99,29 @@ def resolve_prompt_tokens(loaded: LoadedModel, path: str | None) -> PromptTokens
     signature = model_signature(loaded)
     hidden = backend.embedding_rows(np.array([0])).shape[-1]
     if path == NO_PROMPT_TOKENS:
-        return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
-    if not backend.accepts_embeddings:
+        return PromptTokens.none(signature, backend.info.vocab_size, hidden, loaded.name)
+    if not backend.info.accepts_embeddings:
         log.warning("%s reads its token embeddings in ways an input row cannot stand in for: guessing from the "
                     "conversation only (n-gram lookup)", loaded.name)
-        return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
+        return PromptTokens.none(signature, backend.info.vocab_size, hidden, loaded.name)
     if path is not None:
         tokens = PromptTokens.load(path)
-        tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
+        tokens.check_signature(signature, backend.info.vocab_size, hidden, loaded.name)
         return tokens
-    own = users_prompt_tokens(signature, backend.vocab_size, hidden, loaded.name)
+    own = users_prompt_tokens(signature, backend.info.vocab_size, hidden, loaded.name)
     if own is not None:
         return own
     for shipped in SHIPPED_PROMPT_TOKENS.values():  # by fingerprint too: a renamed copy of the default model has them
         if shipped.is_file():
             tokens = PromptTokens.load(shipped)
             try:
-                tokens.check_signature(signature, backend.vocab_size, hidden, loaded.name)
+                tokens.check_signature(signature, backend.info.vocab_size, hidden, loaded.name)
             except PromptTokenError:
                 continue
             return tokens
     log.warning("no prompt tokens for %s: guessing from the conversation only (n-gram lookup); "
                 "`ppd train` makes prompt tokens", loaded.name)
-    return PromptTokens.none(signature, backend.vocab_size, hidden, loaded.name)
+    return PromptTokens.none(signature, backend.info.vocab_size, hidden, loaded.name)
 
 
 def check_tree_name(tree: str) -> None:
@@ -159,11 +159,11 @@ def _with_tree(loaded: LoadedModel, config: EngineConfig) -> EngineParts:
     # a static tree where one is asked for; else plain steps until a profile says otherwise (an uncalibrated tree
     # can be slower than plain decoding on a CPU: 0.66x measured for the medium tree on a 2-core Xeon)
     static = config.tree in STATIC_TREES
-    guesses = Guesses(n, V, loaded.backend.tree_note is not None)
+    guesses = Guesses(n, V, loaded.info.tree_note is not None)
     plan = make_plan(None, PlanOptions(config.tree if static else "auto", config.lookup), guesses)
     max_context = min(config.max_context or loaded.max_context, loaded.max_context)
     if guesses.plain_only:
-        log.warning(loaded.backend.tree_note)
+        log.warning(loaded.info.tree_note)
     return EngineParts(loaded, prompt_tokens, plan, max_context)
 
 

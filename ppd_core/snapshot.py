@@ -11,14 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ppd_core.device_info import properties_of
 from ppd_core.device_policy import policy_summary
 from ppd_core.drafters.lookup import MATCH_CLASSES, class_label
 from ppd_core.sampling.params import ChosenSampling, default_sampling
 from ppd_core.sampling.params import recommended
 
 if TYPE_CHECKING:
+    from ppd_core.backend import BackendInfo
+    from ppd_core.calibration.profiles import DeviceProfile
     from ppd_core.loaded import LoadedModel
+    from ppd_core.options import BackendName
     from ppd_core.plan import DecodePlan
     from ppd_core.drafters.prompt_tokens import PromptTokens
 
@@ -35,7 +37,7 @@ class PromptTokensInfo:
 @dataclass(frozen=True)
 class ModelSnapshot:
     name: str
-    backend: str  # "llamacpp" or "torch"
+    backend: BackendName
     kernels: dict  # the backend's own description (threads, offload, KV cache, build)
     quant: str  # "gguf" (the file's own, on llama.cpp), "none", "4bit", "8bit"
     dtype: str  # "float32", "bfloat16", ...
@@ -52,11 +54,12 @@ class ModelSnapshot:
     prompt_tokens: PromptTokensInfo
     tree: dict  # ``tree_summary``
     calibration: dict | None  # ``DecodePlan.expectation``
-    profile: object | None  # the ``DeviceProfile`` decoding follows, if any
+    profile: DeviceProfile | None  # the one decoding follows, if any
     expected_speedup: float | None
     device_policy: dict  # ``device_policy.policy_summary``
     recommended_sampling: dict  # temperature / top-p / top-k / repeat penalty the model recommends ({}: none)
     overhead_bytes: int  # PPD's extra memory: the prompt embeddings and the trees' masks
+    info: BackendInfo  # the backend's own record (the device's properties and memory reader)
 
     @property
     def sampling_defaults(self) -> ChosenSampling:
@@ -66,25 +69,25 @@ class ModelSnapshot:
 
 def take_snapshot(loaded: LoadedModel, tokens: PromptTokens, plan: DecodePlan, max_context: int) -> ModelSnapshot:
     """What the page, the API and the device panel show of ``loaded`` decoding by ``plan``, as it is now."""
-    threads = thread_count(loaded)
+    info = loaded.info
     return ModelSnapshot(
-        name=loaded.name, backend=loaded.backend.name, kernels=dict(loaded.kernels), quant=loaded.quant,
-        dtype=str(loaded.dtype).removeprefix("torch."), device=str(loaded.device), device_kind=loaded.device_kind,
-        forward=loaded.forward, weights_bytes=loaded.num_bytes, max_context=max_context, threads=threads,
-        bitwise=loaded.backend.bitwise, exactness=exactness(loaded.backend.bitwise),
-        plain_only=loaded.backend.tree_note if plan.guesses.plain_only else None, template_note=loaded.template_note,
+        name=loaded.name, backend=info.name, kernels=dict(info.kernels), quant=loaded.quant,
+        dtype=info.dtype, device=info.device, device_kind=info.device_kind,
+        forward=info.forward, weights_bytes=loaded.num_bytes, max_context=max_context, threads=info.threads,
+        bitwise=info.bitwise, exactness=exactness(info.bitwise),
+        plain_only=info.tree_note if plan.guesses.plain_only else None, template_note=loaded.template_note,
         prompt_tokens=PromptTokensInfo(tokens.num_prompt_tokens, tokens.ensemble_size,
                                        bool(tokens.training.get("trained")), tokens.base_model, tokens.num_bytes),
         tree=tree_summary(plan), calibration=plan.expectation, profile=plan.profile,
-        expected_speedup=plan.expected_speedup, device_policy=policy_summary(properties_of(loaded.device, threads)),
+        expected_speedup=plan.expected_speedup, device_policy=policy_summary(info.properties),
         recommended_sampling=recommended(loaded.generation_config),
-        overhead_bytes=tokens.num_bytes + sum(t.attention_mask.size for t in plan.family.trees),
+        overhead_bytes=tokens.num_bytes + sum(t.attention_mask.size for t in plan.family.trees), info=info,
     )
 
 
 def thread_count(loaded: LoadedModel) -> int:
-    """CPU threads a step runs on: llama.cpp's, or torch's (process-wide)."""
-    return loaded.backend.threads
+    """CPU threads a step runs on: llama.cpp's, or torch's (process-wide; as last set through the backend)."""
+    return loaded.info.threads
 
 
 def exactness(bitwise: bool) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+StopReason = Literal["eos", "length", "context"]  # why an answer ended: end of turn, its token limit, the context full
 
 
 @dataclass
@@ -14,7 +17,7 @@ class StepStats:
     tree_tokens: int  # tokens in the forward pass
     seconds: float
     prefill: bool = False  # the prompt forward that yields the first token
-    stop: str | None = None  # set on the last step: "eos", "length" or "context"
+    stop: StopReason | None = None  # set on the last step
     logprobs: list | None = None  # ``logprobs.TokenLogprob`` per token, when the request asked for them
     sources: list[str] = field(default_factory=list)  # [from_guesses] the source of each accepted guess, path order
     drafted: dict[str, int] = field(default_factory=dict)  # nodes each source owned in the step's tree

@@ -18,7 +18,7 @@ decoding step needs (attention mask, position offsets, guess indices, paths).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -81,8 +81,7 @@ class Tree:
     position_offsets: np.ndarray  # [num_tokens] int64 position id minus cache length
     prompt_embedding_index: np.ndarray  # [num_tokens - num_nodes] int64 row of the flattened [n*V] table
     prompt_slots: np.ndarray  # [num_nodes, n, V] int64 token index of (node, prompt k, member j); -1 if absent
-    attention_mask: np.ndarray  # [num_tokens, num_tokens] bool, True where attending is allowed
-    _masks: dict = field(default_factory=dict, repr=False)  # a backend's converted masks, by its own key
+    attention_mask: np.ndarray  # [num_tokens, num_tokens] bool, True where attending is allowed (a row's ancestors)
 
     @property
     def num_nodes(self) -> int:
@@ -104,15 +103,6 @@ class Tree:
     def max_offset(self) -> int:
         """The largest position offset: how far past the root this tree reaches."""
         return int(self.position_offsets.max())
-
-    @functools.cached_property
-    def sequences(self) -> list[list[int]]:
-        """``leaf_sequences`` of the token rows: the tree mask as llama.cpp sequence ids."""
-        return leaf_sequences(self.row_parents)
-
-    @functools.cached_property
-    def num_leaves(self) -> int:
-        return max((ids[-1] for ids in self.sequences), default=-1) + 1
 
 
 def build_tree(spec: TreeSpec, num_prompt_tokens: int, ensemble_size: int = 1, max_depth: int | None = None) -> Tree:
@@ -190,25 +180,6 @@ def check_spec(spec: TreeSpec, n: int, V: int, deepest: int) -> None:
             raise ValueError(f"node {path} has {count} prompt tokens; allowed 0..{n}")
 
 
-def leaf_sequences(row_parents: tuple[int, ...]) -> list[list[int]]:
-    """One sequence id per leaf row (numbered in row order); each row gets the ids of the leaves below it,
-    itself included, ascending. A row's first id then names a sequence whose rows up to the row's own depth are
-    exactly its ancestors and itself: the tree mask in llama.cpp's terms (a query sees the cells that hold its
-    first sequence id at positions up to its own). Rows come parent first."""
-    has_child = [False] * len(row_parents)
-    for parent in row_parents:
-        if parent >= 0:
-            has_child[parent] = True
-    sequences: list[list[int]] = [[] for _ in row_parents]
-    leaves = [row for row, inner in enumerate(has_child) if not inner]
-    for seq, leaf in enumerate(leaves):
-        row = leaf
-        while row >= 0:
-            sequences[row].append(seq)
-            row = row_parents[row]
-    return sequences
-
-
 @dataclass(frozen=True, eq=False)
 class TreeFamily:
     """One tree per number of guessed depths available (0..n), chosen per step.
@@ -252,6 +223,6 @@ def root_only_tree() -> Tree:
     return build_tree(TreeSpec({(): 0}), 0)
 
 
-def vanilla_family() -> TreeFamily:
+def plain_family() -> TreeFamily:
     """Plain autoregressive decoding: no guesses, no prompt tokens."""
-    return TreeFamily(name="vanilla", trees=(root_only_tree(),))
+    return TreeFamily(name="plain", trees=(root_only_tree(),))

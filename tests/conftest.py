@@ -72,7 +72,8 @@ def tiny_model_dir(tmp_path_factory, default_engine):
     """A tiny random Llama saved as a Hugging Face directory, with the default model's tokenizer, and
     untrained prompt tokens where ``ppd train`` would have saved trained ones (the engine finds them there)."""
     from ppd_core.drafters.prompt_tokens import INIT_TEXT
-    from ppd_core import user_prompt_tokens_path, PromptTokens
+    from ppd_core.drafters.prompt_tokens import PromptTokens
+    from ppd_core.engine_load import user_prompt_tokens_path
     from ppd_core.training.prompt_tensors import initial_prompt_tokens
 
     folder = tmp_path_factory.mktemp("tiny")

@@ -46,13 +46,13 @@ def test_a_base_model_writes_chat_markers_and_a_chat_ends_its_answer_at_them(bas
     assert not base_engine.has_chat_template and "<assistant>" in turn_stops(base_engine.tokenizer)
     for question in QUESTIONS:
         ids = base_engine.chat_ids([{"role": "user", "content": question}])
-        raw = base_engine.generate(ids, "vanilla", 40)  # the text itself, as the old code showed it
+        raw = base_engine.generate(ids, "plain", 40)  # the text itself, as the old code showed it
         assert "<assistant>" in raw.text and raw.stop_reason == "length", raw.text
-        ended = {mode: base_engine.generate(ids, mode, 40, chat=True) for mode in ("ppd", "vanilla")}
+        ended = {mode: base_engine.generate(ids, mode, 40, chat=True) for mode in ("ppd", "plain")}
         for mode, result in ended.items():
             assert result.text == SHOWN and result.stop_reason == "eos", (mode, result.text)
             assert not any(marker in result.text for marker in MARKERS)
-        assert ended["ppd"].tokens == ended["vanilla"].tokens == raw.tokens[: len(ended["vanilla"].tokens)]
+        assert ended["ppd"].tokens == ended["plain"].tokens == raw.tokens[: len(ended["plain"].tokens)]
         assert base_engine.tokenizer.decode(ended["ppd"].tokens).endswith(".<assistant>")  # cut at the completing token
         assert ended["ppd"].stats.new_tokens == len(ended["ppd"].tokens)
 
@@ -60,11 +60,11 @@ def test_a_base_model_writes_chat_markers_and_a_chat_ends_its_answer_at_them(bas
 def test_the_streamed_pieces_never_show_a_piece_of_a_marker(base_engine):
     """What may begin a marker ("<", "<ass") waits until it is known: the pieces shown join to the answer, no "<"."""
     ids = base_engine.chat_ids([{"role": "user", "content": QUESTIONS[0]}])
-    for mode in ("ppd", "vanilla"):
+    for mode in ("ppd", "plain"):
         events = list(base_engine.stream(ids, mode, 40, chat=True))
         assert "".join(event.delta for event in events) == events[-1].text == SHOWN
         assert all("<" not in event.text for event in events)
-    limited = base_engine.generate(ids, "vanilla", 5, chat=True)  # the limit inside "<assistant>": all of it shown
+    limited = base_engine.generate(ids, "plain", 5, chat=True)  # the limit inside "<assistant>": all of it shown
     assert limited.text == SHOWN + "<" and limited.stop_reason == "length"
 
 
@@ -117,7 +117,7 @@ def test_continue_goes_on_from_the_answers_own_tokens_as_a_larger_limit_would(ll
     assert first.unfinished.ids[: len(prompt)] == prompt and first.unfinished.text == first.text
     answered = question + [{"role": "assistant", "content": first.text}]
     second = list(chat.resume(answered, settings, known=first.unfinished))[-1]
-    whole = llama_default.generate(prompt, "vanilla", 32, chat=True)
+    whole = llama_default.generate(prompt, "plain", 32, chat=True)
     assert second.stop_reason == "length" and second.unfinished.ids == prompt + whole.tokens
     assert second.text == whole.text and second.text.startswith(first.text) and len(second.text) > len(first.text)
     # without the known tokens (after a reload, another model since): the partial answer's text, encoded

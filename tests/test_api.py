@@ -305,8 +305,8 @@ def test_chat_on_a_non_local_host_serves_the_page_and_the_keyed_api(served, monk
 
         # a page answer and an API answer share the model lock: the API one waits for the page's
         page = Client(f"{base}/", auth=("me", "secret"), verbose=False)
-        job = page.submit("Give me three tips for staying healthy.", "", 0.0, 1.0, 32, True, "lossless", False,
-                          api_name="/send")
+        job = page.submit("Give me three tips for staying healthy.", "", 32, True, "lossless", False, "",
+                          0.0, 1.0, api_name="/send")
         deadline = time.monotonic() + 60
         while not httpx.get(f"{base}/health").json()["busy"]:
             assert time.monotonic() < deadline, "the page's answer did not start"
@@ -447,7 +447,7 @@ def test_penalties_and_logprobs_through_the_openai_client_equal_plain_decoding(s
     penalties = {"repeat_penalty": 1.3, "repeat_last_n": 32, "presence_penalty": 0.5, "frequency_penalty": 0.3}
     engine = service.engine
     with service.turn():
-        plain = engine.generate(engine.chat_ids(STORY), "vanilla", 40, sampling=SamplingParams(**penalties), logprobs=3)
+        plain = engine.generate(engine.chat_ids(STORY), "plain", 40, sampling=SamplingParams(**penalties), logprobs=3)
     expected = [item for step in plain.steps for item in step.logprobs]
     asked = dict(model="m", messages=STORY, temperature=0, max_tokens=40, logprobs=True, top_logprobs=3,
                  presence_penalty=penalties["presence_penalty"], frequency_penalty=penalties["frequency_penalty"],
@@ -480,11 +480,11 @@ def test_unset_sampling_fields_get_the_models_defaults_and_bad_ones_a_400(served
 
     chosen = service.snapshot().sampling_defaults
     unset = sampling_of(ChatCompletionRequest(messages=QUESTION), chosen)
-    assert unset == SamplingParams(temperature=0.8, top_p=0.95, top_k=40, repeat_penalty=1.1, repeat_last_n=64)
+    assert unset == SamplingParams(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, repeat_penalty=1.1, repeat_last_n=64)
     assert sampling_of(ChatCompletionRequest(messages=QUESTION, temperature=0, repeat_penalty=1.0), chosen) == \
-        SamplingParams(top_p=0.95, top_k=40)
+        SamplingParams(top_p=0.95, top_k=40, min_p=0.05)
     endpoint = f"{url}/v1/chat/completions"
-    for field, value in [("repeat_penalty", 0), ("repeat_last_n", -2), ("presence_penalty", 2.5),
+    for field, value in [("min_p", 1.5), ("repeat_penalty", 0), ("repeat_last_n", -2), ("presence_penalty", 2.5),
                          ("frequency_penalty", -3), ("top_logprobs", 21)]:
         body = {"messages": QUESTION, field: value, **({"logprobs": True} if field == "top_logprobs" else {})}
         error = error_of(httpx.post(endpoint, json=body, timeout=30))

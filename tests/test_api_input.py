@@ -110,3 +110,19 @@ def test_a_penalty_window_past_any_sequence_is_the_whole_sequence(served):
                for last_n in (10**30, 2**63, -1, 1)]
     texts = [answer.choices[0].message.content for answer in answers]
     assert texts[0] == texts[1] == texts[2] != texts[3], texts
+
+
+def test_min_p_through_the_api(served):
+    """``min_p`` 1 keeps only the likeliest token: a hot seeded request answers what greedy answers (PPD's trees
+    included); unset it is llama-server's 0.05, named in ``/v1/models``; out of range, a 400 naming it."""
+    client, service, app, url = served
+    card = client.models.list().data[0].model_extra["ppd"]["sampling_defaults"]
+    assert card["min_p"] == {"value": 0.05, "from": "llama-server's default"}
+    answers = [client.chat.completions.create(model="m", messages=QUESTION, max_tokens=24, seed=seed,
+                                              extra_body={"repeat_penalty": 1.0, **fields})
+               for seed, fields in ((1, {"temperature": 1.5, "min_p": 1.0}), (2, {"temperature": 1.5, "min_p": 1.0}),
+                                    (0, {"temperature": 0}))]
+    texts = [answer.choices[0].message.content for answer in answers]
+    assert texts[0] == texts[1] == texts[2], texts
+    error = error_of(post(url, {"messages": QUESTION, "min_p": 1.5}))
+    assert error["param"] == "min_p" and error["message"] == "min_p must be between 0 (off) and 1, got 1.5", error

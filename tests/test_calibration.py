@@ -23,7 +23,7 @@ from ppd_core.calibration.records import read_records, AcceptanceStats
 from ppd_core.training.prompt_tensors import prompt_table
 from ppd_core import Engine, EngineConfig
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.calibration.verbs import calibrate_engine, export_acceptance
+from ppd_core.engine_calibration import calibrate_engine, export_acceptance
 
 
 def test_acceptance_counts_are_conditional_on_earlier_depths():
@@ -187,7 +187,7 @@ def test_calibrated_tree_is_exact(tiny_engine):
     ids = tiny_engine.chat_ids([{"role": "user", "content": "Tell me a story"}])
     for budget in (None, 4, 12):
         tiny_engine.replan(tiny_engine.plan.profile, tree=str(budget))
-        assert tiny_engine.generate(ids, "ppd", 24).tokens == tiny_engine.generate(ids, "vanilla", 24).tokens
+        assert tiny_engine.generate(ids, "ppd", 24).tokens == tiny_engine.generate(ids, "plain", 24).tokens
 
 
 def test_profile_round_trip_and_key_mismatch(tiny_engine, tmp_path):
@@ -235,7 +235,7 @@ def test_engine_uses_the_saved_profile_and_recalibrates_a_corrupt_one(tiny_engin
     with caplog.at_level(logging.WARNING):
         engine = Engine.load(config)  # auto_calibrate off: warns and decodes plainly until calibrated
     assert "ignoring the saved calibration" in caplog.text and engine.plan.profile is None
-    assert engine.plan.family.name == "vanilla" and engine.plan.lookup_lengths == ()
+    assert engine.plan.family.name == "plain" and engine.plan.lookup_lengths == ()
     with pytest.raises(ValueError, match="needs a calibration profile"):
         Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="6", auto_calibrate=False))
     save_profile(tiny_engine.plan.profile)
@@ -252,7 +252,7 @@ def test_lookup_is_replayed_on_the_decoding_backends_own_answers(tiny_model_dir)
     eos = sorted(engine.loaded.eos_token_ids)
     prompts = [engine.chat_ids([{"role": "user", "content": text}]) for text in ("Hello there", "Name a colour")]
     answers = decoder_answers(engine.loaded.backend, 12, eos)(prompts)
-    assert answers == [engine.generate(prompt, "vanilla", 12).tokens for prompt in prompts]
+    assert answers == [engine.generate(prompt, "plain", 12).tokens for prompt in prompts]
 
 
 def test_acceptance_is_measured_once_and_travels_beside_the_prompt_tokens(tiny_engine, tiny_model_dir, tmp_path, monkeypatch, caplog):

@@ -8,7 +8,7 @@ import pytest
 from app.calibration_progress import CalibrationProgress
 from ppd_core import Engine, EngineConfig
 from ppd_core.calibration.count import TREE_SEARCH_ITEMS, CalibrationCount, Pace, plan
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 
 
 def test_one_count_moves_forward_through_the_phases_even_where_a_phase_skips_the_rest():

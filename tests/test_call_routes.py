@@ -67,7 +67,7 @@ def test_following_generate_bounces_between_modules_at_most_twice(engine):
     try:
         for grammar in (None, json_grammar()):
             for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=1, repeat_penalty=1.1)):
-                for mode in ("ppd", "vanilla"):
+                for mode in ("ppd", "plain"):
                     list(engine.stream(ids, mode, max_new_tokens=16, sampling=sampling, grammar=grammar, logprobs=2))
     finally:
         sys.setprofile(None)

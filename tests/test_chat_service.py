@@ -46,7 +46,7 @@ def test_stream_matches_plain_greedy_generation(service, chat):
     messages = [user("Hello there")]
     updates = list(chat.answer(messages, ChatSettings(max_new_tokens=24)))
     ids = service.engine.chat_ids(messages)
-    assert updates[-1].text == service.engine.generate(ids, "vanilla", 24).text
+    assert updates[-1].text == service.engine.generate(ids, "plain", 24).text
     assert updates[-1].stop_reason == "length" and "tokens/s" in updates[-1].readout
     assert all(u.stop_reason is None for u in updates[:-1])
 
@@ -63,8 +63,9 @@ def test_long_conversations_are_trimmed_with_a_note(service, chat):
     for index in range(6):
         messages += [user(f"{index}: {turn}"), {"role": "assistant", "content": turn}]
     messages.append(user("and now?"))
-    ids, note = chat.prepare(messages, settings)
-    assert len(ids) + 32 <= service.engine.max_context
+    request, note = chat.prepare(messages, settings)
+    ids = list(request.ids)
+    assert request.max_new_tokens == 32 and len(ids) + 32 <= service.engine.max_context
     assert note.startswith("Trimmed the ") and "160-token context" in note
     assert service.engine.tokenizer.decode(ids).count("and now?") == 1
     with pytest.raises(ValueError, match="too long: .* tokens, but the model's context holds 160"):
@@ -104,7 +105,7 @@ def test_compare_runs_both_ways_and_tells_its_progress(chat):
     told = []
     result = chat.compare([user("Say something nice")], ChatSettings(max_new_tokens=20),
                              lambda mode, tokens, total: told.append((mode, tokens, total)))
-    assert result.identical and result.ppd_text == result.vanilla_text
+    assert result.identical and result.ppd_text == result.plain_text
     assert result.speedup > 0 and "; identical text." in result.verdict() and "(measured)" not in result.verdict()
     first = "plain decoding" if result.first == "plain" else "PPD"
     assert told[0] == (first, 1, 20) and {mode for mode, _, _ in told} == {"plain decoding", "PPD"}
@@ -227,7 +228,7 @@ def test_the_calibration_panel_says_what_decodes_before_a_profile(service):
     assert service.engine.plan.profile is None and service.engine.plan.family.name == "medium"  # a static tree, as asked
     assert calibration_summary(None, service.engine.snapshot().tree["name"]) == "Not calibrated yet: using a built-in tree."
     # --tree auto without a profile decodes plainly until calibrated (ppd chat calibrates beside the first answers)
-    assert calibration_summary(None, "vanilla") == "Not calibrated yet: decoding plainly until it is."
+    assert calibration_summary(None, "plain") == "Not calibrated yet: decoding plainly until it is."
 
 
 class FailingDecoder:
@@ -246,7 +247,7 @@ class FailingDecoder:
         return self._decoder.tree_logits(*args)
 
 
-SETTINGS = ("", 0.0, 1.0, 40, True, "lossless", False)  # the page's inputs: system, temperature, top-p, max new, ...
+SETTINGS = ("", 40, True, "lossless", False)  # the page's inputs: system, max new, PPD, ... (sampling: off, greedy)
 
 
 def test_a_failure_mid_answer_keeps_the_message_and_the_partial_answer_saved(service, tmp_path, monkeypatch):
@@ -386,7 +387,7 @@ def test_a_failure_frees_the_model_for_the_next_answer(service, chat, monkeypatc
     monkeypatch.setattr(service.engine.loaded, "backend", real)
     messages = [user("Hello there")]
     updates = list(chat.answer(messages, ChatSettings(max_new_tokens=24)))
-    assert updates[-1].text == service.engine.generate(service.engine.chat_ids(messages), "vanilla", 24).text
+    assert updates[-1].text == service.engine.generate(service.engine.chat_ids(messages), "plain", 24).text
 
 
 def test_a_full_disk_during_an_answer_is_one_line_and_the_next_save_catches_up(service, tmp_path, monkeypatch):
@@ -457,14 +458,14 @@ def test_sampling_defaults_come_from_the_models_generation_config(service, tiny_
     assert picker["choices"][0][0].endswith("(default)")
     later = handlers.model.model_panels()  # the timer's next tick: the user's choices stay
     assert not any(widget in later for widget in widgets.values()) and "value" not in later[page.model.choice]
-    settings = ChatSettings(temperature=0.6, top_p=0.9, top_k=20)
+    settings = ChatSettings(values=dict(temperature=0.6, top_p=0.9, top_k=20))
     assert settings.sampling().top_k == 20 and settings.sampling().temperature == 0.6
     messages = [user("Hello there")]
-    penalised = ChatSettings(max_new_tokens=16, temperature=0.9, repeat_penalty=1.5)
+    penalised = ChatSettings(max_new_tokens=16, values=dict(temperature=0.9, repeat_penalty=1.5))
     result = Chat(sampler).compare(messages, penalised)  # Compare: greedy both ways, with the page's penalty
-    expected = sampler.engine.generate(sampler.engine.chat_ids(messages), "vanilla", 16,
+    expected = sampler.engine.generate(sampler.engine.chat_ids(messages), "plain", 16,
                                        sampling=SamplingParams(repeat_penalty=1.5))
-    assert result.identical and result.vanilla_text == expected.text
+    assert result.identical and result.plain_text == expected.text
 
 
 def wait_for(condition, seconds: float = 120.0) -> None:
@@ -493,12 +494,12 @@ def test_a_first_launch_calibrates_beside_the_answers_and_a_switch_abandons_it(t
     chat = Chat(service)
     plain = load(str(tiny_model_dir))  # its answer without PPD
     messages = [user("Hello there")]
-    expected = plain.generate(plain.chat_ids(messages), "vanilla", 24).text
+    expected = plain.generate(plain.chat_ids(messages), "plain", 24).text
     engine = load(str(tiny_model_dir))
     with service.turn():  # an answer holds the model: the calibration waits for it
         service.attach(engine)
         assert service.ready and service.background.startswith("Calibrating this device in the background")
-        assert engine.plan.family.name == "vanilla" and engine.plan.profile is None
+        assert engine.plan.family.name == "plain" and engine.plan.profile is None
     assert list(chat.answer(messages, ChatSettings(max_new_tokens=24)))[-1].text == expected
     wait_for(lambda: service.background is None)
     assert engine.plan.profile is not None and engine.plan.family.name.startswith("calibrated-")

@@ -38,13 +38,13 @@ def test_the_chats_trash_icon_starts_a_new_conversation_as_clear_does(tmp_path, 
     assert CHROMIUM.exists(), "Debian's chromium is needed: apt-get install chromium (make browser does it)"
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
     prompts: list[list[int]] = []  # what the model was given, answer by answer
-    stream = engine.stream
+    answer_request = engine.answer  # every answer the page asks for: a checked request, passed whole
 
-    def seen(input_ids, *args, **kwargs):
-        prompts.append(list(input_ids))
-        return stream(input_ids, *args, **kwargs)
+    def seen(request, *args, **kwargs):
+        prompts.append(list(request.ids))
+        return answer_request(request, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "stream", seen)
+    monkeypatch.setattr(engine, "answer", seen)
     service = ModelHost(engine)
     store = ConversationStore(tmp_path / "conversations")
     app = build_app(service, store)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli import build_parser, main
 from app.commands.options import model_threads
 from app.questions import DEFAULT_QUESTIONS
 from ppd_core.errors import PpdError
@@ -26,8 +26,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded before the input was checked")
 
     monkeypatch.setattr("ppd_core.engine_load.load_model", refuse)  # what Engine.load calls
-    monkeypatch.setattr("ppd_core.load_model", refuse)  # what `ppd train` calls
-    monkeypatch.setattr("ppd_core.loading.load_model", refuse)  # the function itself
+    monkeypatch.setattr("ppd_core.loading.load_model", refuse)  # the function itself (what `ppd train` calls)
     monkeypatch.delenv("PPD_AUTH", raising=False)
 
 
@@ -267,10 +266,23 @@ def test_generate_bad_input(capsys, no_model_load):
     assert_error(capsys, "repeat-last-n must be -1 (the whole context), 0 (off) or positive, got -2", "bench",
                  "--repeat-last-n", -2)
     assert_error(capsys, "presence-penalty must be between -2 and 2, got 3.0", "generate", "hi", "--presence-penalty", 3)
+    assert_error(capsys, "min-p must be between 0 (off) and 1, got 1.5", "generate", "hi", "--min-p", 1.5)
     assert_error(capsys, "frequency-penalty must be between -2 and 2, got -2.5", "bench", "--frequency-penalty", -2.5)
     assert_error(capsys, "unknown tree 'huge'; use auto, small, medium, large or a token budget such as 12",
                  "generate", "hi", "--tree", "huge")
     assert_error(capsys, "--threads must be at least 1, got 0", "generate", "hi", "--threads", 0)
+
+
+def test_generate_modes(capsys):
+    """``--mode`` takes ppd and plain; "vanilla", plain decoding's name in the README before, is read as plain; any
+    other word is refused, naming the two."""
+    parser = build_parser()
+    assert [parser.parse_args(["generate", "hi", "--mode", mode]).mode for mode in ("ppd", "plain", "vanilla")] == [
+        "ppd", "plain", "plain"]
+    assert parser.parse_args(["generate", "hi"]).mode == "ppd"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "hi", "--mode", "fast"])
+    assert "invalid choice: 'fast' (choose from 'ppd', 'plain')" in capsys.readouterr().err
 
 
 def test_chat_leaves_a_core_to_the_browser(monkeypatch):
@@ -290,7 +302,7 @@ def test_chat_leaves_a_core_to_the_browser(monkeypatch):
 
 def test_error_types_are_ppd_errors_and_value_errors():
     from ppd_core.calibration.profiles import ProfileError
-    from ppd_core.decoding import PromptTooLongError
+    from ppd_core.answer_request import PromptTooLongError
     from ppd_core.loading import ModelLoadError
     from ppd_core.drafters.prompt_tokens import PromptTokenError
 

@@ -35,7 +35,7 @@ def test_every_llama_decode_runs_on_one_thread_and_answers_as_before(llama_defau
         worker.start()
         worker.join()
     assert len(set(callers)) == 3 and len(runners) == 1 and runners.isdisjoint(callers)
-    assert answers[0] == answers[1] == answers[2] == llama_default.generate(ids, "vanilla", 24).tokens
+    assert answers[0] == answers[1] == answers[2] == llama_default.generate(ids, "plain", 24).tokens
 
 
 def test_an_interrupted_caller_waits_for_the_computation_in_flight():

@@ -8,14 +8,14 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.decoding import Request, Speculator, generate
-from ppd_core.device_info import memory_of
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Speculator, generate
+from ppd_core.backends.torch.device import memory_of, torch_properties as properties_of
 from ppd_core.device_memory import nvml_probe
-from ppd_core.device_info import properties_of
 from ppd_core.device_policy import attention_plan, compute_dtype, memory_source, native_bf16
 from ppd_core.backends.torch.lean.model import LeanDecoder
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import family_from_spec, vanilla_family
+from ppd_core.tree import family_from_spec, plain_family
 
 pytestmark = [
     pytest.mark.cuda,
@@ -30,7 +30,7 @@ def test_policy_reads_the_real_device():
     assert properties.compute_capability == capability
     assert native_bf16(properties) == (capability >= (8, 0))
     assert compute_dtype(properties) == ("bfloat16" if capability >= (8, 0) else "float16")
-    reading = memory_of(CUDA, properties)
+    reading = memory_of(CUDA)
     assert 0 < reading.used_bytes < reading.total_bytes
     if memory_source(properties) == "nvml":  # NVML found the same card by UUID as torch numbers it
         nvml = nvml_probe(properties.uuid)
@@ -72,7 +72,7 @@ def test_prefill_and_tree_steps_never_fall_back_to_the_math_kernel():
     table = table_of()
     family = family_from_spec("large", STATIC_TREES["large"], 3, 1)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-        steps = list(generate(Speculator(decoder, family, table), Request([(5 + i) % 128 for i in range(150)], 32, frozenset(), 256)))
+        steps = list(generate(Speculator(decoder, family, table), check_answer([(5 + i) % 128 for i in range(150)], 32, 256)))
     assert sum(len(step.tokens) for step in steps) == 32
 
 
@@ -85,10 +85,10 @@ def test_greedy_ppd_equals_plain_on_cuda():
     prompt = list(range(5, 25))
 
     def tokens(family):
-        steps = generate(Speculator(decoder, family, table), Request(prompt, 60, frozenset(), 256))
+        steps = generate(Speculator(decoder, family, table), check_answer(prompt, 60, 256))
         return [t for step in steps for t in step.tokens]
 
-    assert tokens(family_from_spec("large", STATIC_TREES["large"], 3, 1)) == tokens(vanilla_family())
+    assert tokens(family_from_spec("large", STATIC_TREES["large"], 3, 1)) == tokens(plain_family())
 
 
 def test_weights_load_straight_to_the_gpu_in_the_policy_dtype(tiny_model_dir):

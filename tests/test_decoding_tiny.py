@@ -6,10 +6,11 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.decoding import PromptTooLongError, Request, Speculator, clip_tokens, generate
+from ppd_core.answer_request import PromptTooLongError, check_answer
+from ppd_core.decoding import Answering, Speculator, clip_tokens, generate
 from ppd_core.backends.torch.loading import pick_decoder
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
+from ppd_core.tree import TreeSpec, family_from_spec, plain_family
 
 EOS = frozenset({127})
 CHAIN = TreeSpec({(): 3, (0,): 1, (1,): 3, (1, 0): 3, (1, 1): 1, (1, 0, 1): 3, (1, 0, 0): 1})
@@ -21,7 +22,8 @@ def prompt_table(rows: int, seed: int, scale: float = 1.0) -> np.ndarray:
 
 
 def run(model, prompt, family, table, max_new_tokens=60, max_context=256, hook=None, eos=frozenset()):
-    steps = list(generate(Speculator(TorchDecoder(model), family, table), Request(prompt, max_new_tokens, eos, max_context, guess_hook=hook)))
+    steps = list(generate(Speculator(TorchDecoder(model), family, table, eos_token_ids=eos),
+                          check_answer(prompt, max_new_tokens, max_context), Answering(guess_hook=hook)))
     tokens = [t for s in steps for t in s.tokens]
     return tokens, steps
 
@@ -42,7 +44,7 @@ def test_ppd_equals_plain_decoding(tree_name, ensemble, forward):
     table = prompt_table(3 * ensemble, seed=1, scale=5)
     family = family_from_spec(tree_name, STATIC_TREES[tree_name], 3, ensemble)
     prompt = list(range(5, 25))
-    reference, _ = run(decoder, prompt, vanilla_family(), None)
+    reference, _ = run(decoder, prompt, plain_family(), None)
     tokens, steps = run(decoder, prompt, family, table)
     assert tokens == reference == plain_generate(model, prompt, 60)
     assert steps[0].prefill and steps[-1].stop == "length"
@@ -69,7 +71,7 @@ def test_oracle_at_chosen_ranks_accepts_full_depth():
     table = prompt_table(3, seed=2)
     family = family_from_spec("chain", CHAIN, 3)
     prompt = list(range(30, 50))
-    reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=120)
+    reference, _ = run(model, prompt, plain_family(), None, max_new_tokens=120)
     tokens, steps = run(model, prompt, family, table, 120, hook=oracle(reference, ranks=(1, 0, 1)))
     assert tokens == reference
     decode = [s for s in steps if not s.prefill]
@@ -84,7 +86,7 @@ def test_oracle_nowhere_accepts_exactly_one():
     table = prompt_table(3, seed=2)
     family = family_from_spec("large", STATIC_TREES["large"], 3)
     prompt = list(range(30, 50))
-    reference, _ = run(model, prompt, vanilla_family(), None)
+    reference, _ = run(model, prompt, plain_family(), None)
     tokens, steps = run(model, prompt, family, table, hook=oracle(reference, ranks=None))
     assert tokens == reference
     assert all(len(s.tokens) == 1 and s.from_guesses == 0 for s in steps)
@@ -94,7 +96,7 @@ def test_stops_at_eos_inside_an_accepted_run():
     model = tiny_llama(seed=4)
     table = prompt_table(3, seed=0)
     prompt = list(range(30, 50))
-    reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=40)
+    reference, _ = run(model, prompt, plain_family(), None, max_new_tokens=40)
     eos = frozenset({reference[17]})
     first = reference.index(reference[17])
     tokens, steps = run(model, prompt, family_from_spec("chain", CHAIN, 3), table, 40, hook=oracle(reference, (1, 0, 1)), eos=eos)
@@ -105,7 +107,7 @@ def test_context_limit_stops_cleanly_and_matches_plain():
     model = tiny_llama(seed=5)
     table = prompt_table(3, seed=0)
     prompt = list(range(10, 40))  # 30 tokens; context 50 leaves room for 20
-    reference, _ = run(model, prompt, vanilla_family(), None, max_new_tokens=100, max_context=50)
+    reference, _ = run(model, prompt, plain_family(), None, max_new_tokens=100, max_context=50)
     tokens, steps = run(model, prompt, family_from_spec("large", STATIC_TREES["large"], 3), table, 100, 50, hook=oracle(reference, (0, 0, 0)))
     assert len(reference) == 20 and tokens == reference
     assert steps[-1].stop == "context"
@@ -114,9 +116,9 @@ def test_context_limit_stops_cleanly_and_matches_plain():
 def test_prompt_longer_than_context_is_refused():
     model = tiny_llama(seed=5)
     with pytest.raises(PromptTooLongError, match="context holds 16"):
-        run(model, list(range(16)), vanilla_family(), None, max_context=16)
+        run(model, list(range(16)), plain_family(), None, max_context=16)
     with pytest.raises(ValueError, match="empty"):
-        run(model, [], vanilla_family(), None)
+        run(model, [], plain_family(), None)
 
 
 def test_clip_tokens():
@@ -139,7 +141,7 @@ def test_multi_turn_reuses_the_kv_cache_and_stays_exact(tiny_model_dir):
     history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
     ids = engine.chat_ids(history)
     second = engine.generate(ids, "ppd", 20, reuse_cache=True)
-    fresh = engine.generate(ids, "vanilla", 20)  # no reuse: a full prefill
+    fresh = engine.generate(ids, "plain", 20)  # no reuse: a full prefill
     assert second.tokens == fresh.tokens
     # the cache held the first prompt and answer (but the last token, never fed back): all of
     # their common prefix with the new conversation was reused
@@ -165,9 +167,9 @@ def test_logprobs_and_penalties_under_trees_on_torch(forward):
     prompt = list(range(5, 25))
     sampling = SamplingParams(repeat_penalty=1.4, repeat_last_n=16, frequency_penalty=0.2)
     results = {}
-    for name, (tree, table) in {"plain": (vanilla_family(), None), "ppd": (family, prompt_table(3, seed=1, scale=5))}.items():
+    for name, (tree, table) in {"plain": (plain_family(), None), "ppd": (family, prompt_table(3, seed=1, scale=5))}.items():
         steps = list(generate(Speculator(TorchDecoder(decoder), tree, table),
-                              Request(prompt, 60, frozenset(), 256, sampling, logprobs=4)))
+                              check_answer(prompt, 60, 256, sampling=sampling, logprobs=4)))
         results[name] = [item for step in steps for item in step.logprobs]
     assert [i.token for i in results["ppd"]] == [i.token for i in results["plain"]]
     assert len(results["plain"]) == 60

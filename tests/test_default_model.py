@@ -22,7 +22,7 @@ CHAIN = TreeSpec({(): 3, (0,): 1, (1,): 3, (1, 0): 3, (1, 1): 1, (1, 0, 1): 3, (
 @pytest.fixture(scope="module")
 def plain_answers(default_engine):
     """Plain decoding's answer to each prompt: NEW_TOKENS tokens for the oracle's, ANSWER for the others."""
-    return {p: default_engine.generate(default_engine.chat_ids([{"role": "user", "content": p}]), "vanilla",
+    return {p: default_engine.generate(default_engine.chat_ids([{"role": "user", "content": p}]), "plain",
                                        NEW_TOKENS if p == PROMPTS[0] else ANSWER).tokens for p in PROMPTS}
 
 

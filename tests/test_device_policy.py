@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from conftest import tiny_llama
 from ppd_core import device_info, device_memory
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Speculator, generate
 from ppd_core.device_policy import (
     MEMORY_HEADROOM, AttentionPlan, DeviceProperties, attention_plan, compute_dtype, context_that_fits,
     llama_extra_buffers, memory_source, native_bf16, parse_version, profile_fields, rows_bitwise,
@@ -20,7 +21,7 @@ from ppd_core.backends.torch.lean.attention import attend
 from ppd_core.backends.torch.lean.model import LeanDecoder, _rms_norm
 from ppd_core import Engine, EngineConfig
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import family_from_spec, vanilla_family
+from ppd_core.tree import family_from_spec, plain_family
 from ppd_core.calibration.calibrate import profile_key
 
 GiB = 2**30
@@ -58,16 +59,16 @@ def test_cpu_profile_key_is_the_one_saved_profiles_have(tiny_model_dir):
                                       device="cpu", auto_calibrate=False))
     device = profile_key(engine.loaded, engine.prompt_tokens)["device"]
     assert set(device) == {"kind", "name", "memory_bytes", "threads", "driver"}
-    assert device == {**device_info.describe(engine.loaded.device).to_json(), "threads": torch.get_num_threads()}
+    assert device == {**device_info.describe(engine.loaded.info.properties).to_json(), "threads": torch.get_num_threads()}
 
 
 def test_rows_bitwise_where_tested():
-    assert rows_bitwise(CPU, "llamacpp", "gguf")  # then probed per file at load (test_gguf_exact.py)
-    # fp32 matmuls are not row-invariant, and neither are bitsandbytes' (the lean CPU int4 / int8 kernels are gone)
-    assert not any(rows_bitwise(CPU, "torch", q) for q in ("none", "4bit", "8bit"))
-    assert not rows_bitwise(CPU, "llamacpp", "gguf", gpu_layers=-1)  # offloaded: GPU kernels
-    assert not any(rows_bitwise(p, b, q) for p in (RTX_4090, RTX_2060, ORIN_NANO) for b in ("torch", "llamacpp")
-                   for q in ("none", "4bit", "gguf"))
+    """llama.cpp's policy; torch's wing says not bitwise everywhere (fp32 matmuls are not row-invariant, and neither
+    are bitsandbytes': the lean CPU int4 / int8 kernels are gone)."""
+    assert rows_bitwise(CPU)  # then probed per file at load (test_gguf_exact.py)
+    assert not rows_bitwise(CPU, gpu_layers=-1)  # offloaded: GPU kernels
+    assert not any(rows_bitwise(p) for p in (RTX_4090, RTX_2060, ORIN_NANO))
+    assert not TorchDecoder(tiny_llama()).info.bitwise
 
 
 def test_attention_plans():
@@ -101,8 +102,7 @@ def test_context_that_fits_against_brute_force():
 
 
 def test_memory_reading_follows_the_policy(monkeypatch):
-    cpu = torch.device("cpu")
-    unified = device_info.memory_of(cpu, ORIN_NANO)
+    unified = device_info.memory_of(ORIN_NANO)
     assert unified.label == "unified memory" and unified.total_bytes == psutil.virtual_memory().total
     asked = []
 
@@ -111,7 +111,7 @@ def test_memory_reading_follows_the_policy(monkeypatch):
         return device_memory.NvmlReading("NVIDIA GeForce RTX 4090", 24 * GiB, 3 * GiB, "580.1")
 
     monkeypatch.setattr(device_memory, "nvml_probe", fake_nvml)
-    reading = device_info.memory_of(cpu, RTX_4090)
+    reading = device_info.memory_of(RTX_4090)
     assert asked == ["GPU-4090"]  # NVML is asked by UUID, never by torch's index
     assert (reading.label, reading.used_bytes, reading.free_bytes) == ("GPU", 3 * GiB, 21 * GiB)
 
@@ -160,10 +160,10 @@ def test_gpu_attention_plan_decodes_as_plain_on_the_cpu(device):
     table = (np.random.default_rng(1).standard_normal((3, 64)) * 5).astype(np.float32)  # [n * V, hidden]
 
     def tokens(family):
-        steps = list(generate(Speculator(decoder, family, table), Request(prompt, 60, frozenset(), 256)))
+        steps = list(generate(Speculator(decoder, family, table), check_answer(prompt, 60, 256)))
         return [t for s in steps for t in s.tokens], len(steps)
 
-    plain, _ = tokens(vanilla_family())
+    plain, _ = tokens(plain_family())
     ppd, steps = tokens(family_from_spec("large", STATIC_TREES["large"], 3, 1))
     assert ppd == plain and len(plain) == 60 and steps <= 60
 

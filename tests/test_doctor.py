@@ -12,7 +12,8 @@ from app.cli import main
 from ppd_core.diagnostics import (
     NEAR_TIE_LOGITS, AnswerComparison, FirstDifference, compare_answer, first_index, probe_environment, verdict,
 )
-from ppd_core import Engine
+from ppd_core import AnswerRequest, Engine
+from ppd_core.device_policy import cpu_properties
 
 # one thread: the CPU is shared with other work; a static tree: no calibration (--tree auto calibrates first)
 SMALL = ["--prompts", "2", "--max-new-tokens", "24", "--threads", "1", "--tree", "medium"]
@@ -86,13 +87,13 @@ def test_doctor_fails_with_the_first_difference_on_a_bitwise_path(capsys, tmp_pa
     there (its own token is their best), and the command exits 1 with the report written."""
     generate, plain = Engine.generate, {}
 
-    def altered(self, ids, mode="ppd", max_new_tokens=256, **kwargs):
-        result = generate(self, ids, mode, max_new_tokens, **kwargs)
-        if max_new_tokens == 24:  # not the warm-up
-            if mode == "ppd":
-                result.tokens[3] = (result.tokens[3] + 1) % self.loaded.backend.vocab_size
+    def altered(self, request, *args, **kwargs):
+        result = generate(self, request, *args, **kwargs)
+        if isinstance(request, AnswerRequest) and request.max_new_tokens == 24:  # the checked answers, not the warm-up
+            if request.mode == "ppd":
+                result.tokens[3] = (result.tokens[3] + 1) % self.loaded.info.vocab_size
             else:
-                plain["tokens"], plain["vocab"] = list(result.tokens), self.loaded.backend.vocab_size
+                plain["tokens"], plain["vocab"] = list(result.tokens), self.loaded.info.vocab_size
         return result
 
     monkeypatch.setattr(Engine, "generate", altered)
@@ -187,7 +188,7 @@ def test_environment_without_the_optional_packages(monkeypatch):
 
     monkeypatch.setattr(llamacpp, "import_llama_cpp", missing)
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
-    env = probe_environment(torch.device("cpu"), threads=1).to_json()
+    env = probe_environment(cpu_properties(1)).to_json()
     assert env["llama_cpp"] == {"version": None, "system_info": None, "gpu_offload": None,
                                 "error": "llama-cpp-python is not usable here (No module named 'llama_cpp')"}
     assert env["bitsandbytes"] == "not installed"
@@ -211,7 +212,7 @@ def test_every_timed_answer_processes_its_own_prompt(llama_default, monkeypatch)
 
     monkeypatch.setattr(llama_default, "generate", spy)
     comparisons, totals = doctor.check_answers(llama_default, ["Name a colour.", "Name a fruit."], 6, log=sys.stderr)
-    assert len(comparisons) == 2 and totals["vanilla"].new_tokens and totals["ppd"].new_tokens
+    assert len(comparisons) == 2 and totals["plain"].new_tokens and totals["ppd"].new_tokens
     assert reused == [0] * 6  # two warm-ups, then four answers from an empty cache
 
 

@@ -34,7 +34,7 @@ from ppd_core.backends.llamacpp.library import LIVE_MODELS
 from ppd_core import Engine, EngineConfig
 from ppd_core.faults import FaultError, fault, inject
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 
 pytestmark = pytest.mark.slow
 
@@ -224,7 +224,7 @@ def test_a_background_calibration_failing_at_any_phase_is_one_line_and_answers_g
     assert service.background == f"The calibration failed ({kind.__name__}: injected fault at {point}); answers decode plainly."
     engine = service.engine
     assert engine.plan.profile is None and not service.switching
-    expected = engine.generate(engine.chat_ids(QUESTION), "vanilla", 8).text
+    expected = engine.generate(engine.chat_ids(QUESTION), "plain", 8).text
     assert list(Chat(service).answer(QUESTION, ChatSettings(max_new_tokens=8)))[-1].text == expected
     service.shutdown()
 

@@ -47,7 +47,7 @@ def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_
     process = launch_chat(tmp_path, port)
     try:
         job = Client(f"http://127.0.0.1:{port}/", verbose=False).submit(
-            STORY, "", 0.0, 1.0, 1024, True, "lossless", False, api_name="/send")
+            STORY, "", 1024, True, "lossless", False, "", 0.0, 1.0, api_name="/send")
         deadline = time.monotonic() + 120
         while not job.outputs():  # the first streamed update: the answer has begun
             assert time.monotonic() < deadline and not job.done(), "the answer did not start"
@@ -79,8 +79,8 @@ def test_sigkill_six_seconds_into_an_answer_keeps_the_message_and_the_answer_so_
         session, chat = opened[page.session], opened[page.chat.chatbot]
         assert session.conversation.id == saved.id and chat[0]["content"] == STORY
         assert chat[1]["content"] == answer["content"] + INTERRUPTED
-        list(handlers.answers.regenerate(session, "", 0.0, 1.0, 32, True, "lossless", False))
-        expected = engine.generate(engine.chat_ids([user]), "vanilla", 32).text
+        list(handlers.answers.regenerate(session, "", 32, True, "lossless", False))
+        expected = engine.generate(engine.chat_ids([user]), "plain", 32).text
         # whole now, by the model named, and ended at the 32-token limit (its bubble says so)
         assert store.load(saved.id).messages == [user, {"role": "assistant", "content": expected,
                                                         "model": engine.loaded.name, "length_limit": True}]

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from ppd_core.grammar import schema_grammar
+from ppd_core.backends.llamacpp.grammar import schema_grammar
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.sampling.params import SamplingParams
 from ppd_core.plan import DecodePlan
@@ -56,7 +56,7 @@ def test_drafted_forced_text_keeps_constrained_ppd_equal_to_plain(llama_default,
     for prompt, schema in [*SCHEMAS, *PROMPTS[::8]]:  # the four, and five kinds of the forty
         ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
         grammar = schema_grammar(schema)
-        plain = llama_default.generate(ids, "vanilla", ANSWER, sampling=sampling, grammar=grammar)
+        plain = llama_default.generate(ids, "plain", ANSWER, sampling=sampling, grammar=grammar)
         for hook in (None, planted(plain.tokens, None, vocab)):  # the prompt tokens' own guesses, then all wrong
             ppd = llama_default.generate(ids, "ppd", ANSWER, sampling=sampling, grammar=grammar, guess_hook=hook)
             assert ppd.tokens == plain.tokens, prompt

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core import Engine, EngineConfig
 from ppd_core.backends.llamacpp.text import GgufTokenizer
 from ppd_core.loading import default_model_file
 from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import family_from_spec, vanilla_family
+from ppd_core.tree import family_from_spec, plain_family
 from tiny_gguf import requantize, tiny_models  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
@@ -27,9 +28,9 @@ CHAINS = (4,) * len(MATCH_CLASSES)
 
 def answer(decoder, speculator, prompt: list[int], max_new_tokens: int, hook=None, chains=None) -> tuple[list[int], int]:
     """The answer's tokens and how many of them came from guesses."""
-    request = Request(prompt, max_new_tokens, frozenset(), decoder.max_context, guess_hook=hook,
-                      drafters=[LookupDrafter(chains, prompt)] if chains is not None else [])  # no EOS: all compared
-    steps = list(generate(speculator, request))
+    request = check_answer(prompt, max_new_tokens, decoder.max_context)  # the speculator knows no EOS: all compared
+    answering = Answering(drafters=[LookupDrafter(chains, prompt)] if chains is not None else [], guess_hook=hook)
+    steps = list(generate(speculator, request, answering))
     return [t for step in steps for t in step.tokens], sum(step.from_guesses for step in steps)
 
 
@@ -60,7 +61,7 @@ def test_default_model_requantized_greedy_ppd_equals_plain(default_requantized, 
         guessed = 0
         for prompt in PROMPTS:
             ids = engine.chat_ids([{"role": "user", "content": prompt}])
-            plain = engine.generate(ids, "vanilla", 48)
+            plain = engine.generate(ids, "plain", 48)
             ppd = engine.generate(ids, "ppd", 48)
             assert ppd.tokens == plain.tokens, (type_name, prompt)
             guessed += ppd.stats.from_guesses
@@ -100,7 +101,7 @@ def test_tiny_architectures_greedy_ppd_equals_plain(tiny_models, architecture, t
         for prompt in PROMPTS:
             ids = (tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if tokenizer.has_own_template
                    else tokenizer.complete_ids(prompt))
-            plain, _ = answer(decoder, Speculator(decoder, vanilla_family()), ids, 40)
+            plain, _ = answer(decoder, Speculator(decoder, plain_family()), ids, 40)
             for name, spec in STATIC_TREES.items():
                 family = family_from_spec(name, spec, 3)
                 tokens, from_guesses = answer(decoder, Speculator(decoder, family, table), ids, 40,

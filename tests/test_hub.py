@@ -22,7 +22,7 @@ def ppd_generate(model: str, hub_url: str, home: Path, *extra: str) -> subproces
     """`ppd generate` in a fresh process whose Hub is ``hub_url`` and whose Hub cache is under ``home``."""
     env = {**os.environ, "HF_ENDPOINT": hub_url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1"}
     command = [sys.executable, "-m", "app.cli", "generate", QUESTION, "--model", model, "--max-new-tokens", "24",
-               "--mode", "vanilla", "--json", *extra]
+               "--mode", "plain", "--json", *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
 
 
@@ -53,7 +53,7 @@ def test_a_safetensors_repository_downloads_resumes_and_loads_offline(served, ti
     done = ppd_generate("hf:me/tiny-llama", served.url, tmp_path)
     assert done.returncode == 0, done.stderr
     expected = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="medium", auto_calibrate=False))
-    expected = expected.generate(expected.chat_ids([{"role": "user", "content": QUESTION}]), "vanilla", 24).text
+    expected = expected.generate(expected.chat_ids([{"role": "user", "content": QUESTION}]), "plain", 24).text
     assert json.loads(done.stdout)["text"] == expected
     weights = [r for r in served.requests if r[0] == "GET" and r[1].endswith("/model.safetensors")]
     assert len(weights) == 2 and not served.cut_after  # broken off once, then downloaded whole
@@ -70,7 +70,7 @@ def test_one_gguf_file_of_a_repository_runs_on_llama_cpp(served, llama_default, 
     done = ppd_generate("hf:me/smol-gguf:smol.Q4_1.gguf", served.url, tmp_path, "--backend", "llamacpp")
     assert done.returncode == 0, done.stderr
     assert "smol.Q4_1.gguf: 100%" in done.stderr  # the download's progress bar
-    text = llama_default.generate(llama_default.chat_ids([{"role": "user", "content": QUESTION}]), "vanilla", 24).text
+    text = llama_default.generate(llama_default.chat_ids([{"role": "user", "content": QUESTION}]), "plain", 24).text
     assert json.loads(done.stdout)["text"] == text and "Paris" in text
 
 

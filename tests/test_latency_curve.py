@@ -236,7 +236,7 @@ def test_calibrate_with_a_curve_end_to_end(capsys, tiny_model_dir, tmp_path, mon
 
 @pytest.mark.parametrize("name", ["rtx3090-llama1b-f16", "rtx3090-llama8b-q4_0"])
 def test_the_shipped_gpu_curves_are_read_and_choose_the_brute_force_best(name):
-    """The published RTX 3090 curves in profiles/curves/ (the README's forecasts): read with their device and source,
+    """The published RTX 3090 curves in profiles/curves/ (docs/gpu.md's forecasts): read with their device and source,
     and the search's choice on each is the brute-force best over every budget and chain combination; on the 8B Q4_0
     curve (steep at 2-8 rows) the prompt tokens' tree stays small."""
     curve = read_curve(ROOT / "profiles" / "curves" / f"{name}.json")

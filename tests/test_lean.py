@@ -8,6 +8,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import tiny_llama
+from ppd_core.backend import StepRows
 from ppd_core.backends.torch import cache as kv_cache
 from ppd_core.backends.torch.decoder import TorchDecoder, forward_hidden, logits_of
 from ppd_core.backends.torch.loading import load_gguf_with_transformers, pick_decoder
@@ -64,10 +65,11 @@ def test_static_cache_keeps_random_paths_exactly():
         cache = decoder.new_cache()
         decoder.prefill(cache, context)
         node_tokens = rng.integers(0, 128, tree.num_nodes)  # [N] int64
-        step = decoder.tree_logits(cache, tree, node_tokens, None)
+        rows = StepRows.of(tree, node_tokens)
+        step = decoder.tree_logits(cache, rows)
         assert step.num_rows == tree.num_tokens
         path = tree.node_paths[int(rng.integers(tree.num_nodes))]
-        decoder.keep(cache, len(context), path)
+        decoder.keep(cache, len(context), path, rows)
         assert decoder.cache_length(cache) == len(context) + len(path)
         kept = context + node_tokens[list(path)].tolist()
         nxt = int(rng.integers(0, 128))

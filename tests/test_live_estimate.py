@@ -6,7 +6,9 @@ before, plain decoding was priced at the fixed-shape timings' 1-row step (80.1 m
 import pytest
 
 from app.readout import AnswerSpeed
-from ppd_core import DeviceProfile, GenerationStats, LiveEstimate, StepPrices
+from ppd_core import GenerationStats
+from ppd_core.calibration.prices import LiveEstimate, StepPrices
+from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.calibration.step_policy import StepPolicy
 from ppd_core.stats import StepStats
 

@@ -16,16 +16,18 @@ import random
 import numpy as np
 import pytest
 
+from ppd_core.backend import StepRows
 from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 
 from ppd_core.backends.llamacpp.library import chat_model
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core import Engine, EngineConfig
 from ppd_core.loading import default_model_file
 from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import TreeSpec, build_tree, family_from_spec, vanilla_family
+from ppd_core.tree import TreeSpec, build_tree, family_from_spec, plain_family
 from ppd_core.calibration.calibrate import profile_key
 
 pytestmark = pytest.mark.slow
@@ -90,8 +92,9 @@ def test_every_tree_node_equals_single_token_decoding_bitwise(llama_engine, deco
     cache = decoder.new_cache()
     decoder.prefill(cache, context)
     for rows in (None, prompt_rows):  # a token batch (no prompt rows), then an embedding batch after it was cut back
-        logits = decoder.tree_logits(cache, tree if rows is not None else plain_tree, nodes, rows).rows(slice(None))
-        decoder.keep(cache, len(context), [0])
+        step = StepRows.of(tree if rows is not None else plain_tree, nodes, rows)
+        logits = decoder.tree_logits(cache, step).rows(slice(None))
+        decoder.keep(cache, len(context), [0], step)
         decoder.truncate(cache, len(context))  # as a follow-up turn cuts a cache back
         for node in range(tree.num_nodes):
             assert np.array_equal(logits[node], expected[node]), f"node {node} at {cached} cached tokens"
@@ -108,9 +111,9 @@ def test_embedding_batch_equals_token_batch_bitwise(llama_engine, decoder):
         if embed:  # the same token rows, given as the file's own embedding rows, plus a prompt row the tree ignores
             rows = decoder.embedding_rows(chain[:1])
             with_prompt = build_tree(TreeSpec({**{(0,) * d: 0 for d in range(5)}, (0,) * 5: 1}), 1, 1, max_depth=5)
-            results.append(decoder.tree_logits(cache, with_prompt, chain, rows).rows(slice(0, 6)))
+            results.append(decoder.tree_logits(cache, StepRows.of(with_prompt, chain, rows)).rows(slice(0, 6)))
         else:
-            results.append(decoder.tree_logits(cache, tree, chain, None).rows(slice(None)))
+            results.append(decoder.tree_logits(cache, StepRows.of(tree, chain)).rows(slice(None)))
     assert np.array_equal(results[0], results[1])
 
 
@@ -128,8 +131,9 @@ def test_parked_rows_keep_later_steps_exact_through_truncation_and_rebuild(refer
         nodes = node_tokens_of(plain, step)
         path = plain.node_paths[choices.choice([0, 0, 1, 3, 5, 6, 7])]  # a random branch, often the root alone
         start = decoder.cache_length(cache)
-        decoder.tree_logits(cache, plain, nodes, None)
-        decoder.keep(cache, start, path)
+        rows = StepRows.of(plain, nodes)
+        decoder.tree_logits(cache, rows)
+        decoder.keep(cache, start, path, rows)
         accepted += [int(nodes[i]) for i in path]
         assert decoder.cache_length(cache) == len(accepted) and cache.tokens == accepted
         if step == 7:  # a follow-up turn that cut the answer back
@@ -154,7 +158,7 @@ def test_greedy_ppd_equals_plain_on_every_static_tree_with_lookup(llama_engine):
     """Three of the prompts (a list, code, a rewrite): every static tree with lookup chains, then chains alone."""
     n = llama_engine.prompt_tokens.num_prompt_tokens
     prompts = PROMPTS[:3]
-    plain = [greedy(llama_engine, p, "vanilla").tokens for p in prompts]
+    plain = [greedy(llama_engine, p, "plain").tokens for p in prompts]
     llama_engine.replan(lookup=4)  # lookup chains join the prompt tokens' guesses in the same steps
     try:
         for name, spec in STATIC_TREES.items():
@@ -166,7 +170,7 @@ def test_greedy_ppd_equals_plain_on_every_static_tree_with_lookup(llama_engine):
                 for source in accepted:
                     accepted[source] += result.stats.accepted.get(source, 0)
             assert all(accepted.values()), (name, accepted)  # both sources were verified, and some guesses kept
-        llama_engine.replan(tree=vanilla_family())  # lookup chains alone, on plain trees
+        llama_engine.replan(tree=plain_family())  # lookup chains alone, on plain trees
         for prompt, expected in zip(prompts, plain):
             assert greedy(llama_engine, prompt, "ppd").tokens == expected
     finally:
@@ -181,11 +185,11 @@ def test_an_answer_filling_its_context_with_rebuilds_equals_plain(llama_engine):
     tokens = llama_engine.prompt_tokens
     small = family_from_spec("small", STATIC_TREES["small"], tokens.num_prompt_tokens, tokens.ensemble_size)
     answers = []
-    for family, chains in ((vanilla_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
+    for family, chains in ((plain_family(), ()), (small, (4,) * len(MATCH_CLASSES))):
         speculator = Speculator(decoder, family, llama_engine._prompt_table)
-        request = Request(prompt, 448, frozenset(), decoder.max_context,  # no EOS: all 448 tokens
-                          drafters=[LookupDrafter(FixedChains(chains), prompt)] if chains else [])
-        answers.append([t for step in generate(speculator, request) for t in step.tokens])
+        request = check_answer(prompt, 448, decoder.max_context)  # the speculator knows no EOS: all 448 tokens
+        answering = Answering(drafters=[LookupDrafter(FixedChains(chains), prompt)] if chains else [])
+        answers.append([t for step in generate(speculator, request, answering) for t in step.tokens])
     assert len(answers[0]) == 448 and answers[1] == answers[0]
     assert decoder.rebuilds >= 3
     decoder.close()
@@ -200,7 +204,7 @@ def test_the_llama_cpp_cpu_path_says_it_is_bitwise(llama_engine):
 def test_follow_up_turn_reusing_the_cache_equals_plain(llama_engine):
     first = [{"role": "user", "content": "Write a short paragraph about rivers."}]
     results = {}
-    for mode in ("vanilla", "ppd"):
+    for mode in ("plain", "ppd"):
         llama_engine.replan(lookup=4)
         turn1 = llama_engine.generate(llama_engine.chat_ids(first), mode, 96, reuse_cache=True)
         follow = first + [{"role": "assistant", "content": turn1.text},
@@ -209,7 +213,7 @@ def test_follow_up_turn_reusing_the_cache_equals_plain(llama_engine):
         assert turn2.stats.reused_tokens > 0
         results[mode] = (turn1.tokens, turn2.tokens, turn2.stats)
     llama_engine.replan(lookup=None)
-    assert results["ppd"][:2] == results["vanilla"][:2]
+    assert results["ppd"][:2] == results["plain"][:2]
     assert results["ppd"][2].steps < len(results["ppd"][1])  # the copy was guessed
 
 
@@ -223,13 +227,13 @@ def test_plain_decoding_equals_llama_cpp_chat_completion(llama_engine):
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         theirs = llm.create_chat_completion(messages, max_tokens=64, temperature=0.0, top_k=1, repeat_penalty=1.0)
-        ours = llama_engine.generate(llama_engine.chat_ids(messages), "vanilla", 64)
+        ours = llama_engine.generate(llama_engine.chat_ids(messages), "plain", 64)
         assert ours.text.strip() == theirs["choices"][0]["message"]["content"].strip(), prompt
 
 
 def test_stats_count_only_the_tokens_kept_when_the_limit_cuts_a_step(llama_engine):
     family = llama_engine.plan.family
-    llama_engine.replan(tree=vanilla_family())
+    llama_engine.replan(tree=plain_family())
     llama_engine.replan(lookup=4)  # copying a count: steps accept up to 4 guessed tokens
     try:
         ids = llama_engine.chat_ids([{"role": "user", "content": "Write the numbers from 1 to 30 separated by commas."}])
@@ -262,9 +266,10 @@ def test_a_fully_offloaded_model_keys_its_profile_without_the_cpu_threads(llama_
     """Every layer on the GPU (llama.cpp's -1): the CPU threads barely change the curve, so `ppd chat` (cores - 1)
     and `ppd bench` (all cores) share one profile; a partial offload keeps them in the key."""
     backend = llama_engine.loaded.backend
-    described = backend.describe()
-    for layers, keyed in ((-1, False), (12, True), (0, True)):
-        monkeypatch.setattr(backend, "describe", lambda layers=layers: {**described, "gpu_layers": layers})
+    info = backend.info
+    for layers, keyed in ((-1, False), (12, True), (0, True)):  # what the wing's record would say of that offload
+        offloaded = dataclasses.replace(info, kernels={**info.kernels, "gpu_layers": layers}, offloaded=layers)
+        monkeypatch.setattr(backend, "info", offloaded)
         key = profile_key(llama_engine.loaded, llama_engine.prompt_tokens)
         assert ("threads" in key["device"]) == keyed and key["gpu_layers"] == layers
 
@@ -277,14 +282,14 @@ def test_a_context_that_grows_mid_answer_keeps_it_equal_to_plain(llama_engine):
     tokens = llama_engine.prompt_tokens
     small = family_from_spec("small", STATIC_TREES["small"], tokens.num_prompt_tokens, tokens.ensemble_size)
     large = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=1024)
-    request = Request(prompt, 500, frozenset(), 1024)  # no EOS: all 500 tokens
-    plain = [t for step in generate(Speculator(large, vanilla_family()), request) for t in step.tokens]
+    request = check_answer(prompt, 500, 1024)  # the speculator knows no EOS: all 500 tokens
+    plain = [t for step in generate(Speculator(large, plain_family()), request) for t in step.tokens]
     large.close()
     growing = LlamaCppDecoder(default_model_file(), threads=2, max_context=1024, spare_cells=64, initial_context=64)
     first_cells = growing.cells
     speculator = Speculator(growing, small, llama_engine._prompt_table)
-    chained = dataclasses.replace(request, drafters=[LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), prompt)])
-    assert [t for step in generate(speculator, chained) for t in step.tokens] == plain
+    chained = Answering(drafters=[LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), prompt)])
+    assert [t for step in generate(speculator, request, chained) for t in step.tokens] == plain
     assert growing.grows >= 2 and growing.cells > 2 * first_cells
     growing.close()
     assert len(plain) == 500
@@ -328,7 +333,7 @@ def test_acceptance_through_llama_cpp_equals_one_cut_at_a_time(llama_engine, dec
     prompt = llama_engine.chat_ids([{"role": "user", "content": "Write a short poem about autumn leaves."}])
     [answer] = decoder_answers(decoder, 30, [])([prompt])
     ranks = answer_ranks(decoder, table, n, V, prompt, answer)
-    assert decoder.max_tree_rows // (1 + n * V) == 8 and ranks.shape == (30 - n, n)  # 4 steps, the last of 6 cuts
+    assert decoder.info.max_tree_rows // (1 + n * V) == 8 and ranks.shape == (30 - n, n)  # 4 steps, the last of 6 cuts
 
     sequence = prompt + answer
     cache = reference.new_cache()
@@ -339,7 +344,8 @@ def test_acceptance_through_llama_cpp_equals_one_cut_at_a_time(llama_engine, dec
     guesses = []
     for cut in range(len(prompt), len(sequence) - n):
         reference.prefill(cache, sequence[:cut])
-        logits = reference.tree_logits(cache, single, np.array([sequence[cut]]), table[single.prompt_embedding_index])
+        rows = StepRows.of(single, np.array([sequence[cut]]), table[single.prompt_embedding_index])
+        logits = reference.tree_logits(cache, rows)
         guesses.append(logits.top_of_mean(single.prompt_slots[0], 10))  # [n, 10]
         reference.truncate(cache, 0)
     truth = np.array([model_tokens[c + 1 : c + n + 1] for c in range(len(answer) - n)])  # [C, n]

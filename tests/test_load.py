@@ -15,7 +15,8 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.page_text import LENGTH_LIMIT
 from app.ui import build_app
-from ppd_core import Engine, EngineConfig, limit_malloc_arenas
+from ppd_core import Engine, EngineConfig, SamplingParams
+from ppd_core.memory import limit_malloc_arenas
 from ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,8 @@ PAGE_QUESTION = "Give me three tips for staying healthy."
 MAX_TOKENS = 32
 TIMEOUT = 120  # seconds a client waits for its whole answer
 
-NO_PENALTY = (1.0, 64, 0.0, 0.0)  # the page's repetition penalties off (it opens with a repeat penalty of 1.1)
+# the page's sampling fields, greedy with the penalties off (it opens with llama-server's and a repeat penalty of 1.1)
+SAMPLING_OFF = tuple(SamplingParams().values().values())
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def test_sixteen_streaming_clients_and_a_page_answer_at_once(chat_server):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
     sequential = [streamed(client, messages) for messages in QUESTIONS]  # one at a time, first
     engine = service.engine
-    plain = engine.generate(engine.chat_ids([{"role": "user", "content": PAGE_QUESTION}]), "vanilla", MAX_TOKENS)
+    plain = engine.generate(engine.chat_ids([{"role": "user", "content": PAGE_QUESTION}]), "plain", MAX_TOKENS)
     page_expected = plain.text + (LENGTH_LIMIT if plain.stop_reason == "length" else "")  # as its bubble shows it
     gc.collect()
     rss_before = psutil.Process().memory_info().rss
@@ -79,7 +81,7 @@ def test_sixteen_streaming_clients_and_a_page_answer_at_once(chat_server):
     for thread in threads:
         thread.start()
     page = Client(f"{url}/", verbose=False)
-    job = page.submit(PAGE_QUESTION, "", 0.0, 1.0, MAX_TOKENS, True, "lossless", False, 0, *NO_PENALTY, api_name="/send")
+    job = page.submit(PAGE_QUESTION, "", MAX_TOKENS, True, "lossless", False, "", *SAMPLING_OFF, api_name="/send")
     deadline = time.monotonic() + TIMEOUT
     while not service.queue.busy and not job.done():  # the page's answer first, then all 16 clients at once
         assert time.monotonic() < deadline, "the page's answer did not start"

@@ -27,7 +27,7 @@ def test_hugging_face_directory_loads_and_decodes_exactly(tiny_model_dir):
     assert engine.loaded.name == tiny_model_dir.name and engine.prompt_tokens.hidden_size == 64
     ids = engine.chat_ids([{"role": "user", "content": "Hello there"}])
     ppd = engine.generate(ids, "ppd", 24)
-    assert ppd.tokens == engine.generate(ids, "vanilla", 24).tokens == reference_answer(engine.loaded, ids, 24)
+    assert ppd.tokens == engine.generate(ids, "plain", 24).tokens == reference_answer(engine.loaded, ids, 24)
 
 
 @pytest.mark.slow
@@ -53,7 +53,7 @@ def test_bitsandbytes_4bit_on_cpu_is_exact():
     engine = Engine.load(EngineConfig(quant="4bit", device="cpu", tree="medium", backend="torch"))
     assert engine.loaded.num_bytes < 250 * 2**20  # NF4: about 166 MB against 540 MB in fp32
     ids = engine.chat_ids([{"role": "user", "content": "Name three planets."}])
-    assert engine.generate(ids, "ppd", 32).tokens == engine.generate(ids, "vanilla", 32).tokens
+    assert engine.generate(ids, "ppd", 32).tokens == engine.generate(ids, "plain", 32).tokens
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_cli_errors_are_one_line(capsys, tmp_path, tiny_model_dir):
 def test_cli_generate_json_matches_plain_mode(capsys):
     code, out, _ = run_cli(capsys, "generate", "Name the capital city of France.", "--max-new-tokens", "24", "--json")
     ppd = json.loads(out)
-    code2, out2, _ = run_cli(capsys, "generate", "Name the capital city of France.", "--max-new-tokens", "24", "--json", "--mode", "vanilla")
+    code2, out2, _ = run_cli(capsys, "generate", "Name the capital city of France.", "--max-new-tokens", "24", "--json", "--mode", "plain")
     plain = json.loads(out2)
     assert code == code2 == 0
     assert set(ppd) == {"text", "new_tokens", "steps", "mean_accepted", "tok_s", "mode", "sampling"}
@@ -177,7 +177,7 @@ def test_cli_bench_writes_the_contract(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # far from the repo
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "b.json").read_text())
-    for key in ("model", "device", "quant", "questions", "max_new_tokens", "tree", "vanilla", "ppd", "speedup",
+    for key in ("model", "device", "quant", "questions", "max_new_tokens", "tree", "plain", "ppd", "speedup",
                 "identical", "mismatches", "memory_overhead_bytes"):
         assert key in result
     assert set(result["tree"]) >= {"tokens_per_step", "candidates", "prompt_tokens"}
@@ -186,7 +186,7 @@ def test_cli_bench_writes_the_contract(tmp_path):
                                   "accepted_per_step_by_depth"}
     assert set(result["ppd"]["accepted_per_step_by_source"]) == set(result["ppd"]["drafted_per_step_by_source"]) >= {"prompt_tokens", "lookup"}
     assert result["identical"] is True and result["questions"] == 2 and result["ppd"]["peak_mem_mb"] > 100
-    assert result["vanilla"]["new_tokens"] == result["ppd"]["new_tokens"] > 0
+    assert result["plain"]["new_tokens"] == result["ppd"]["new_tokens"] > 0
     groups = result["groups"]  # per turn and per category (these questions have none: "-")
     assert set(groups) == {"turn 1", "turn 2", "-"}
     assert groups["turn 1"]["ppd"]["new_tokens"] + groups["turn 2"]["ppd"]["new_tokens"] == result["ppd"]["new_tokens"]

@@ -9,8 +9,11 @@ import pytest
 
 from app.system_info import device_panel, guess_sources
 from conftest import tiny_llama
-from ppd_core.decoding import Request, Speculator, generate
-from ppd_core import Engine, EngineConfig, PromptTokens, user_prompt_tokens_path
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
+from ppd_core import Engine, EngineConfig
+from ppd_core.drafters.prompt_tokens import PromptTokens
+from ppd_core.engine_load import user_prompt_tokens_path
 from ppd_core.errors import PpdError
 from ppd_core.drafters.lookup import (
     MATCH_CLASSES, MAX_MATCH, LookupDrafter, LookupStats, NgramIndex, best_with_chains, chain_lengths, class_label, match_class,
@@ -20,9 +23,9 @@ from ppd_core.backends.torch.loading import pick_decoder
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.sampling.params import SamplingParams
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
+from ppd_core.tree import TreeSpec, family_from_spec, plain_family
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.calibration.verbs import calibrate_engine, saved_profile
+from ppd_core.engine_calibration import calibrate_engine, saved_profile
 
 
 CLASSES = len(MATCH_CLASSES)
@@ -191,12 +194,12 @@ def test_greedy_ppd_with_lookup_equals_plain_on_a_tiny_model():
 
         def tokens(family, prompt_table, lengths):
             chains = FixedChains(lengths) if lengths else None
-            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table), Request(prompt, 80, frozenset(), 256,
-                                  drafters=[LookupDrafter(chains, prompt)] if chains else [])))
+            steps = list(generate(Speculator(TorchDecoder(decoder), family, prompt_table), check_answer(prompt, 80, 256),
+                                  Answering(drafters=[LookupDrafter(chains, prompt)] if chains else [])))
             return [t for s in steps for t in s.tokens], sum(s.sources.count("lookup") for s in steps)
 
-        plain, _ = tokens(vanilla_family(), None, ())
-        for family, prompt_table in ((vanilla_family(), None), (family_from_spec("medium", STATIC_TREES["medium"], 3), table)):
+        plain, _ = tokens(plain_family(), None, ())
+        for family, prompt_table in ((plain_family(), None), (family_from_spec("medium", STATIC_TREES["medium"], 3), table)):
             for lengths in ((1,) * CLASSES, (0, 2, 3, 4, 4, 4), (6,) * CLASSES):
                 found, from_lookup = tokens(family, prompt_table, lengths)
                 assert found == plain, (forward, family.name, lengths)
@@ -225,9 +228,9 @@ def test_lossless_sampling_with_lookup_reproduces_plain_sampling():
         params = SamplingParams(temperature=0.7, seed=seed)
 
         def tokens(lengths):
-            request = Request(prompt, 80, frozenset(), 256, params,
-                              drafters=[LookupDrafter(FixedChains(lengths), prompt)] if lengths else [])
-            steps = list(generate(Speculator(TorchDecoder(decoder), vanilla_family()), request))
+            request = check_answer(prompt, 80, 256, sampling=params)
+            answering = Answering(drafters=[LookupDrafter(FixedChains(lengths), prompt)] if lengths else [])
+            steps = list(generate(Speculator(TorchDecoder(decoder), plain_family()), request, answering))
             return [t for s in steps for t in s.tokens], sum(s.sources.count("lookup") for s in steps)
 
         plain, _ = tokens(())
@@ -239,7 +242,7 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
     """No prompt-token file anywhere: no prompt tokens, plain trees, and calibration measures the lookup alone."""
     engine = Engine.load(EngineConfig(model=str(lookup_only_dir), device="cpu", tree="auto", auto_calibrate=False))
     assert engine.prompt_tokens.num_prompt_tokens == 0 and engine.prompt_tokens.training.get("none")
-    assert engine.plan.family.name == "vanilla" and engine.plan.lookup_lengths == ()
+    assert engine.plan.family.name == "plain" and engine.plan.lookup_lengths == ()
     assert "none for this model" in device_panel(engine.snapshot())
     profile = calibrate_engine(engine, prompts=3, max_new_tokens=48, contexts=(64,), repeats=1)
     assert profile.acceptance == [] and profile.trees == [TreeSpec({(): 0})]
@@ -252,7 +255,7 @@ def test_a_model_without_prompt_tokens_guesses_by_lookup_alone(lookup_only_dir):
     assert "n-gram lookup" in guess_sources(engine.snapshot()) and "prompt tokens (" not in guess_sources(engine.snapshot())
     ids = engine.chat_ids([{"role": "user", "content": "Repeat after me: one two three, one two three, one two three."}])
     ppd = engine.generate(ids, "ppd", 96)
-    assert ppd.tokens == engine.generate(ids, "vanilla", 96).tokens
+    assert ppd.tokens == engine.generate(ids, "plain", 96).tokens
     assert ppd.stats.accepted.get("lookup", 0) > 0 and ppd.stats.from_guesses == ppd.stats.accepted["lookup"]  # all copied
 
 
@@ -286,4 +289,4 @@ def test_the_engine_finds_prompt_tokens_where_ppd_train_saves_them_and_none_turn
     assert np.array_equal(engine.prompt_tokens.embeddings, saved.embeddings)
     forced = Engine.load(EngineConfig(model=str(tiny_model_dir), device="cpu", tree="auto", prompt_tokens="none",
                                       auto_calibrate=False))
-    assert forced.prompt_tokens.num_prompt_tokens == 0 and forced.plan.family.name == "vanilla"
+    assert forced.prompt_tokens.num_prompt_tokens == 0 and forced.plan.family.name == "plain"

@@ -138,16 +138,17 @@ def tiny_answers(chains):
     """Greedy answers of a tiny model to a repetitive prompt, plain and with ``chains``: (plain, steps with chains)."""
     from conftest import tiny_llama
     from ppd_core.backends.torch.decoder import TorchDecoder
-    from ppd_core.decoding import Request, Speculator, generate
+    from ppd_core.answer_request import check_answer
+    from ppd_core.decoding import Answering, Speculator, generate
     from ppd_core.backends.torch.loading import pick_decoder
-    from ppd_core.tree import vanilla_family
+    from ppd_core.tree import plain_family
 
     decoder = TorchDecoder(pick_decoder(tiny_llama(seed=7), "lean"))
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 
     def answer(policy):
-        return list(generate(Speculator(decoder, vanilla_family()), Request(prompt, 80, frozenset(), 256,
-                                             drafters=[LookupDrafter(policy, prompt)] if policy is not None else [])))
+        return list(generate(Speculator(decoder, plain_family()), check_answer(prompt, 80, 256),
+                             Answering(drafters=[LookupDrafter(policy, prompt)] if policy is not None else [])))
 
     plain = [t for step in answer(None) for t in step.tokens]
     return plain, answer(chains)
@@ -174,17 +175,18 @@ def test_decoding_learns_to_draft_once_copying_shows_and_stays_exact(llama_defau
     """A prior that says chains are never right and a device where a row is nearly free: the first proposals draft
     nothing; each step's emitted tokens show how much of the proposal was right, and the chains grow as the answer
     copies the prompt. Output: plain's, token for token (the default model on llama.cpp)."""
-    from ppd_core.decoding import Request, Speculator, generate
-    from ppd_core.tree import vanilla_family
+    from ppd_core.answer_request import check_answer
+    from ppd_core.decoding import Answering, Speculator, generate
+    from ppd_core.tree import plain_family
 
     text = "The quick brown fox jumps over the lazy dog while the sleepy cat watches from the warm windowsill."
     prompt = llama_default.chat_ids([{"role": "user", "content": f"Repeat this sentence exactly, twice: {text}"}])
     decoder = llama_default.loaded.backend
 
     def answer(policy):
-        request = Request(prompt, 64, frozenset(), llama_default.max_context,
-                          drafters=[LookupDrafter(policy, prompt)] if policy is not None else [])
-        return list(generate(Speculator(decoder, vanilla_family()), request))
+        request = check_answer(prompt, 64, llama_default.max_context)
+        answering = Answering(drafters=[LookupDrafter(policy, prompt)] if policy is not None else [])
+        return list(generate(Speculator(decoder, plain_family()), request, answering))
 
     pessimist = Spy([[0.0] * MAX_CHAIN for _ in MATCH_CLASSES], lambda rows: 0.010 + 0.0001 * rows, prior_weight=4)
     steps = answer(pessimist)

@@ -8,14 +8,15 @@ import random
 import numpy as np
 import pytest
 
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core.drafters.base import Draft, Guesses
 from ppd_core.drafters.chain_policy import FixedChains
 from ppd_core.drafters.lookup import MATCH_CLASSES, LookupDrafter
 from ppd_core.drafters.merge import Merger
 from ppd_core.drafters.prompt_tokens import PromptTokenDrafter
 from ppd_core.static_trees import STATIC_TREES
-from ppd_core.tree import build_tree, family_from_spec, vanilla_family
+from ppd_core.tree import build_tree, family_from_spec, plain_family
 
 ROOT = 99
 
@@ -245,14 +246,13 @@ def test_three_sources_merged_decode_exactly_what_plain_decoding_does(llama_defa
     prompts = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat.", "Count from 1 to 20."]
     totals = {"prompt tokens": 0, "lookup": 0, "branching": 0}
     drafted = dict.fromkeys(totals, 0)
-    backend.pad_steps(None)
     for prompt in prompts:
         ids = engine.chat_ids([{"role": "user", "content": prompt}])
-        plain = [t for s in generate(Speculator(backend, vanilla_family()),
-                                     Request(ids, 64, frozenset(), engine.max_context)) for t in s.tokens]
+        plain = [t for s in generate(Speculator(backend, plain_family()),
+                                     check_answer(ids, 64, engine.max_context)) for t in s.tokens]
         drafters = [LookupDrafter(FixedChains((4,) * len(MATCH_CLASSES)), ids), Branching(plain, backend.vocab_size)]
         speculator = Speculator(backend, family, engine._prompt_table)
-        steps = list(generate(speculator, Request(ids, 64, frozenset(), engine.max_context, drafters=drafters)))
+        steps = list(generate(speculator, check_answer(ids, 64, engine.max_context), Answering(drafters=drafters)))
         assert [t for s in steps for t in s.tokens] == plain, prompt
         for step in steps:
             for name in totals:

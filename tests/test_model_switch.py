@@ -78,7 +78,7 @@ def test_the_page_switches_to_a_hub_model_answers_with_it_and_switches_back(tiny
                 expect(page.locator("#readout")).to_contain_text("tokens/s", timeout=120_000)
                 expect(page.locator("#readout")).not_to_contain_text("(streaming)", timeout=180_000)
                 local = Engine.load(EngineConfig(model=str(tiny_model_dir), tree="auto", auto_calibrate=False))
-                expected = local.generate(local.chat_ids([{"role": "user", "content": QUESTION}]), "vanilla", 256).text
+                expected = local.generate(local.chat_ids([{"role": "user", "content": QUESTION}]), "plain", 256).text
                 [saved] = [c for c in store.list() if c.messages and c.messages[0]["content"] == QUESTION]
                 assert saved.messages[1]["content"] == expected  # answered by the picked model
                 del local
@@ -107,4 +107,4 @@ def test_a_model_that_cannot_load_brings_the_previous_one_back(tiny_model_dir, t
     assert service.switch_note.endswith(f"Back on {tiny_model_dir}.")
     messages = [{"role": "user", "content": QUESTION}]
     *_, last = Chat(service).answer(messages, ChatSettings(max_new_tokens=16))
-    assert last.text == service.engine.generate(service.engine.chat_ids(messages), "vanilla", 16).text
+    assert last.text == service.engine.generate(service.engine.chat_ids(messages), "plain", 16).text

@@ -1,4 +1,4 @@
-"""One shape per step (``LlamaCppDecoder.pad_steps``): every generation step decoded as exactly R rows, the tree's then
+"""One shape per step (``StepRows.pad_to``): every generation step decoded as exactly R rows, the tree's then
 padding rows no real row sees. On the CPU the padded step gives the real rows, bit for bit, the logits the unpadded
 step gives (token rows and prompt-token embedding rows, the default model and the tiny architectures), the padding
 leaves no cell behind, and greedy decoding is token for token the same over two turns."""
@@ -10,11 +10,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from ppd_core.backend import StepRows
 from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 
 from ppd_core.backends.llamacpp.library import LlamaCppError
 from ppd_core.calibration.latency import probe_tree
-from ppd_core.tree import TreeSpec, build_tree
+from ppd_core.decoding import Speculator
+from ppd_core.tree import TreeFamily, TreeSpec, build_tree
 from tiny_gguf import ARCHITECTURES, tiny_models  # noqa: F401 - fixture
 
 TURNS = ["Give me three tips for staying healthy.", "Now repeat the second tip in other words."]
@@ -23,20 +25,18 @@ TURNS = ["Give me three tips for staying healthy.", "Now repeat the second tip i
 def step_logits(decoder: LlamaCppDecoder, context: list[int], tree, nodes, prompt_rows, rows: int | None) -> tuple:
     """A tree step after ``context`` then a 1-token step after its root, padded to ``rows`` (None: not padded):
     both steps' logits, and the cells the context holds after them."""
-    decoder.pad_steps(rows)
-    try:
-        cache = decoder.new_cache()
-        decoder.prefill(cache, context)
-        first = decoder.tree_logits(cache, tree, nodes, prompt_rows).values.copy()  # [T, vocab]
-        decoder.keep(cache, len(context), [0])
-        plain = build_tree(TreeSpec({(): 0}), 1, 1)
-        second = decoder.tree_logits(cache, plain, np.array([nodes[1] if len(nodes) > 1 else 7]), None).values.copy()
-        decoder.keep(cache, len(context) + 1, [0])
-        cells = decoder.llama.llama_memory_seq_pos_max(decoder.memory, decoder.pad_seq)
-        decoder.truncate(cache, 0)
-        return first, second, cells
-    finally:
-        decoder.pad_steps(None)
+    cache = decoder.new_cache()
+    decoder.prefill(cache, context)
+    step = StepRows.of(tree, nodes, prompt_rows, pad_to=rows)
+    first = decoder.tree_logits(cache, step).values.copy()  # [T, vocab]
+    decoder.keep(cache, len(context), [0], step)
+    plain = build_tree(TreeSpec({(): 0}), 1, 1)
+    step = StepRows.of(plain, np.array([nodes[1] if len(nodes) > 1 else 7]), pad_to=rows)
+    second = decoder.tree_logits(cache, step).values.copy()
+    decoder.keep(cache, len(context) + 1, [0], step)
+    cells = decoder.llama.llama_memory_seq_pos_max(decoder.memory, decoder.pad_seq)
+    decoder.truncate(cache, 0)
+    return first, second, cells
 
 
 def assert_padding_is_invisible(decoder: LlamaCppDecoder, prompt_table=None, n: int = 0, V: int = 1) -> None:
@@ -78,8 +78,8 @@ def test_greedy_answers_are_the_same_padded_over_two_turns(llama_default, monkey
     decoder = engine.loaded.backend
     shapes = []
     tree_logits = decoder.tree_logits
-    monkeypatch.setattr(decoder, "tree_logits", lambda cache, tree, *rest: shapes.append(
-        (tree.num_tokens, decoder.step_rows)) or tree_logits(cache, tree, *rest))
+    monkeypatch.setattr(decoder, "tree_logits", lambda cache, rows: shapes.append(
+        (rows.num_rows, rows.pad_to)) or tree_logits(cache, rows))
     answers = {}
     for rows in (None, 16):  # the medium tree's 16 rows: every step padded to them
         monkeypatch.setattr(engine, "plan", dataclasses.replace(engine.plan, padded_rows=rows))
@@ -94,21 +94,19 @@ def test_greedy_answers_are_the_same_padded_over_two_turns(llama_default, monkey
     assert set(padded) == {16} and {rows for _, rows in shapes[: len(shapes) // 2]} == {None}
     assert min(size for size, _ in shapes) < 16  # smaller trees were padded up
     assert answers[None] == answers[16]
-    plain = engine.generate(engine.chat_ids([{"role": "user", "content": TURNS[0]}]), "vanilla", 24)
+    plain = engine.generate(engine.chat_ids([{"role": "user", "content": TURNS[0]}]), "plain", 24)
     assert plain.tokens == answers[16][0] and shapes[-1][1] is None  # plain decoding: 1-token steps, unpadded
 
 
 def test_a_padded_shape_bounds_the_trees_and_is_checked(llama_default):
     decoder = llama_default.loaded.backend
+    cache = decoder.new_cache()
+    decoder.prefill(cache, [1, 2, 3])
     with pytest.raises(LlamaCppError, match="computes 1 to 32"):
-        decoder.pad_steps(33)
-    decoder.pad_steps(4)
-    try:
-        assert decoder.max_tree_rows == 4  # decoding drafts no chain past it
-        cache = decoder.new_cache()
-        decoder.prefill(cache, [1, 2, 3])
-        with pytest.raises(LlamaCppError, match="a tree of 5 rows exceeds the 4"):
-            decoder.tree_logits(cache, probe_tree(5, 0, 1), np.arange(5, dtype=np.int64), None)
-    finally:
-        decoder.pad_steps(None)
-    assert decoder.max_tree_rows == 32
+        decoder.tree_logits(cache, StepRows.of(probe_tree(5, 0, 1), np.arange(5, dtype=np.int64), pad_to=33))
+    with pytest.raises(LlamaCppError, match="a step of 5 rows padded to 4"):
+        decoder.tree_logits(cache, StepRows.of(probe_tree(5, 0, 1), np.arange(5, dtype=np.int64), pad_to=4))
+    decoder.truncate(cache, 0)
+    family = TreeFamily("plain", (probe_tree(1, 0, 1),))
+    assert Speculator(decoder, family, pad_to=4).new_draft().max_rows == 4  # decoding drafts no chain past it
+    assert Speculator(decoder, family).new_draft().max_rows == decoder.info.max_tree_rows == 32

@@ -141,7 +141,7 @@ def test_an_answer_cut_at_the_length_limit_says_so_and_continue_goes_on_in_the_s
     expect(bots).to_have_count(1)  # the same bubble, no new turn
     engine = host.engine
     greedy = host.snapshot().sampling_defaults.params(temperature=0.0)  # the page's: Greedy, the model's penalties
-    whole = engine.generate(engine.chat_ids([{"role": "user", "content": STORY}]), "vanilla", 32, sampling=greedy,
+    whole = engine.generate(engine.chat_ids([{"role": "user", "content": STORY}]), "plain", 32, sampling=greedy,
                             chat=True)
     assert longer.messages[-1]["content"] == whole.text and len(longer.messages) == 2
     assert whole.stop_reason == "length"  # 32 tokens end at the limit too: the line and Continue again

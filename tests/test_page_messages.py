@@ -31,13 +31,13 @@ def running(tmp_path_factory):
     assert CHROMIUM.exists(), "Debian's chromium is needed: apt-get install chromium (make browser does it)"
     engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="medium"))
     prompts: list[list[int]] = []
-    stream = engine.stream
+    answer_request = engine.answer  # every answer the page asks for: a checked request, passed whole
 
-    def seen(input_ids, *args, **kwargs):
-        prompts.append(list(input_ids))
-        return stream(input_ids, *args, **kwargs)
+    def seen(request, *args, **kwargs):
+        prompts.append(list(request.ids))
+        return answer_request(request, *args, **kwargs)
 
-    engine.stream = seen
+    engine.answer = seen
     service = ModelHost(engine)
     store = ConversationStore(tmp_path_factory.mktemp("conversations"))
     app, handlers = build(service, store)

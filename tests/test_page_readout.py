@@ -27,7 +27,9 @@ from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.page_text import SPEEDUP_FIGURE
 from app.ui import build_app
-from ppd_core import Engine, EngineConfig, LatencyCurve, calibrate_with_curve
+from ppd_core import Engine, EngineConfig
+from ppd_core.calibration.curves import LatencyCurve
+from ppd_core.engine_calibration import calibrate_with_curve
 from tiny_gguf import tiny_models  # noqa: F401 - the fixture
 from page_open import CHROMIUM, CHROMIUM_ARGS, reach
 from ports import free_port

@@ -13,6 +13,7 @@ from app.page_layout import new_session
 from app.page_text import marked_answer
 from app.readout import AnswerSpeed
 from app.ui import Handlers, build
+from ppd_core.sampling.params import SamplingParams
 from ppd_core.stats import GenerationStats, StepStats
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -23,8 +24,9 @@ KEEP = {"__type__": "update"}
 
 
 def settings(schema: str = "", max_new: int = 96, highlight: bool = False) -> tuple:
-    """The page's settings inputs (``SettingsPanel.inputs``): greedy, PPD on, penalties off, then the schema box."""
-    return ("", 0.0, 1.0, max_new, True, "lossless", highlight, 0, 1.0, 64, 0.0, 0.0, schema)
+    """The page's settings inputs (``SettingsPanel.inputs``): PPD on, the schema box, then every sampling field off
+    (greedy, penalties off)."""
+    return ("", max_new, True, "lossless", highlight, schema, *SamplingParams().values().values())
 
 
 @pytest.fixture()
@@ -51,7 +53,7 @@ def test_a_schema_in_the_box_constrains_the_answers_and_compare(page):
     *_, compared = handlers.answers.compare(session, "", 96, 1.0, 64, 0.0, 0.0, json.dumps(PERSON))
     verdict = compared[handlers.page.compare.verdict]
     result = handlers.chat.last_comparison
-    for answer in (result.vanilla_text, result.ppd_text):
+    for answer in (result.plain_text, result.ppd_text):
         jsonschema.validate(json.loads(answer), PERSON)
     assert "; identical text." in verdict
 
@@ -80,7 +82,7 @@ def test_an_empty_box_answers_free_text_as_before(page, llama_default):
     handlers, session = page
     text, readout, note = answered(handlers, session, "Hello there.", settings("  ", max_new=24))
     ids = llama_default.chat_ids([{"role": "user", "content": "Hello there."}])
-    assert text == llama_default.generate(ids, "vanilla", 24).text
+    assert text == llama_default.generate(ids, "plain", 24).text
     assert "grammar" not in readout and "JSON schema" not in note
 
 

@@ -10,7 +10,7 @@ import pytest
 from ppd_core.backends.llamacpp.library import chat_model
 from ppd_core.loading import default_model_file
 from ppd_core.sampling.params import SamplingParams
-from ppd_core.calibration.verbs import next_token_logits
+from ppd_core.engine_calibration import next_token_logits
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_greedy_with_penalties_equals_llama_cpps_sampler_chain(llama_default, or
     engine.replan(lookup=4)  # lookup chains on top of the static tree's prompt-token rows
     try:
         answers = {}
-        for mode in ("vanilla", "ppd"):
+        for mode in ("plain", "ppd"):
             engine.forget_conversation()
             messages, tokens = [], []
             for turn in TURNS:
@@ -78,9 +78,9 @@ def test_greedy_with_penalties_equals_llama_cpps_sampler_chain(llama_default, or
                 messages.append({"role": "assistant", "content": answer.text})
                 tokens.append(answer.tokens)
             answers[mode] = tokens
-        assert answers["ppd"] == answers["vanilla"]
-        unpenalized = engine.generate(engine.chat_ids(messages[:1]), "vanilla", ANSWER)
-        assert unpenalized.tokens != answers["vanilla"][0]  # the penalty changed the answer
+        assert answers["ppd"] == answers["plain"]
+        unpenalized = engine.generate(engine.chat_ids(messages[:1]), "plain", ANSWER)
+        assert unpenalized.tokens != answers["plain"][0]  # the penalty changed the answer
     finally:
         engine.replan(lookup=None)
         engine.forget_conversation()
@@ -96,11 +96,11 @@ def test_logprobs_of_ppd_equal_plain_decodings_bitwise(llama_default):
     engine.replan(lookup=4)
     try:
         ids = engine.chat_ids([{"role": "user", "content": "List the days of the week, then list them again."}])
-        reported = {mode: engine.generate(ids, mode, 80, logprobs=5) for mode in ("vanilla", "ppd")}
+        reported = {mode: engine.generate(ids, mode, 80, logprobs=5) for mode in ("plain", "ppd")}
     finally:
         engine.replan(lookup=None)
     flat = {mode: [item for step in result.steps for item in step.logprobs] for mode, result in reported.items()}
-    assert flat["ppd"] == flat["vanilla"] and len(flat["ppd"]) == len(reported["ppd"].tokens)
+    assert flat["ppd"] == flat["plain"] and len(flat["ppd"]) == len(reported["ppd"].tokens)
     assert [item.token for item in flat["ppd"]] == reported["ppd"].tokens
     assert reported["ppd"].stats.from_guesses > 0  # tree rows gave some of them
     logits = next_token_logits(engine, ids).astype(np.float64)

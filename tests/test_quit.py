@@ -179,5 +179,5 @@ def test_ppd_generate_on_a_model_it_has_never_seen_answers_at_once(tmp_path):
     assert started_after < 5.0, started_after
     assert "not calibrated for this model yet" in err.decode()
     assert not list((tmp_path / "data").rglob("profiles/*.json"))  # nothing calibrated meanwhile
-    plain = subprocess.run([*command, "--mode", "vanilla"], cwd=ROOT, env=env, capture_output=True, timeout=120)
+    plain = subprocess.run([*command, "--mode", "plain"], cwd=ROOT, env=env, capture_output=True, timeout=120)
     assert (first + rest).decode() == plain.stdout.decode() and "Paris" in plain.stdout.decode()

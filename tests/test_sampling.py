@@ -8,12 +8,13 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.backends.torch.decoder import TorchDecoder
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Answering, Speculator, generate
 from ppd_core.drafters.registry import DraftContext, answer_drafters
 from ppd_core.sampling.logits import HostLogits
 from ppd_core.sampling.verify import adjusted_probs, sample, typical_threshold
 from ppd_core.sampling.params import SamplingParams
-from ppd_core.tree import TreeSpec, family_from_spec, vanilla_family
+from ppd_core.tree import TreeSpec, family_from_spec, plain_family
 from ppd_core.sampling.verify import accept
 from test_penalties import brute_force_row
 
@@ -77,7 +78,7 @@ def chi_square_p_value(counts: dict, expected: dict, total: int) -> float:
 
 @pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=8),
                                       dict(temperature=0.9, repeat_penalty=1.4, repeat_last_n=4, presence_penalty=0.2,
-                                           frequency_penalty=0.2)])
+                                           frequency_penalty=0.2), dict(temperature=1.2, min_p=0.2)])
 def test_lossless_ppd_sampling_matches_the_models_distribution(settings):
     """3,000 seeded samples of the first 3 tokens against the exact distribution (with repetition penalties: the
     penalised one, each tree row penalised with its own path).
@@ -94,7 +95,8 @@ def test_lossless_ppd_sampling_matches_the_models_distribution(settings):
     runs = 3000
     for seed in range(runs):
         params = SamplingParams(**settings, seed=seed)
-        steps = list(generate(Speculator(TorchDecoder(model), family, table), Request(PROMPT, 3, frozenset(), 256, params, guess_hook=likely_guesses(model, params))))
+        steps = list(generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, 3, 256, sampling=params),
+                                   Answering(guess_hook=likely_guesses(model, params))))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
         accepted += sum(s.from_guesses for s in steps)
@@ -116,9 +118,9 @@ def test_lossless_sampling_keeps_the_distribution_with_the_tree_sources_on():
     for seed in range(runs):
         params = SamplingParams(temperature=1.0, seed=seed)
         drafters = answer_drafters(DraftContext(PROMPT, vocab_size=VOCAB, memory=memory), ("recycling", "suffix"))
-        request = Request(PROMPT, 3, frozenset(), 256, params, guess_hook=likely_guesses(model, params),
-                          drafters=drafters)
-        steps = list(generate(Speculator(TorchDecoder(model), family, table), request))
+        answering = Answering(drafters=drafters, guess_hook=likely_guesses(model, params))
+        steps = list(generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, 3, 256, sampling=params),
+                              answering))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
         for step in steps:
@@ -134,7 +136,7 @@ def test_plain_sampling_matches_the_distribution_too():
     expected = exact_distribution(model, params, 2)
     counts: dict[tuple, int] = {}
     for seed in range(2000):
-        steps = generate(Speculator(TorchDecoder(model), vanilla_family()), Request(PROMPT, 2, frozenset(), 256, SamplingParams(temperature=1.0, seed=seed)))
+        steps = generate(Speculator(TorchDecoder(model), plain_family()), check_answer(PROMPT, 2, 256, sampling=SamplingParams(temperature=1.0, seed=seed)))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
     assert chi_square_p_value(counts, expected, 2000) > 1e-3
@@ -143,14 +145,15 @@ def test_plain_sampling_matches_the_distribution_too():
 def run(model, params, family=None, table=None, new=20):
     family = family or family_from_spec("wide", TREE, 3)
     table = prompt_table() if table is None else table
-    steps = generate(Speculator(TorchDecoder(model), family, table), Request(PROMPT, new, frozenset(), 256, params, guess_hook=likely_guesses(model, params)))
+    steps = generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, new, 256, sampling=params),
+                     Answering(guess_hook=likely_guesses(model, params)))
     return [t for s in steps for t in s.tokens]
 
 
 def test_temperature_zero_and_top_k_one_are_the_greedy_path():
     model = small_model()
     greedy = run(model, SamplingParams())
-    assert greedy == run(model, SamplingParams(), family=vanilla_family())
+    assert greedy == run(model, SamplingParams(), family=plain_family())
     assert run(model, SamplingParams(temperature=0.0, seed=5)) == greedy
     assert run(model, SamplingParams(temperature=1.3, top_k=1, seed=5)) == greedy
     assert run(model, SamplingParams(temperature=0.8, top_p=1e-6, seed=6)) == greedy  # only the top token survives
@@ -227,8 +230,9 @@ def test_typical_acceptance_accepts_more_and_is_labelled_lossy():
         totals = []
         for seed in range(40):
             p = SamplingParams(temperature=params.temperature, seed=seed, acceptance=params.acceptance)
-            request = Request(PROMPT, 24, frozenset(), 256, p, guess_hook=likely_guesses(model, p))
-            steps = [s for s in generate(Speculator(TorchDecoder(model), family, table), request) if not s.prefill]
+            request, answering = check_answer(PROMPT, 24, 256, sampling=p), Answering(guess_hook=likely_guesses(model, p))
+            steps = [s for s in generate(Speculator(TorchDecoder(model), family, table), request, answering)
+                     if not s.prefill]
             totals += [len(s.tokens) for s in steps]
         return sum(totals) / len(totals)
 

@@ -42,6 +42,7 @@ def test_requests_are_greedy_and_carry_the_benchs_penalties():
     penalised = server_request([], 8, SamplingParams(repeat_penalty=1.1, repeat_last_n=64, presence_penalty=0.5))
     assert penalised["samplers"] == ["penalties", "top_k"]
     assert (penalised["repeat_penalty"], penalised["repeat_last_n"], penalised["presence_penalty"]) == (1.1, 64, 0.5)
+    assert server_request([], 8, SamplingParams(min_p=0.1))["min_p"] == 0.1  # every field by llama-server's name
 
 
 def test_a_binary_that_is_not_one_is_one_line_before_the_model_loads(capsys, tmp_path, no_model_load):  # noqa: F811

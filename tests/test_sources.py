@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ppd_core import DeviceProfile, EngineConfig
+from ppd_core import EngineConfig
+from ppd_core.calibration.profiles import DeviceProfile
 from ppd_core.calibration.step_policy import StepPolicy
 from ppd_core.drafters.registry import FACTORIES, check_names, sized_per_step
 from ppd_core.errors import PpdError
@@ -25,7 +26,7 @@ def test_every_source_on_decodes_what_plain_decoding_does(llama_default):
         for question in TURNS:
             messages.append({"role": "user", "content": question})
             ids = engine.chat_ids(messages)
-            plain = engine.generate(ids, "vanilla", 96)
+            plain = engine.generate(ids, "plain", 96)
             ppd = engine.generate(ids, "ppd", 96)
             assert ppd.tokens == plain.tokens, question
             for name, count in ppd.stats.accepted.items():
@@ -53,7 +54,7 @@ def test_steps_sized_by_a_curve_decode_what_plain_decoding_does(llama_default):
     engine.row_costs = tuple([1.0] + [1 + 0.15 * (rows - 1) for rows in range(1, 17)])  # up to 16 rows
     try:
         ids = engine.chat_ids([{"role": "user", "content": TURNS[0]}])
-        plain = engine.generate(ids, "vanilla", 96)
+        plain = engine.generate(ids, "plain", 96)
         ppd = engine.generate(ids, "ppd", 96)
         assert ppd.tokens == plain.tokens
         assert len(set(ppd.stats.rows_per_step)) > 1 and max(ppd.stats.rows_per_step) <= 16, ppd.stats.rows_per_step

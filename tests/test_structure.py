@@ -1,6 +1,6 @@
-"""The shape of the code: app/ imports ppd_core's public API (the package, ``ppd_core/__init__``) plus the light
-modules (plain data, the errors and the atomic writes it uses directly), ppd_core has no import cycle, and importing
-the engine stays light.
+"""The shape of the code: app/ imports ppd_core's public API (the package, ``ppd_core/__init__``: the session API, typed
+for a type checker, loaded lazily) plus the light modules (plain data, the errors and the atomic writes it uses
+directly) and the tool modules its commands use, ppd_core has no import cycle, and importing the engine stays light.
 
 Imports are read with ``ast`` (top-level and inside functions alike, but not those under ``if TYPE_CHECKING:``, which
 never run), never by running them.
@@ -16,8 +16,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CORE = "ppd_core"
 API = CORE  # app/ imports ppd_core's public API from the package
-LIGHT = {"ppd_core.options", "ppd_core.errors", "ppd_core.sampling", "ppd_core.sampling.params"}  # plain data, read before any heavy import
+LIGHT = {"ppd_core.options", "ppd_core.errors", "ppd_core.sampling", "ppd_core.sampling.params", "ppd_core.sampling.fields"}  # plain data, read before any heavy import
 DIRECT = {"ppd_core.atomic_files"}  # one helper app/ and ppd_core share, imported where it is used
+TOOLS = {  # modules of what is not the session API (calibration, training, quantizing, diagnostics...): their commands'
+    "ppd_core.backends.llamacpp.library", "ppd_core.backends.llamacpp.perplexity", "ppd_core.backends.llamacpp.quantize",
+    "ppd_core.calibration.curves", "ppd_core.calibration.prices", "ppd_core.calibration.profiles",
+    "ppd_core.calibration.tree_search", "ppd_core.calibration.type_curves", "ppd_core.engine_calibration",
+    "ppd_core.decoding", "ppd_core.device_info", "ppd_core.diagnostics", "ppd_core.drafters.lookup",
+    "ppd_core.drafters.prompt_tokens", "ppd_core.engine_load", "ppd_core.loading", "ppd_core.memory", "ppd_core.text",
+    "ppd_core.training.cost", "ppd_core.training.greedy", "ppd_core.training.pipeline", "ppd_core.training.trainer",
+}
 
 
 def module_name(path: Path) -> str:
@@ -108,14 +116,59 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_app_imports_only_the_public_api_from_ppd_core():
+def with_packages(names: set[str]) -> set[str]:
+    """``names`` and the packages above them (``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``): importing a module runs them."""
+    return {".".join(name.split(".")[:i]) for name in names for i in range(1, name.count(".") + 2)}
+
+
+def test_app_imports_only_the_public_api_and_the_tool_modules_from_ppd_core():
     modules = core_modules()
+    allowed = with_packages({API, *LIGHT, *DIRECT, *TOOLS})
     wrong = [
         f"{path.relative_to(ROOT)}: {name}"
         for path in sorted((ROOT / "app").rglob("*.py"))
-        for name in sorted(core_imports(path, modules) - {API, *LIGHT, *DIRECT})
+        for name in sorted(core_imports(path, modules) - allowed)
     ]
-    assert not wrong, "app/ imports ppd_core modules other than the package's public API:\n" + "\n".join(wrong)
+    assert not wrong, "app/ imports ppd_core modules other than the public API and the tools':\n" + "\n".join(wrong)
+
+
+def door_imports() -> dict[str, str]:
+    """The names ``ppd_core/__init__`` imports under ``TYPE_CHECKING`` (what a type checker reads), by module."""
+    tree = ast.parse((ROOT / CORE / "__init__.py").read_text())
+    skipped = type_checking_only(tree)
+    return {alias.name: node.module for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and id(node) in skipped and node.module for alias in node.names}
+
+
+def test_the_door_types_what_it_loads():
+    """The type checker's imports, the run-time table and ``__all__`` name the same names from the same modules."""
+    import ppd_core
+
+    assert door_imports() == ppd_core._WHERE
+    assert sorted(ppd_core.__all__) == sorted(ppd_core._WHERE)
+
+
+def test_app_takes_the_session_api_through_the_door():
+    """A name the door exports is imported from ``ppd_core`` (or a light module), never from the module behind it:
+    so a module moving behind the door changes the door's one line."""
+    door = door_imports()
+    wrong = []
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module not in (API, *LIGHT) and node.level == 0:
+                wrong += [f"{path.relative_to(ROOT)}: {alias.name} from {node.module}" for alias in node.names
+                          if door.get(alias.name) == node.module]
+    assert not wrong, wrong
+
+
+def test_importing_the_door_imports_nothing_behind_it():
+    """``import ppd_core`` loads no module of its own, nor ``typing``: each name's module loads on first use, and the
+    engine's brings no torch."""
+    code = ("import sys; before = set(sys.modules); import ppd_core; after = set(sys.modules) - before; "
+            "ppd_core.Engine; print(' '.join(sorted(after)), '|', ' '.join(m for m in ('torch', 'transformers') if m in sys.modules))")
+    loaded, heavy = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                   check=True).stdout.split("|")
+    assert loaded.split() == ["ppd_core"] and not heavy.strip(), (loaded, heavy)
 
 
 def test_the_public_api_names_modules_that_define_its_names():
@@ -145,14 +198,13 @@ def test_importing_the_engine_loads_no_quantizer_perplexity_or_diagnostics():
     assert not loaded.strip(), loaded
 
 
-def test_app_takes_errors_and_atomic_writes_from_their_own_modules():
-    """``PpdError`` and ``atomic_write`` come from ``ppd_core.errors`` and ``ppd_core.atomic_files``, not through the
-    package."""
+def test_app_takes_atomic_writes_from_their_own_module():
+    """``atomic_write`` comes from ``ppd_core.atomic_files``, not through the package."""
     wrong = []
     for path in sorted((ROOT / "app").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.module == API:
-                wrong += [f"{path.name}: {alias.name}" for alias in node.names if alias.name in ("PpdError", "atomic_write")]
+                wrong += [f"{path.name}: {alias.name}" for alias in node.names if alias.name == "atomic_write"]
     assert not wrong, wrong
 
 
@@ -163,7 +215,7 @@ def test_ppd_core_modules_import_no_cycle():
 
 def test_ppd_core_subpackages_import_no_cycle():
     """Counting calibration/, training/ and each backend wing as one unit: e.g. no engine -> calibration -> training ->
-    engine. ``calibration.verbs`` takes an engine but names its class under ``TYPE_CHECKING`` only."""
+    engine. ``engine_calibration`` takes an engine but names its class under ``TYPE_CHECKING`` only."""
     cycle = find_cycle(import_graph(units=True))
     assert cycle is None, "import cycle among ppd_core modules and subpackages: " + " -> ".join(cycle)
 

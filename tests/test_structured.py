@@ -17,7 +17,7 @@ import pytest
 
 from app.structured import json_content
 from ppd_core import SamplingParams
-from ppd_core.grammar import schema_grammar
+from ppd_core.backends.llamacpp.grammar import schema_grammar
 from test_api import error_of, served  # noqa: F401 - a fixture
 from test_default_model import planted
 
@@ -47,7 +47,7 @@ def test_schemas_become_the_grammar_llama_server_makes_of_them():
     through it: its whitespace rule and integer bounds (from llama.cpp's tests/test-json-schema-to-grammar.cpp; the
     older Python port gives `" "?` and no bound); json_object and an empty schema are any object, as there; a chat's
     response_format is the JSON bare or in a ```json fence, whitespace around it, as llama-server's chat grammar."""
-    from ppd_core.grammar import json_grammar
+    from ppd_core.backends.llamacpp.grammar import json_grammar
     from ppd_core.native.schema import converter
 
     assert converter() is not None, "make setup did not build ppd_core/native (llama.cpp's schema converter)"
@@ -101,10 +101,10 @@ def test_constrained_ppd_equals_constrained_plain_decoding_and_validates(llama_d
     for prompt, schema in SCHEMAS:
         ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
         grammar = schema_grammar(schema)
-        plain = llama_default.generate(ids, "vanilla", ANSWER, sampling=sampling, grammar=grammar)
+        plain = llama_default.generate(ids, "plain", ANSWER, sampling=sampling, grammar=grammar)
         assert plain.tokens[-1] in llama_default.loaded.eos_token_ids, plain.text  # the grammar ended the answer
         jsonschema.validate(json.loads(plain.text), schema)
-        free = llama_default.generate(ids, "vanilla", ANSWER, sampling=sampling)
+        free = llama_default.generate(ids, "plain", ANSWER, sampling=sampling)
         assert free.tokens != plain.tokens  # the grammar did change the answer
         for ranks in ((0, 1, 0), None):  # right guesses accepted, then all wrong (every tree rejected)
             ppd = llama_default.generate(ids, "ppd", ANSWER, sampling=sampling, grammar=grammar,
@@ -116,7 +116,7 @@ def test_constrained_ppd_equals_constrained_plain_decoding_and_validates(llama_d
 
 def test_seeded_constrained_sampling_is_valid_json(llama_default):
     """Sampled under the grammar, every token is one it allows, and every answer that ends is valid JSON."""
-    from ppd_core.grammar import allowed_prefix
+    from ppd_core.sampling.constraint import allowed_prefix
 
     prompt, schema = SCHEMAS[0]
     ids = llama_default.chat_ids([{"role": "user", "content": prompt}])
@@ -146,7 +146,7 @@ def test_response_format_and_grammar_through_the_openai_client(served):  # noqa:
     engine = service.engine
     sampling = service.snapshot().sampling_defaults.params(temperature=0.0)
     with service.turn():  # what the API does: llama-server's chat grammar, the JSON as the content
-        expected = engine.generate(engine.chat_ids(messages), "vanilla", ANSWER, sampling=sampling,
+        expected = engine.generate(engine.chat_ids(messages), "plain", ANSWER, sampling=sampling,
                                    grammar=schema_grammar(schema, response_format=True))
     assert text == json_content(expected.text, complete=expected.stop_reason == "eos")
     streamed = client.chat.completions.create(
@@ -286,7 +286,7 @@ def test_forty_schema_answers_equal_llama_cpps_grammar_sampler_and_validate(llam
             ids = engine.chat_ids([{"role": "user", "content": prompt}])
             grammar = schema_grammar(schema)
             expected = llama_cpp_answer(oracle, ids, grammar, sampling, eos, ANSWER)
-            for mode in ("vanilla", "ppd"):
+            for mode in ("plain", "ppd"):
                 answer = engine.generate(ids, mode, ANSWER, sampling=sampling, grammar=grammar)
                 assert answer.tokens == expected, (prompt, mode)
             if expected[-1] in eos:  # a finished answer (not cut at the limit) is valid

@@ -35,7 +35,7 @@ def answer(engine, question: str) -> list[int]:
     """PPD's greedy answer, checked against plain decoding's."""
     ids = engine.chat_ids([{"role": "user", "content": question}])
     ppd = engine.generate(ids, "ppd", TOKENS)
-    assert ppd.tokens == engine.generate(ids, "vanilla", TOKENS).tokens, question
+    assert ppd.tokens == engine.generate(ids, "plain", TOKENS).tokens, question
     return ppd.tokens
 
 

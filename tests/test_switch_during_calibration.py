@@ -15,7 +15,7 @@ from app.chat import Chat
 from app.chat_settings import ChatSettings
 from app.model_host import ModelHost
 from ppd_core import Engine, EngineConfig
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 from ppd_core.errors import PpdError
 from ppd_core.loading import default_model_file
 from tiny_gguf import default_vocabulary, write_tiny_gguf
@@ -51,7 +51,7 @@ def greedy_answer(spec: str, max_new_tokens: int) -> str:
     """``spec``'s greedy answer to QUESTION, computed directly by a model of its own."""
     engine = load(spec)
     try:
-        return engine.generate(engine.chat_ids(QUESTION), "vanilla", max_new_tokens).text
+        return engine.generate(engine.chat_ids(QUESTION), "plain", max_new_tokens).text
     finally:
         engine.close()
 
@@ -107,7 +107,7 @@ def test_an_answer_asked_during_a_switch_behind_a_background_calibration_comes_f
                     result["texts"] = [list(Chat(service).answer(QUESTION, settings))[-1].text]
                 else:
                     comparison = Chat(service).compare(QUESTION, settings)
-                    result["texts"] = [comparison.vanilla_text, comparison.ppd_text]
+                    result["texts"] = [comparison.plain_text, comparison.ppd_text]
             except BaseException as error:  # noqa: BLE001 - reported below
                 result["error"] = error
 
@@ -127,30 +127,33 @@ def test_an_answer_asked_during_a_switch_behind_a_background_calibration_comes_f
 
 
 def test_ids_made_by_a_model_no_longer_loaded_are_remade_or_refused(shifted_gguf):
-    """``ModelHost.decode`` with the engine the ids were made for: another engine loaded by the time the call holds
-    the model remakes them (``remake``), or refuses them in one line without it. Without ``made_for`` (the API: ids
-    made, then a place in line taken) the model loaded when the place was taken is the one they were made for."""
+    """``ModelHost.decode`` with the engine the request was checked by: another engine loaded by the time the call
+    holds the model makes and checks it again (``remake``), or refuses it in one line without it. Without ``made_for``
+    (the API: a request checked, then a place in line taken) the model loaded when the place was taken checked it."""
     service = ModelHost(load(shifted_gguf), spec=shifted_gguf, loader=load)
     try:
         old = service.engine
-        ids = old.chat_ids(QUESTION)
         settings = ChatSettings(max_new_tokens=8)
+
+        def checked(engine):
+            return engine.check(engine.chat_ids(QUESTION), 8, mode="plain", sampling=settings.sampling())
+
+        request = checked(old)
         answering = service.queue.hold()  # an answer holds the model; a switch waits behind it
         switch = threading.Thread(target=service.switch, args=("default",))
         switch.start()
         wait_for(lambda: service.queue.waiting == 1)
-        ticket = service.queue.join()  # as app/api.py does: ids made (above), then a place in line
+        ticket = service.queue.join()  # as app/api/routes.py does: the request checked (above), then a place in line
         service.queue.leave(answering)
         with pytest.raises(PpdError, match="^the model changed .*: ask again$"):
-            list(service.decode(ids, "vanilla", 8, settings.sampling(), reuse_cache=False, ticket=ticket))
+            list(service.decode(request, ticket=ticket))
         switch.join(120)
         assert service.spec == "default" and not service.queue.busy and service.queue.waiting == 0
         new = service.engine
         with pytest.raises(PpdError, match="^the model changed .*: ask again$"):
-            list(service.decode(ids, "vanilla", 8, settings.sampling(), reuse_cache=False, made_for=old))
-        events = list(service.decode(ids, "vanilla", 8, settings.sampling(), reuse_cache=False, made_for=old,
-                                     remake=lambda engine: engine.chat_ids(QUESTION)))
-        assert events[-1].text == new.generate(new.chat_ids(QUESTION), "vanilla", 8).text
+            list(service.decode(request, made_for=old))
+        events = list(service.decode(request, made_for=old, remake=checked))
+        assert events[-1].text == new.generate(new.chat_ids(QUESTION), "plain", 8).text
         assert not service.queue.busy
     finally:
         service.shutdown()

@@ -11,7 +11,8 @@ import pytest
 
 from app.page_text import training_choice, training_offer
 from app.training_job import TrainingJob, train_size
-from ppd_core import GenerationStats, TrainConfig
+from ppd_core import GenerationStats
+from ppd_core.training.trainer import TrainConfig
 from ppd_core.calibration.profiles import read_profile
 from ppd_core.training.cost import (PROMPT_TOKENS, StepCost, TrainSize, answered_step, calibrated_step, model_shape,
                                     training_cost, training_seconds)

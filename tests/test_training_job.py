@@ -16,7 +16,7 @@ from app.page_layout import new_session
 from app.training_job import progress_line
 from app.ui import build
 from ppd_core import Engine, EngineConfig
-from ppd_core.calibration.verbs import calibrate_engine
+from ppd_core.engine_calibration import calibrate_engine
 
 pytestmark = pytest.mark.slow
 
@@ -121,6 +121,6 @@ def test_the_train_button_trains_resumes_and_switches_to_the_new_tokens(lookup_o
     assert engine.prompt_tokens.num_prompt_tokens == 3 and engine.prompt_tokens.training["trained"]
     assert engine.plan.profile is not None and engine.plan.family.name.startswith("calibrated-")
     ids = engine.chat_ids([{"role": "user", "content": "Hello there."}])
-    assert engine.generate(ids, "ppd", 48).tokens == engine.generate(ids, "vanilla", 48).tokens
+    assert engine.generate(ids, "ppd", 48).tokens == engine.generate(ids, "plain", 48).tokens
     training, train = training_panel(handlers.model_panels())
     assert training == "" and train["visible"] is False  # nothing left to offer

@@ -74,7 +74,7 @@ def refuse_model_load(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("`ppd train` loaded a model although another trainer holds the folder")
 
-    monkeypatch.setattr("ppd_core.load_model", refuse)
+    monkeypatch.setattr("ppd_core.loading.load_model", refuse)
 
 
 OLD_APP = "import sys; from app.training_job import TrainingJob; TrainingJob('default', sys.argv[1], sys.argv[2:]).start()"
@@ -158,7 +158,7 @@ def test_a_lock_left_by_a_killed_trainer_blocks_no_new_one(tmp_path, options, ca
     def loaded(*args, **kwargs):  # the new run got past the lock: stopped here, before the model loads
         raise PpdError("got as far as loading the model")
 
-    monkeypatch.setattr("ppd_core.load_model", loaded)
+    monkeypatch.setattr("ppd_core.loading.load_model", loaded)
     assert main(["train", "--model", "default", "--work-dir", str(folder), *options[:-2]]) == 2
     assert capsys.readouterr().err == "ppd: error: got as far as loading the model\n"
     assert not (folder / OWNER_NAME).exists()  # replaced by the new run's, removed when it ended

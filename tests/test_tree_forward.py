@@ -6,7 +6,9 @@ import torch
 
 from conftest import tiny_llama
 from ppd_core.backends.torch import cache as kv_cache
-from ppd_core.backends.torch.decoder import TorchDecoder, additive_mask, forward_hidden
+from ppd_core.backend import StepRows
+from ppd_core.backends.torch.decoder import TorchDecoder, forward_hidden
+from ppd_core.backends.torch.masks import additive_mask
 from ppd_core.backends.torch.loading import pick_decoder
 from ppd_core.tree import TreeSpec, build_tree
 
@@ -34,7 +36,7 @@ def test_tree_logits_match_sequential_paths(forward):
 
     cache = decoder.new_cache()
     decoder.prefill(cache, context)
-    step = decoder.tree_logits(cache, tree, node_tokens, prompt_table[tree.prompt_embedding_index])
+    step = decoder.tree_logits(cache, StepRows.of(tree, node_tokens, prompt_table[tree.prompt_embedding_index]))
     assert step.num_rows == tree.num_tokens
     tree_logits = step.rows(slice(None))  # [T, vocab] float32
     assert isinstance(tree_logits, np.ndarray) and tree_logits.dtype == np.float32
@@ -56,7 +58,7 @@ def test_tree_logits_match_sequential_paths(forward):
 
 def test_additive_mask_has_context_columns():
     tree = build_tree(SPEC, num_prompt_tokens=3)
-    mask = additive_mask(tree, 5, torch.float32, torch.device("cpu"))
+    mask = additive_mask(tree.row_parents, 5, torch.float32, torch.device("cpu"))  # derived from the parents alone
     T = tree.num_tokens
     assert mask.shape == (1, 1, T, 5 + T)
     assert (mask[0, 0, :, :5] == 0).all()
@@ -73,7 +75,7 @@ def test_keep_tree_entries_compacts_the_accepted_path():
     with torch.inference_mode():
         embeds = torch.randn(tree.num_tokens, 64)
         positions = torch.from_numpy(tree.position_offsets) + 6
-        forward_hidden(model, cache, embeds, positions, additive_mask(tree, 6, torch.float32, torch.device("cpu")))
+        forward_hidden(model, cache, embeds, positions, additive_mask(tree.row_parents, 6, torch.float32, torch.device("cpu")))
     before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
     path = tree.node_paths[tree.paths.index((1, 0, 1))]  # a non-contiguous path: (0, 2, 4, 6)
     assert list(path) != list(range(len(path)))

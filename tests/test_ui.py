@@ -9,12 +9,13 @@ from app.cli import main
 from app.history import ConversationStore
 from app.model_host import ModelHost
 from app.ui import build_app
-from ppd_core import Engine, EngineConfig
+from ppd_core import Engine, EngineConfig, SamplingParams
 from page_open import CHROMIUM, CHROMIUM_ARGS
 from ports import free_port
 
 
-NO_PENALTY = (1.0, 64, 0.0, 0.0)  # the page's repetition penalties off (it opens with a repeat penalty of 1.1)
+# the page's sampling fields, greedy with the penalties off (it opens with llama-server's and a repeat penalty of 1.1)
+SAMPLING_OFF = tuple(SamplingParams().values().values())
 
 
 def text_of(content) -> str:
@@ -57,7 +58,7 @@ def test_gradio_client_streams_the_answer_of_ppd_generate(running_app, capsys):
     url, service, store = running_app
     question = "Name the capital city of France."
     client = Client(url, verbose=False)
-    job = client.submit(question, "", 0.0, 1.0, 48, True, "lossless", False, 0, *NO_PENALTY, api_name="/send")
+    job = client.submit(question, "", 48, True, "lossless", False, "", *SAMPLING_OFF, api_name="/send")
     updates = list(job)
     chats = [u[0] for u in updates if isinstance(u[0], list) and u[0]]  # the last update only refreshes the list
     answers = [text_of(c[-1]["content"]) for c in chats if c[-1]["role"] == "assistant"]
@@ -249,7 +250,7 @@ def test_the_page_comes_first_and_shows_the_model_loading_and_calibrating(tmp_pa
         assert page_open.wait(120)
         engine = Engine.load(EngineConfig(model="default", backend="llamacpp", tree="auto", auto_calibrate=False),
                              progress)
-        assert engine.plan.profile is None and engine.plan.family.name == "vanilla"  # plain decoding until calibrated
+        assert engine.plan.profile is None and engine.plan.family.name == "plain"  # plain decoding until calibrated
         return engine
 
     loader = threading.Thread(target=lambda: service.attach(service.startup.run(load)))

@@ -19,7 +19,8 @@ XDG = ("XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME")
 # Hub folders that would otherwise be read from the environment rather than derived from HF_HOME
 HF_OVERRIDES = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE", "TRANSFORMERS_CACHE",
                 "HF_DATASETS_CACHE")
-# set-up and benchmark caches the Makefile and benchmarks/ write, never the tests (README: the wheel, llama-server)
+# set-up and benchmark caches the Makefile and benchmarks/ write, never the tests (docs/backends.md:
+# the wheel; benchmarks/README.md: llama-server)
 NOT_THE_SUITES = {"ppd-build", "ppd-bench"}
 
 _start: dict[str, tuple] = {}

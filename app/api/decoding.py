@@ -93,8 +93,7 @@ def decode(service: ModelHost, job: Job, ticket: int, cancelled: threading.Event
     emit = content.feed if content is not None else emit
     entries = None  # the answer's logprobs entries (asked for), and how many went out with text so far
     event = None
-    events = service.decode(job.ids, "ppd", job.max_new_tokens, job.sampling, reuse_cache=False, stop=cancelled.is_set,
-                            ticket=ticket, logprobs=job.logprobs, grammar=job.grammar, chat=not job.completion)
+    events = service.decode(job.answer, stop=cancelled.is_set, ticket=ticket)
     with closing(events):
         for event in events:
             if isinstance(event, Queued):

@@ -11,21 +11,23 @@ from contextlib import aclosing
 from typing import Any
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from app.api.answers import outcome_of
 from app.api.decoding import Decoding
 from app.api.errors import ApiError
 from app.api.prompts import fim_tokens, token_ids
 from app.api.responses import answered_by
-from app.api.schemas import CompletionRequest, Job, Outcome
+from app.api.schemas import CompletionRequest, Job, Outcome, SamplingFields, sampling_fields
 
 BATCH = 2048  # llama-server's default n_batch: the prefix keeps its last 3/4 of it, the suffix what is left
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's separator of extra chunks where the vocabulary has no FIM_SEP
 
 
-class InfillRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # llama-server's many sampler fields
+class InfillRequest(SamplingFields):
+    """The sampling fields (``SamplingFields``: every one ppd has, by llama-server's names), and infill's own."""
+
+    model_config = ConfigDict(extra="ignore")  # llama-server's other sampler fields
     input_prefix: str = ""
     input_suffix: str = ""
     input_extra: list[Any] = []
@@ -33,10 +35,6 @@ class InfillRequest(BaseModel):
     n_predict: int | None = None
     max_tokens: int | None = None
     stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    repeat_penalty: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
 
@@ -83,8 +81,7 @@ def completion_request(request: InfillRequest, ids: list[int]) -> CompletionRequ
     """The ``/v1/completions`` request that answers it (``n_predict`` -1 or unset: the rest of the context)."""
     limit = request.max_tokens if request.max_tokens is not None else request.n_predict
     return CompletionRequest(prompt=ids, max_tokens=None if limit is None or limit < 0 else limit,
-                             temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-                             repeat_penalty=request.repeat_penalty, seed=request.seed, stop=request.stop)
+                             seed=request.seed, stop=request.stop, **sampling_fields(request))
 
 
 def final(job: Job, outcome: Outcome, content: str) -> dict:

@@ -13,8 +13,9 @@ from app.model_host import ModelHost
 from app.structured import FieldError, response_grammar
 from app.tools import ToolPlan, call_grammar, plan_tools, template_format
 from app.tools import prompt as tool_prompt
-from ppd_core import MAX_TOP_LOGPROBS, ChosenSampling, SamplingParams
-from ppd_core.sampling.params import out_of_range
+from ppd_core import MAX_TOP_LOGPROBS, ChosenSampling, PromptTooLongError, RequestError, SamplingParams
+from ppd_core.sampling.fields import NAMES
+from ppd_core.sampling.params import SamplingError
 from ppd_core.errors import PpdError
 
 MAX_STOP_STRINGS = 4  # as OpenAI
@@ -35,26 +36,18 @@ def check_unsupported(request: RequestFields) -> None:
         raise ApiError("tools need /v1/chat/completions", "tools" if request.tools else "tool_choice")
 
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                   "frequency_penalty")
-
-
-def check_sampling(request: RequestFields) -> None:
-    """The sampling fields a request sets, in range: ``ppd_core``'s one rule (``RANGES``), OpenAI's ranges where it
-    has the field, llama-server's else, and no subnormal temperature or penalty."""
-    for name in SAMPLING_FIELDS:
-        value = getattr(request, name)
-        if value is not None and (problem := out_of_range(name, value)):
-            raise ApiError(f"{name} {problem}", name)
+SAMPLING_FIELDS = NAMES  # every sampling field (``ppd_core.sampling.fields``): the request's own, by the same names
 
 
 def sampling_of(request: RequestFields, defaults: ChosenSampling) -> SamplingParams:
-    """The request's sampling: its own fields, ``defaults`` (the model's) for those it leaves unset."""
+    """The request's sampling: its own fields, ``defaults`` (the model's) for those it leaves unset; each field checked
+    here, once, by its declared rule (``ppd_core.sampling.fields``: OpenAI's range where OpenAI has the field,
+    llama-server's else), a 400 naming it."""
     try:
         return defaults.params(**{name: getattr(request, name) for name in SAMPLING_FIELDS},
                                acceptance=request.acceptance, seed=request.seed)
-    except PpdError as error:
-        raise ApiError(str(error), "seed" if str(error).startswith("seed") else None) from None
+    except SamplingError as error:
+        raise ApiError(f"{error.field} {error.problem}", error.field) from None
 
 
 def stop_strings(request: RequestFields) -> list[str]:
@@ -77,7 +70,8 @@ def check_completion(request: CompletionRequest) -> None:
 
 
 def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequest) -> Job:
-    """A chat request's job (or, for a ``CompletionRequest``, the raw prompt's, tokenized as llama-server does)."""
+    """A chat request's job (or, for a ``CompletionRequest``, the raw prompt's, tokenized as llama-server does): its
+    fields checked, then the answer's own request checked once by the model (``Engine.check``)."""
     completion = isinstance(request, CompletionRequest)
     check_unsupported(request)
     if completion:
@@ -85,20 +79,19 @@ def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequ
         messages, field = None, "prompt"
     else:
         messages, field = chat_messages(request), "messages"
-    check_sampling(request)
     stops = stop_strings(request)
-    limit, _ = answer_limit(request)
+    limit, limit_field = answer_limit(request)
     try:
         engine = service.engine  # a switch may have begun since the request was let in
         snapshot = service.snapshot()
     except PpdError as error:
         raise not_ready(service, error) from None
-    model, sampling = snapshot.name, sampling_of(request, snapshot.sampling_defaults)
+    sampling = sampling_of(request, snapshot.sampling_defaults)
     grammar, json_answer, tools, messages, variables = answer_rules(request, engine, messages)
-    prompt = completion_prompt(engine.tokenizer, request.prompt, request.suffix, bool(request.echo)) if completion \
-        else None
+    prompt = completion_prompt(engine.tokenizer, request.prompt, request.suffix, bool(request.echo)) \
+        if isinstance(request, CompletionRequest) else None
     try:
-        ids = prompt.ids if completion else engine.chat_ids(messages, **variables)
+        ids = prompt.ids if prompt is not None else engine.chat_ids(messages or [], **variables)
     except PpdError as error:
         raise ApiError(str(error), field) from None
     if completion and limit is None:
@@ -107,14 +100,21 @@ def make_job(service: ModelHost, request: ChatCompletionRequest | CompletionRequ
         logprobs = request.logprobs
     else:
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    param = grammar_param(request, tools) if grammar is not None else None
+    fields = {"ids": field, "max_new_tokens": limit_field, "grammar": param, "logprobs": "top_logprobs"}
+    try:
+        answer = engine.check(ids, limit, sampling=sampling, logprobs=logprobs, grammar=grammar, chat=not completion)
+    except PromptTooLongError as error:
+        raise ApiError(
+            f"this model's maximum context length is {error.context} tokens; the {field} takes {error.prompt_tokens} "
+            f"tokens, leaving no room for an answer. Shorten the {field}.", field, "context_length_exceeded") from None
+    except RequestError as error:
+        raise ApiError(str(error), fields.get(error.field)) from None
     return Job(
-        id=f"{'cmpl' if completion else 'chatcmpl'}-{uuid.uuid4().hex}", ids=ids,
-        max_new_tokens=answer_room(len(ids), limit, engine.max_context, field), sampling=sampling, stop=stops,
-        include_usage=bool(request.stream_options and request.stream_options.include_usage), model=model,
-        logprobs=logprobs, grammar=grammar, json_content=json_answer, tools=tools, completion=completion,
-        echo=prompt.echo if completion else "",
-        grammar_param=grammar_param(request, tools) if grammar is not None else None,
-    )
+        id=f"{'cmpl' if completion else 'chatcmpl'}-{uuid.uuid4().hex}", answer=answer, stop=stops,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage), model=snapshot.name,
+        json_content=json_answer, tools=tools, completion=completion, echo=prompt.echo if prompt is not None else "",
+        grammar_param=param)
 
 
 def answer_limit(request: RequestFields) -> tuple[int | None, str]:
@@ -144,12 +144,8 @@ def answer_rules(request: RequestFields, engine, messages: list[dict] | None
                 raise FieldError("tool_choice 'required' or a named function cannot be combined with response_format "
                                  "or grammar", "tool_choice")
             grammar = call_grammar(tools)
-        if grammar is not None:
-            engine.check_grammar(grammar)
     except FieldError as error:
         raise ApiError(str(error), error.param) from None
-    except PpdError as error:
-        raise ApiError(str(error), grammar_param(request, tools)) from None
     return grammar, json_answer, tools, messages, variables
 
 
@@ -158,15 +154,3 @@ def grammar_param(request: RequestFields, tools: ToolPlan | None) -> str:
     if tools is not None and tools.forced:
         return "tool_choice"
     return "grammar" if request.grammar is not None else "response_format"
-
-
-def answer_room(prompt_tokens: int, limit: int | None, context: int, field: str) -> int:
-    """The answer's token limit: ``limit`` (None: no limit) up to what the model's context leaves, as llama-server
-    answers a large ``max_tokens`` (the answer stops there, ``finish_reason`` "length"); a prompt that leaves no room
-    is a 400."""
-    if prompt_tokens >= context:
-        raise ApiError(
-            f"this model's maximum context length is {context} tokens; the {field} takes {prompt_tokens} tokens, "
-            f"leaving no room for an answer. Shorten the {field}.", field, "context_length_exceeded")
-    room = context - prompt_tokens
-    return room if limit is None else min(limit, room)

@@ -8,7 +8,8 @@ from typing import Any
 
 from app.api.errors import ApiError
 from app.api.schemas import ChatCompletionRequest, Message
-from ppd_core import UnencodableText, utf8
+from ppd_core import UnencodableText
+from ppd_core.text import utf8
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 

@@ -10,31 +10,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from app.api.errors import ApiError
 from app.api.messages import ROLES
-from app.api.schemas import ChatCompletionRequest, Message
+from app.api.schemas import ChatCompletionRequest, Message, SamplingFields, sampling_fields
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(SamplingFields):
+    """OpenAI's fields ppd uses, and the sampling fields (``SamplingFields``: llama-server's extensions, as on the
+    chat endpoint)."""
+
     model_config = ConfigDict(extra="ignore")  # store, metadata, reasoning, truncation, user, ...
     model: str | None = None
     input: Any = None
     instructions: str | None = None
     max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: Any = None
     text: dict[str, Any] | None = None
     previous_response_id: str | None = None
-    seed: int | None = None  # llama-server's extensions, as on the chat endpoint
-    top_k: int | None = None
-    repeat_penalty: float | None = None
+    seed: int | None = None
 
 
 def content_text(content: Any, param: str) -> str:
@@ -138,7 +137,7 @@ def chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
         raise ApiError(f"max_output_tokens must be at least 1, got {request.max_output_tokens}", "max_output_tokens")
     messages = [Message(**message) for message in messages_of(request)]
     fields = {"model": request.model, "messages": messages, "max_tokens": request.max_output_tokens,
-              "temperature": request.temperature, "top_p": request.top_p, "tools": tools_of(request.tools),
+              "tools": tools_of(request.tools),
               "tool_choice": tool_choice_of(request.tool_choice), "response_format": format_of(request.text),
-              "seed": request.seed, "top_k": request.top_k, "repeat_penalty": request.repeat_penalty}
+              "seed": request.seed, **sampling_fields(request)}
     return ChatCompletionRequest(**fields)

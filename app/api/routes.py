@@ -25,7 +25,8 @@ from app.api.responses_request import ResponsesRequest, chat_request
 from app.api.schemas import ChatCompletionRequest, CompletionRequest
 from app.model_catalog import available, public_name
 from app.model_queue import Busy
-from ppd_core import ModelSnapshot, live_llama_cpp_models
+from ppd_core import ModelSnapshot
+from ppd_core.engine_load import live_llama_cpp_models
 from ppd_core.errors import PpdError
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
 
 from app.tools import ToolPlan
-from ppd_core import ModelSnapshot, SamplingParams
+from ppd_core import AnswerRequest, ModelSnapshot, SamplingParams
+from ppd_core.sampling.fields import FIELDS
 
 
 class Message(BaseModel):
@@ -27,22 +28,33 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class RequestFields(BaseModel):
-    """The fields both endpoints take."""
+# Every sampling field (``ppd_core.sampling.fields``) as an optional request field of its type: unset, the model's
+# recommendation, else llama-server's default (``sampling_defaults``); ranges checked once, by ``SamplingParams`` (``jobs.sampling_of``). The
+# OpenAI names where OpenAI has the field; llama-server's (the same meaning) else.
+if TYPE_CHECKING:
+    SamplingFields = BaseModel  # what a type checker sees: the fields are read by name (``sampling_fields``)
+else:
+    SamplingFields = create_model("SamplingFields", __config__=ConfigDict(extra="ignore"),
+                                  **{field.name: (field.kind | None, None) for field in FIELDS})
+
+
+def sampling_fields(request: BaseModel) -> dict:
+    """A request's sampling fields (``SamplingFields``), None where unset."""
+    return {field.name: getattr(request, field.name) for field in FIELDS}
+
+
+class RequestFields(SamplingFields):
+    """The fields both endpoints take (the sampling fields from ``SamplingFields``)."""
 
     model_config = ConfigDict(extra="ignore")  # clients send fields such as `user` or `metadata`
     model: str | None = None  # answered by the loaded model (as llama-server does), unless it names another one ppd has
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None  # unset: the model's recommendation, else llama-server's (``sampling_defaults``)
-    top_p: float | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins if both are given
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # 0 to 20 alternatives per token; needs logprobs
     tools: list[Any] | None = None  # OpenAI's function tools (``app.tools``); chat only
@@ -50,10 +62,6 @@ class RequestFields(BaseModel):
     functions: list[Any] | None = None  # the deprecated form of tools: refused
     response_format: dict[str, Any] | None = None  # text, json_object or json_schema (``structured``)
     grammar: str | None = None  # llama-server's: GBNF the answer follows
-    # ppd's extensions (llama-server accepts top_k and the repeat penalty too, with the same meaning)
-    top_k: int | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
     acceptance: Literal["lossless", "typical"] | None = None
 
 
@@ -75,20 +83,33 @@ class Job:
     """A validated request, ready for the model."""
 
     id: str
-    ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams
+    answer: AnswerRequest  # what the model answers, checked (``Engine.check``)
     stop: list[str]
     include_usage: bool
     model: str  # the name of the model the ids were made for: a streamed answer's label
-    logprobs: int | None = None  # the alternatives per token asked for (``top_logprobs``); None: no logprobs
-    grammar: str | None = None  # GBNF the answer follows (``structured.response_grammar``)
-    grammar_param: str | None = None  # the field that set ``grammar``: named when the grammar leaves no token
+    grammar_param: str | None = None  # the field that set the answer's grammar: named when it leaves no token
     json_content: bool = False  # a chat's response_format: the content is the answer's JSON (``structured.json_content``)
     tools: ToolPlan | None = None  # the tools offered: the answer is parsed for calls (``app.tools.parse``)
     completion: bool = False  # a ``/v1/completions`` job: its answers are text_completion objects
     echo: str = ""  # a completion's prompt, echoed before its answer (``echo``)
     created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return self.answer.ids
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.answer.max_new_tokens
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.answer.sampling
+
+    @property
+    def logprobs(self) -> int | None:
+        """The alternatives per token asked for (``top_logprobs``); None: no logprobs."""
+        return self.answer.logprobs
 
 
 @dataclass

@@ -26,11 +26,13 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppd_core import calibrate_engine, calibrate_with_curve, chains_text, export_acceptance, profile_path
+    from ppd_core.calibration.profiles import profile_path
+    from ppd_core.engine_calibration import calibrate_engine, calibrate_with_curve, export_acceptance
+    from ppd_core.drafters.lookup import chains_text
 
     curve = None
     if args.latency_curve is not None:
-        from ppd_core import read_curve
+        from ppd_core.calibration.curves import read_curve
 
         curve = read_curve(args.latency_curve)  # a bad file fails before the model loads
     args.tree = "auto"  # with auto_calibrate off: no calibration at load (a static tree would need prompt tokens)
@@ -71,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
 
 def report_type_curves(engine) -> None:
     """For an F16/BF16/Q8_0 file: this device's step curve for it, and what flatter types would decode at."""
-    from ppd_core import TYPE_CURVE_CONTEXT, TYPE_CURVE_SIZES, other_type_curves, read_source, step_curve
+    from ppd_core.backends.llamacpp.quantize import read_source
+    from ppd_core.calibration.type_curves import TYPE_CURVE_CONTEXT, TYPE_CURVE_SIZES, other_type_curves
+    from ppd_core.engine_calibration import step_curve
 
     gguf, threads, layers = engine.loaded.gguf_file, engine.threads, engine.loaded.kernels.get("gpu_layers")
     own_type = read_source(gguf)[0]
@@ -79,7 +83,7 @@ def report_type_curves(engine) -> None:
         return
     print(f"step ms after {TYPE_CURVE_CONTEXT} cached tokens, {' / '.join(map(str, TYPE_CURVE_SIZES))} rows "
           "(other types made in a temporary folder and timed here; this takes a while):", flush=True)
-    curves = {f"{own_type} (this file)": step_curve(engine, TYPE_CURVE_SIZES, TYPE_CURVE_CONTEXT)}
+    curves: dict[str, dict[int, float] | str] = {f"{own_type} (this file)": step_curve(engine, TYPE_CURVE_SIZES, TYPE_CURVE_CONTEXT)}
     engine.close()  # one model in memory at a time
     curves.update(other_type_curves(gguf, threads, layers))
     for name, curve in curves.items():

@@ -42,11 +42,11 @@ def run(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.port)
     train_options = train_options_of_environment()
     from app.model_host import ModelHost
-    from ppd_core import limit_malloc_arenas
+    from ppd_core.memory import limit_malloc_arenas
 
     limit_malloc_arenas()  # before the server's threads start
 
-    def load(spec: str, progress) -> object:  # the model options, with another model (the page switches models)
+    def load(spec: str, progress):  # the model options, with another model (the page switches models)
         # a first launch on this device calibrates beside the first answers (ModelHost.calibrate_in_background)
         return load_engine(argparse.Namespace(**{**vars(args), "model": spec}), auto_calibrate=False, progress=progress)
 

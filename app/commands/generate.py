@@ -11,11 +11,17 @@ from app.commands.options import add_model_options, add_sampling_options, sampli
 from ppd_core.errors import PpdError
 
 
+def mode_name(mode: str) -> str:
+    """``--mode``'s value; "vanilla", plain decoding's name in the README before issue 52, is taken as "plain"."""
+    return "plain" if mode == "vanilla" else mode
+
+
 def register(commands) -> None:
     """Add `ppd generate`'s sub-parser to ``commands``."""
     generate = commands.add_parser("generate", help="answer one chat message")
     generate.add_argument("text")
-    generate.add_argument("--mode", default="ppd", choices=["ppd", "vanilla"])
+    generate.add_argument("--mode", default="ppd", choices=["ppd", "plain"], type=mode_name,
+                          help="PPD (the default), or plain decoding: one token a step")
     generate.add_argument("--max-new-tokens", type=int, default=256)
     add_sampling_options(generate)
     generate.add_argument("--system", default=None, help="system prompt")
@@ -25,12 +31,10 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     sampling = sampling_of(args)
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens < 1:  # refused before the model loads (``Engine.check`` makes the model's checks)
         raise PpdError("--max-new-tokens must be at least 1")
     if not args.text.strip():
         raise PpdError("the message is empty")
-    from ppd_core import check_prompt_fits
-
     engine = load_engine(args, auto_calibrate=False)  # the answer never waits for a calibration
     if engine.has_chat_template:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
@@ -42,13 +46,13 @@ def run(args: argparse.Namespace) -> int:
             raise PpdError(f"--system needs a chat template, and {engine.loaded.name} has none")
         print(f"ppd: {engine.loaded.name} has no chat template: completing the text as written", file=sys.stderr)
         ids = engine.completion_ids(args.text)
-    check_prompt_fits(len(ids), engine.max_context)
+    request = engine.check(ids, args.max_new_tokens, mode=args.mode, sampling=sampling, chat=engine.has_chat_template)
     if engine.plan.awaiting_calibration and args.mode == "ppd":
         print("ppd: this device is not calibrated for this model yet: plain steps with chains copied from the "
               "conversation (`ppd calibrate` measures it once; `ppd chat` and `ppd serve` do it in the background)",
               file=sys.stderr)
     event = None
-    for event in engine.stream(ids, args.mode, args.max_new_tokens, sampling=sampling, chat=engine.has_chat_template):
+    for event in engine.answer(request):
         if not args.json:
             print(event.delta, end="", flush=True)
     stats = event.stats

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from app.commands.options import model_threads
+
+if TYPE_CHECKING:
+    from ppd_core import Engine
 
 
 class ProgressBars:
@@ -31,7 +35,7 @@ class ProgressBars:
             self.bars.pop("calibrating")
 
 
-def load_engine(args: argparse.Namespace, auto_calibrate: bool = True, progress=None):
+def load_engine(args: argparse.Namespace, auto_calibrate: bool = True, progress=None) -> Engine:
     """The engine of the model options; ``progress(phase, done, total)`` hears the calibration's phases too."""
     from ppd_core import Engine, EngineConfig
 

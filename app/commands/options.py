@@ -11,7 +11,9 @@ from ppd_core.errors import PpdError
 from ppd_core.options import (
     BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, MAX_LOOKUP, QUANT_CHOICES, STATIC_TREE_NAMES,
 )
+from ppd_core.sampling.fields import FIELDS
 from ppd_core.sampling.params import SamplingParams
+
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default",
@@ -83,9 +85,11 @@ def lookup_length(text: str) -> int | str | None:
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    """One option per sampling field (``ppd_core.sampling.fields``), off unless given (the temperature: greedy), with
+    the acceptance rule and the seed after the samplers and the repetition penalties in their own group."""
+    for field in FIELDS:
+        if not field.penalty:
+            parser.add_argument(field.flag, type=field.kind, default=field.default, help=field.help)
     parser.add_argument(
         "--acceptance", default="lossless", choices=["lossless", "typical"],
         help="when sampling: lossless keeps the model's distribution exactly; typical (the paper's) is faster "
@@ -93,18 +97,14 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=None, help="reproducible sampling")
     penalties = parser.add_argument_group("repetition penalties (llama.cpp's; off unless given)")
-    penalties.add_argument("--repeat-penalty", type=float, default=1.0,
-                           help="divide the logit of a token seen in the window by this (1 = off; 1.1 is usual)")
-    penalties.add_argument("--repeat-last-n", type=int, default=64,
-                           help="the window: the last N tokens of the context (-1: all of it; 0: no penalties)")
-    penalties.add_argument("--presence-penalty", type=float, default=0.0, help="take this off a seen token's logit")
-    penalties.add_argument("--frequency-penalty", type=float, default=0.0, help="take this off per time it was seen")
+    for field in FIELDS:
+        if field.penalty:
+            penalties.add_argument(field.flag, type=field.kind, default=field.default, help=field.help)
 
 
 def sampling_of(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(args.temperature, args.top_p, args.top_k, args.acceptance, args.seed,
-                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+    return SamplingParams(acceptance=args.acceptance, seed=args.seed,
+                          **{field.name: getattr(args, field.name) for field in FIELDS})
 
 
 def check_threads(args: argparse.Namespace) -> None:

@@ -31,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
 
     import platformdirs
 
-    from ppd_core import QUANT_TYPES as TYPES, SHIPPED_TEXT, model_path, perplexity_of as perplexity, quantize_plan as plan
-    from ppd_core import quantize_model as quantize
+    from ppd_core.backends.llamacpp.perplexity import SHIPPED_TEXT, perplexity
+    from ppd_core.backends.llamacpp.quantize import TYPES, plan, quantize
+    from ppd_core.loading import model_path
 
     if args.type_name.lower() == "list":
         print(" ".join(TYPES))

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.port)
     from app.model_host import ModelHost
     from app.server import Serving, server_app
-    from ppd_core import limit_malloc_arenas
+    from ppd_core.memory import limit_malloc_arenas
 
     limit_malloc_arenas()  # before the server's threads start
     # listening at once (/health and /v1 answer 503 with Retry-After while the model loads); a first launch on this

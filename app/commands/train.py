@@ -9,44 +9,19 @@ from pathlib import Path
 from app.commands.loading import ProgressBars, load_engine
 from app.commands.options import add_model_options, model_threads
 from app.questions import DEFAULT_QUESTIONS, read_questions
+from app.train_options import add_training_options
 from ppd_core.errors import PpdError
 
 
 def register(commands) -> None:
     """Add `ppd train`'s sub-parser to ``commands``."""
     train = commands.add_parser("train", help="learn prompt tokens by self-distillation")
-    train.add_argument("--samples", type=int, default=2000, help="conversations the model answers and trains on")
-    train.add_argument("--out", type=Path, default=None, help="output prompt-token file")
-    train.add_argument("--data", type=Path, default=None, help="your conversations (JSON or JSONL); default ShareGPT")
-    train.add_argument("--eval-questions", type=Path, default=DEFAULT_QUESTIONS, help="held-out MT-Bench style JSONL (default: the shipped MT-Bench questions)")
-    train.add_argument("--eval-limit", type=int, default=20, help="held-out questions to evaluate on; 0 skips the evaluation")
-    train.add_argument("--epochs", type=float, default=2.0)
-    train.add_argument("--cuts", type=int, default=32, help="cuts per conversation per step")
-    train.add_argument("--accumulate", type=int, default=4, help="conversations per optimizer step")
-    train.add_argument("--ensemble", type=int, default=2, help="ensemble members per prompt token")
-    train.add_argument("--lr", type=float, default=1e-2)
-    train.add_argument("--loss", choices=("kl", "top20", "hard"), default="kl",
-                       help="kl: forward KL to the model's whole distribution (default); top20: cross-entropy on its 20 "
-                            "likeliest tokens; hard: cross-entropy on its own next token")
-    train.add_argument("--curriculum", type=float, default=0.0, metavar="FRACTION",
-                       help="train depth 1 alone for this fraction of the steps first (default 0)")
-    train.add_argument("--max-prompt-tokens", type=int, default=384)
-    train.add_argument("--max-new-tokens", type=int, default=192, help="length of the model's teacher answers")
-    train.add_argument("--generation-batch", type=int, default=16)
-    train.add_argument("--work-dir", type=Path, default=None, help="answers and checkpoints (resumed if present)")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--status", type=Path, default=None, metavar="FILE",
-                       help="keep a JSON status here (phase, progress, seconds): how the chat app follows a training")
-    train.add_argument("--acceptance-prompts", type=int, default=12, metavar="N",
-                       help="afterwards, measure how often the new tokens' guesses are right on N calibration "
-                       "conversations, with the decoding backend, and keep it beside the file (calibrations then "
-                       "measure only their latency curve); 0 skips it")
-    train.add_argument("--init", type=Path, default=None, help="start from this prompt-token file (e.g. distil an ensemble into --ensemble 1)")
+    add_training_options(train)
     add_model_options(train)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppd_core import PromptTokens
+    from ppd_core.drafters.prompt_tokens import PromptTokens
 
     for option in ("samples", "epochs", "cuts", "accumulate", "ensemble", "lr", "max_prompt_tokens", "max_new_tokens", "generation_batch"):
         if not getattr(args, option) > 0:
@@ -60,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     # user files fail here, in one line, before the model loads and answers are generated
     if args.data is not None and not args.data.is_file():
         raise PpdError(f"conversation file not found: {args.data}")
-    eval_questions = args.eval_questions if args.eval_limit > 0 else None
+    eval_questions = (args.eval_questions or DEFAULT_QUESTIONS) if args.eval_limit > 0 else None
     if eval_questions is not None:
         read_questions(eval_questions, args.eval_limit)
     if args.init is not None:
@@ -99,8 +74,11 @@ def train_model(args: argparse.Namespace, eval_questions: Path | None, claim, st
     """`ppd train` once its input is checked: load, answer, train, evaluate, save, measure the acceptance."""
     from tqdm import tqdm
 
-    from ppd_core import (TrainConfig, TrainRun, load_model, model_signature, record_acceptance, run_training,
-                          user_prompt_tokens_path)
+    from ppd_core.engine_calibration import record_acceptance
+    from ppd_core.engine_load import model_signature, user_prompt_tokens_path
+    from ppd_core.loading import load_model
+    from ppd_core.training.pipeline import TrainRun, run_training
+    from ppd_core.training.trainer import TrainConfig
 
     if model_threads(args):
         import torch
@@ -141,7 +119,7 @@ def train_model(args: argparse.Namespace, eval_questions: Path | None, claim, st
         engine = load_engine(args, auto_calibrate=False)
         record = record_acceptance(engine, ProgressBars(lambda _, done, total: status.write("acceptance", done, total)),
                                    prompts=args.acceptance_prompts)
-        print(f"acceptance record ({engine.loaded.backend.name}, {engine.loaded.quant}) written to {record}")
+        print(f"acceptance record ({engine.loaded.info.name}, {engine.loaded.quant}) written to {record}")
     status.write("done", 1, 1, force=True)
     return 0
 

@@ -30,7 +30,7 @@ def compared(chat: Chat, on_new_thread: bool) -> dict:
 
     def run():
         comparison = chat.compare(MESSAGE, ChatSettings(max_new_tokens=256))
-        result.update(plain=comparison.vanilla_stats.tok_s, ppd=comparison.ppd_stats.tok_s)
+        result.update(plain=comparison.plain_stats.tok_s, ppd=comparison.ppd_stats.tok_s)
 
     if on_new_thread:
         worker = threading.Thread(target=run)

@@ -56,7 +56,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 MODEL_ARGS = ["--backend", "llamacpp", "--prompt-tokens", "none", "--tree", "auto"]
 SEED_PROFILE = ("import sys; from app import cli; from app.commands.loading import load_engine; "
                 "args = cli.build_parser().parse_args(['chat', *sys.argv[1:]]); "
-                "engine = load_engine(args, auto_calibrate=False); from ppd_core import calibrate_engine; "
+                "engine = load_engine(args, auto_calibrate=False); from ppd_core.engine_calibration import calibrate_engine; "
                 "calibrate_engine(engine, prompts=1, max_new_tokens=16, repeats=1); engine.close()")
 BROKEN_KINDS = ("truncated", "not a GGUF", "header cut")
 STORY = "Write a long story about a dragon who learns to bake bread, with many details."

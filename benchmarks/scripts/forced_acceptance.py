@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from ppd_core import Engine, EngineConfig  # noqa: E402
-from ppd_core.grammar import schema_grammar  # noqa: E402
+from ppd_core import schema_grammar  # noqa: E402
 from ppd_core.drafters.base import right_guesses  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
 
@@ -40,7 +40,7 @@ def main() -> int:
     positions = proposed = 0
     for prompt, schema in PROMPTS[: args.limit]:
         grammar = schema_grammar(schema, response_format=True)
-        answer = engine.generate(engine.chat_ids([{"role": "user", "content": prompt}]), "vanilla",
+        answer = engine.generate(engine.chat_ids([{"role": "user", "content": prompt}]), "plain",
                                  args.max_new_tokens, grammar=grammar).tokens
         state, drafter = backend.grammar(grammar), engine.new_forced_text()
         for i, token in enumerate(answer):  # the drafter after answer[:i + 1], as decoding asks it

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from app.questions import DEFAULT_QUESTIONS, read_questions  # noqa: E402
 from ppd_core.calibration.tree_search import step_seconds  # noqa: E402
 from ppd_core import Engine, EngineConfig  # noqa: E402
-from ppd_core.calibration.verbs import calibrate_with_curve  # noqa: E402
+from ppd_core.engine_calibration import calibrate_with_curve  # noqa: E402
 
 
 def replay(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seconds, plain: float) -> dict:
@@ -43,7 +43,7 @@ def replay(engine: Engine, prompts: list[list[int]], max_new_tokens: int, second
                 tokens += len(event.step.tokens)
                 curve_seconds += seconds(event.step.tree_tokens)
             answer = event.tokens
-        identical &= answer == engine.generate(ids, "vanilla", max_new_tokens).tokens
+        identical &= answer == engine.generate(ids, "plain", max_new_tokens).tokens
     return {"answers": len(prompts), "steps": steps, "tokens": tokens, "tokens_per_step": round(tokens / steps, 4),
             "speedup": round(tokens * plain / curve_seconds, 4), "identical": identical}
 
@@ -55,7 +55,7 @@ def turn_prompts(engine: Engine, questions, turns: int, max_new_tokens: int) -> 
         first = [{"role": "user", "content": question.turns[0]}]
         out["first turns"].append(engine.chat_ids(first))
         if turns > 1 and len(question.turns) > 1:
-            answer = engine.generate(out["first turns"][-1], "vanilla", max_new_tokens).text
+            answer = engine.generate(out["first turns"][-1], "plain", max_new_tokens).text
             out["follow-ups"].append(engine.chat_ids(
                 [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": question.turns[1]}]))
     return {name: prompts for name, prompts in out.items() if prompts}

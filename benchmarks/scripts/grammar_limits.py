@@ -19,7 +19,7 @@ import numpy as np
 
 from measurement import machine, now, report
 from ppd_core import Engine, EngineConfig
-from ppd_core.grammar import schema_grammar
+from ppd_core import schema_grammar
 
 ENUMS = (50, 100, 200, 400)
 PROPERTIES = (100, 200, 400)

@@ -62,7 +62,7 @@ def main() -> None:
     conversations = []
     for question in read_questions(DEFAULT_QUESTIONS, args.limit):
         prompt = engine.chat_ids([{"role": "user", "content": question.turns[0]}])
-        conversations.append((prompt, engine.generate(prompt, "vanilla", args.max_new_tokens).tokens))
+        conversations.append((prompt, engine.generate(prompt, "plain", args.max_new_tokens).tokens))
     own, with_history, fallback = LookupStats.empty(), LookupStats.empty(), LookupStats.empty()
     history: list[int] = []
     for prompt, answer in conversations:

@@ -1,7 +1,7 @@
 """llama.cpp's own C++ `llama-server` against ppd's plain decoding on the MT-Bench first turns: the peer figure.
 
     .venv/bin/python benchmarks/scripts/llama_server_bench.py [--limit N] [--max-new-tokens 96] [--threads 2]
-        [--model FILE.gguf] [--ppd-modes vanilla|vanilla,ppd|none] [--server PATH] [--json FILE]
+        [--model FILE.gguf] [--ppd-modes plain|plain,ppd|none] [--server PATH] [--json FILE]
     .venv/bin/python benchmarks/scripts/llama_server_bench.py --build-only   # build (or find) llama-server, print its path
 
 **The server.** Without ``--server`` it is built once from the llama.cpp source that llama-cpp-python vendors (the
@@ -188,7 +188,7 @@ PPD_CALLS = ("engine = Engine.load(EngineConfig(model=GGUF, backend='llamacpp', 
 
 
 def ppd_answerer(gguf: Path, threads: int, mode: str) -> Answerer:
-    """ppd's decoding in ``mode`` ("vanilla": plain, "ppd") through ``ppd_core.engine`` (see ``PPD_CALLS``). One
+    """ppd's decoding in ``mode`` ("plain" or "ppd") through ``ppd_core.engine`` (see ``PPD_CALLS``). One
     engine per mode: each keeps its own previous conversation's cache, as the server keeps its previous prompt."""
     from ppd_core import Engine, EngineConfig  # noqa: PLC0415 - only when ppd runs too
 
@@ -243,8 +243,8 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=4096, help="llama-server's context (-c)")
     parser.add_argument("--repack", default="auto", choices=("auto", "on", "off"),
                         help="llama.cpp's weight repacking (auto: off on an AMX CPU, as ppd loads llama.cpp)")
-    parser.add_argument("--ppd-modes", default="vanilla",
-                        help="ppd's decodings to time beside the server: vanilla (plain), ppd, both comma-separated, or none")
+    parser.add_argument("--ppd-modes", default="plain",
+                        help="ppd's decodings to time beside the server: plain, ppd, both comma-separated, or none")
     parser.add_argument("--server", type=Path, default=None, help="a llama-server binary (default: build and cache one)")
     parser.add_argument("--build-jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cmake-arg", action="append", default=[], help="another CMake option for the build (repeatable)")
@@ -253,8 +253,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     modes = [] if args.ppd_modes == "none" else [m for m in args.ppd_modes.split(",") if m]
-    if any(mode not in ("vanilla", "ppd") for mode in modes):
-        parser.error("--ppd-modes takes vanilla, ppd, vanilla,ppd or none")
+    if any(mode not in ("plain", "ppd") for mode in modes):
+        parser.error("--ppd-modes takes plain, ppd, plain,ppd or none")
 
     if args.server:
         server, configure = args.server, None

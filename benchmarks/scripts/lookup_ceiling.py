@@ -118,7 +118,7 @@ def main() -> None:
         for turn, text in enumerate(question.turns[:2], 1):
             messages.append({"role": "user", "content": text})
             prompt = engine.chat_ids(messages)
-            answer = engine.generate(prompt, "vanilla", args.max_new_tokens).tokens
+            answer = engine.generate(prompt, "plain", args.max_new_tokens).tokens
             stats.add_answer(prompt, answer, turn)
             long_chains.add_answer(prompt, answer, turn)
             messages.append({"role": "assistant", "content": engine.tokenizer.decode(answer, skip_special_tokens=True)})

@@ -1,7 +1,7 @@
 """What ppd's Python decoding loop costs per token beyond llama.cpp's own compute (``llama_decode``).
 
     .venv/bin/python benchmarks/scripts/loop_overhead.py [--prompts 20] [--max-new-tokens 128] [--threads 2]
-        [--mode vanilla|ppd] [--model FILE.gguf] [--profile-prompts 5] [--top 15] [--json FILE]
+        [--mode plain|ppd] [--model FILE.gguf] [--profile-prompts 5] [--top 15] [--json FILE]
 
 ppd decodes the first ``--prompts`` MT-Bench first turns greedily, in this process, on the GGUF's llama.cpp
 backend (plain decoding by default), each from a fresh cache after one warm-up answer. Before ppd is imported,
@@ -106,7 +106,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=20, help="MT-Bench first turns timed (default 20)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--mode", default="vanilla", choices=("vanilla", "ppd"), help="plain decoding (default) or PPD")
+    parser.add_argument("--mode", default="plain", choices=("plain", "ppd"), help="plain decoding (default) or PPD")
     parser.add_argument("--profile-prompts", type=int, default=5, help="prompts of the cProfile pass (0: none)")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json", type=Path, default=None)

@@ -88,7 +88,7 @@ def main() -> None:
             started, looped, tokens, tails = time.perf_counter(), [], 0, {}
             for number, question in enumerate(questions):
                 sampling = sampling_of(number)
-                answer = engine.generate(engine.chat_ids([{"role": "user", "content": question}]), "vanilla",
+                answer = engine.generate(engine.chat_ids([{"role": "user", "content": question}]), "plain",
                                          args.max_new_tokens, sampling=sampling)
                 tokens += len(answer.tokens)
                 if loops(answer.text, answer.stop_reason == "length"):

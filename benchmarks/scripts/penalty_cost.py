@@ -47,14 +47,14 @@ def main() -> None:
     from ppd_core.sampling.penalties import window
     from ppd_core.sampling.params import SamplingParams
     from ppd_core.sampling.verify import accept
-    from ppd_core.calibration.verbs import next_token_logits
+    from ppd_core.engine_calibration import next_token_logits
 
     engine = Engine.load(EngineConfig(model=str(args.model or default_gguf()), backend="llamacpp", tree="medium",
                                       threads=args.threads))
     try:
         ids = engine.chat_ids([{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
-        engine.generate(ids, "vanilla", 16)  # warm-up
-        answer = engine.generate(ids, "vanilla", 128)
+        engine.generate(ids, "plain", 16)  # warm-up
+        answer = engine.generate(ids, "plain", 128)
         plain_step = statistics.median(step.seconds for step in answer.steps if not step.prefill)
         vocab = next_token_logits(engine, ids).shape[0]
     finally:

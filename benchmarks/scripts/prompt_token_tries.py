@@ -1,10 +1,10 @@
 """Tries at better prompt tokens for the default model, each within the same budget, chosen on a development split.
 
 Teacher answers come from ``ppd train``'s own cache format (``answers.jsonl`` records): the training set, a development
-split of ShareGPT conversations training never sees, and the MT-Bench first turns the README reports on. Each try
-continues the shipped tokens (or starts from "next word") with ``ppd train``'s trainer and one change, writes its tokens
-and its figures (top-1 / top-10 per depth, the README's metric: how often the model's own next token is a guess's
-top k, over every cut of every answer). Resumable: a finished try is skipped, an interrupted one resumes from its
+split of ShareGPT conversations training never sees, and the MT-Bench first turns docs/training.md reports on. Each
+try continues the shipped tokens (or starts from "next word") with ``ppd train``'s trainer and one change, writes its
+tokens and its figures (top-1 / top-10 per depth, docs/training.md's metric: how often the model's own next token is a
+guess's top k, over every cut of every answer). Resumable: a finished try is skipped, an interrupted one resumes from its
 checkpoint.
 
     python benchmarks/scripts/prompt_token_tries.py --answers DIR --out DIR [--tries a,b] [--report NAME,...]
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppd_core.training.distillation import student_logits, teacher_pass, valid_cuts  # noqa: E402
-from ppd_core import load_model  # noqa: E402
+from ppd_core.loading import load_model  # noqa: E402
 from ppd_core.drafters.prompt_tokens import INIT_TEXT, PromptTokens  # noqa: E402
 from ppd_core.training.answers import read_cache  # noqa: E402
 from ppd_core.training.prompt_tensors import initial_prompt_tokens, prompt_table  # noqa: E402
@@ -131,7 +131,7 @@ def passes(model, records: list[dict]) -> list[tuple]:
 
 @torch.no_grad()
 def figures(model, table, n: int, V: int, chained: bool, teacher: list[tuple], chunk: int = 64) -> dict:
-    """Top-1 / top-10 per depth over every cut: the README's metric (``trainer.evaluate``'s, without the loss).
+    """Top-1 / top-10 per depth over every cut: docs/training.md's metric (``trainer.evaluate``'s, without the loss).
     ``table``: [n * V, hidden], or a ``Conditioned``."""
     hits, total = torch.zeros(n, 2), 0
     for cache, truth, cuts, ids in teacher:
@@ -163,8 +163,9 @@ def tokens_path(name: str, out: Path) -> Path:
 
 
 def llamacpp_report(args) -> int:
-    """The README's metric through the product's own path: llama.cpp on the shipped GGUF answers each MT-Bench first
-    turn greedily (128 tokens), and the prompt tokens' guesses are ranked at every cut through llama.cpp's tree rows."""
+    """docs/training.md's metric through the product's own path: llama.cpp on the shipped GGUF answers each MT-Bench
+    first turn greedily (128 tokens), and the prompt tokens' guesses are ranked at every cut through llama.cpp's tree
+    rows."""
     from app.questions import DEFAULT_QUESTIONS, read_questions  # noqa: PLC0415
     from ppd_core.calibration.acceptance import answer_ranks, decoder_answers  # noqa: PLC0415
     from ppd_core import Engine, EngineConfig  # noqa: PLC0415

@@ -29,7 +29,8 @@ from pathlib import Path
 from app.chat import Chat
 from app.chat_settings import ChatSettings
 from app.model_host import ModelHost
-from ppd_core import Engine, EngineConfig, calibrate_engine
+from ppd_core import Engine, EngineConfig
+from ppd_core.engine_calibration import calibrate_engine
 
 CONVERSATIONS = [
     ("Give me three tips for staying healthy.", "Repeat your previous answer word for word."),
@@ -83,7 +84,7 @@ def main() -> None:
         print("no calibration for this device and model: calibrating first", file=sys.stderr)
         calibrate_engine(engine)
     chat = Chat(ModelHost(engine))
-    settings = ChatSettings(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    settings = ChatSettings(max_new_tokens=args.max_new_tokens, values={"temperature": 0.0})
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
         rows = run(chat, settings, args.compares)

@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from app.server_peer import ServerPeer, server_request  # noqa: E402
 from app.structured import json_content  # noqa: E402
 from ppd_core import Engine, EngineConfig, SamplingParams  # noqa: E402
-from ppd_core.grammar import schema_grammar  # noqa: E402
+from ppd_core import schema_grammar  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
 
@@ -59,7 +59,7 @@ def main() -> int:
                 totals["llama-server"]["tokens"] += theirs["usage"]["completion_tokens"]
                 text = theirs["choices"][0]["message"]["content"]
                 grammar = schema_grammar(schema, response_format=True)  # as ppd serve takes response_format
-                for name, mode in (("ppd plain", "vanilla"), ("ppd PPD", "ppd")):
+                for name, mode in (("ppd plain", "plain"), ("ppd PPD", "ppd")):
                     start = time.perf_counter()  # tokenizing counts, as the server's does
                     result = engine.generate(engine.chat_ids(messages), mode, args.max_new_tokens, grammar=grammar)
                     totals[name]["seconds"] += time.perf_counter() - start

@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from app.server_peer import ServerPeer, server_request  # noqa: E402
 from app.structured import json_content  # noqa: E402
 from ppd_core import Engine, EngineConfig, SamplingParams  # noqa: E402
-from ppd_core.grammar import schema_grammar  # noqa: E402
+from ppd_core import schema_grammar  # noqa: E402
 from ppd_core.loading import default_model_file  # noqa: E402
 from schema_prompts import PROMPTS  # noqa: E402
 
@@ -49,7 +49,7 @@ def main() -> int:
                 wrapped = schema_grammar(schema, response_format=True)  # what ppd serve gives response_format
                 ids = engine.chat_ids(messages)
                 answers = {field: {mode: engine.generate(ids, mode, args.max_new_tokens, sampling=sampling,
-                                                         grammar=constraint) for mode in ("vanilla", "ppd")}
+                                                         grammar=constraint) for mode in ("plain", "ppd")}
                            for field, constraint in (("response_format", wrapped), ("grammar", grammar))}
                 answers["grammar"] = {mode: result.text for mode, result in answers["grammar"].items()}
                 answers["response_format"] = {mode: json_content(result.text, complete=result.stop_reason == "eos")

@@ -1,6 +1,6 @@
 """Per-step time early and late in a long answer, against what the KV cache's growth alone explains.
 
-    python benchmarks/scripts/step_growth.py [--max-new-tokens 1024] [--mode vanilla|ppd] [--model FILE.gguf]
+    python benchmarks/scripts/step_growth.py [--max-new-tokens 1024] [--mode plain|ppd] [--model FILE.gguf]
         [--backend auto|llamacpp|torch] [--threads N]
 
 Times each step as the consumer of ``Engine.stream`` sees it (decoding step + detokenizing +
@@ -15,7 +15,7 @@ import json
 import statistics
 import time
 
-from ppd_core.backends import Decoder
+from ppd_core.backend import Decoder
 from ppd_core import Engine, EngineConfig
 from ppd_core.options import BACKEND_CHOICES
 
@@ -39,14 +39,14 @@ def bare_step_ms(backend: Decoder, ids: list[int], repeats: int = 15) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-new-tokens", type=int, default=1024)
-    parser.add_argument("--mode", default="vanilla", choices=["vanilla", "ppd"])
+    parser.add_argument("--mode", default="plain", choices=["plain", "ppd"])
     parser.add_argument("--early", type=int, default=50)
     parser.add_argument("--late", type=int, default=900)
     parser.add_argument("--model", default="default", help="a GGUF file or Hugging Face model (default: the default GGUF)")
     parser.add_argument("--backend", default="auto", choices=BACKEND_CHOICES)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: one per core)")
     args = parser.parse_args()
-    # ppd: the device profile's tree (calibrated now where there is none); vanilla needs no tree
+    # ppd: the device profile's tree (calibrated now where there is none); plain needs no tree
     engine = Engine.load(EngineConfig(model=args.model, backend=args.backend, threads=args.threads, tree="auto",
                                       auto_calibrate=args.mode == "ppd"))
     ids = engine.chat_ids([{"role": "user", "content": PROMPT}])

@@ -66,7 +66,7 @@ def generate_corpus(path: Path, limit: int, max_new_tokens: int, threads: int) -
         for text in question.turns[:2]:
             messages.append({"role": "user", "content": text})
             prompt = engine.chat_ids(messages)
-            answer = engine.generate(prompt, "vanilla", max_new_tokens).tokens
+            answer = engine.generate(prompt, "plain", max_new_tokens).tokens
             turns.append({"prompt": prompt, "answer": answer})
             messages.append({"role": "assistant", "content": engine.tokenizer.decode(answer, skip_special_tokens=True)})
         corpus["conversations"].append({"question": number, "category": question.category, "turns": turns})

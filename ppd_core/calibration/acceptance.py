@@ -16,12 +16,13 @@ from importlib import resources
 
 import numpy as np
 
-from ppd_core.backends import Decoder
+from ppd_core.backend import Decoder, StepRows
 from ppd_core.calibration.records import AcceptanceStats
-from ppd_core.decoding import Request, Speculator, generate
+from ppd_core.answer_request import check_answer
+from ppd_core.decoding import Speculator, generate
 from ppd_core.drafters.lookup import LookupStats
 from ppd_core.text import chat_ids
-from ppd_core.tree import Tree, TreeSpec, build_tree, vanilla_family
+from ppd_core.tree import Tree, TreeSpec, build_tree, plain_family
 
 TOP_K = 10
 CUTS_PER_STEP = 16  # the most answer positions one acceptance step measures (fewer where the backend's rows end)
@@ -60,13 +61,13 @@ def decoder_answers(decoder: Decoder, max_new_tokens: int, eos_ids: Sequence[int
     """Greedy answers from the decoding backend itself, plain decoding, one prompt at a time (``progress`` gets
     the number answered so far; ``between()`` runs before each step, a pause point): lookup is replayed on exactly
     the text decoding will see (llama.cpp's answers differ from transformers' fp32 ones)."""
-    speculator = Speculator(decoder, vanilla_family())
+    speculator = Speculator(decoder, plain_family(), eos_token_ids=frozenset(eos_ids))
     answered = itertools.count(1)
 
     def answer(prompts: list[list[int]]) -> list[list[int]]:
         replies = []
         for prompt in prompts:
-            request = Request(prompt, max_new_tokens, frozenset(eos_ids), decoder.max_context)
+            request = check_answer(prompt, max_new_tokens, decoder.info.max_context)
             reply = []
             for step in generate(speculator, request):  # the next step runs once asked for: after ``between``
                 reply += step.tokens
@@ -107,7 +108,7 @@ def answer_ranks(decoder: Decoder, prompt_table: np.ndarray, num_prompt_tokens: 
     ``answer`` (x[c] the last context token; prompt token k guesses the model's token at c + k + 1), through the
     decoding backend's tree rows, many cuts per step; -1 outside the top k. ``prompt_table`` [n * V, hidden]."""
     n, V = num_prompt_tokens, ensemble_size
-    per_step = max(1, min(CUTS_PER_STEP, decoder.max_tree_rows // (1 + n * V)))
+    per_step = max(1, min(CUTS_PER_STEP, decoder.info.max_tree_rows // (1 + n * V)))
     trees = {} if trees is None else trees
     sequence = prompt + answer
     cache = decoder.new_cache()
@@ -117,10 +118,11 @@ def answer_ranks(decoder: Decoder, prompt_table: np.ndarray, num_prompt_tokens: 
         for start in range(len(prompt), len(sequence), per_step):
             nodes = np.asarray(sequence[start : start + per_step], dtype=np.int64)
             tree = trees.get(len(nodes)) or trees.setdefault(len(nodes), chain_tree(len(nodes), n, V))
-            logits = decoder.tree_logits(cache, tree, nodes, prompt_table[tree.prompt_embedding_index])
+            rows = StepRows.of(tree, nodes, prompt_table[tree.prompt_embedding_index])
+            logits = decoder.tree_logits(cache, rows)
             model_tokens.extend(logits.argmax(slice(0, len(nodes))).tolist())
             guesses.extend(logits.top_of_mean(tree.prompt_slots[i], top_k) for i in range(len(nodes)))
-            decoder.keep(cache, start, list(range(len(nodes))))
+            decoder.keep(cache, start, list(range(len(nodes))), rows)
     finally:
         decoder.truncate(cache, 0)
     cuts = max(0, len(answer) - n)  # those whose n targets the model's tokens cover (``distillation.valid_cuts``)

@@ -32,7 +32,6 @@ from ppd_core.calibration.tree_search import (
     Choice, FamilyEstimate, Probs, choose_family, mean_curve, step_seconds, within,
 )
 from ppd_core.device_info import describe
-from ppd_core.device_info import properties_of
 from ppd_core.device_policy import profile_fields
 from ppd_core.faults import fault
 from ppd_core.drafters.lookup import LookupStats, best_with_chains, with_lookup
@@ -49,20 +48,19 @@ log = logging.getLogger(__name__)
 def profile_key(loaded: LoadedModel, prompt_tokens: PromptTokens) -> dict:
     """Device + model fingerprint + quantization + dtype + backend (with llama.cpp's build and offload) + forward +
     prompt tokens. A rebuilt llama.cpp (another CPU feature set, CUDA, Metal) or another offload is another curve."""
-    signature = signature_of(loaded.backend.embedding_rows, loaded.backend.vocab_size)
-    kernels = loaded.kernels
-    info = describe(loaded.device, kernels.get("threads"))  # llama.cpp's threads, else torch's
-    threads = info.threads
-    device = profile_fields(properties_of(loaded.device, threads), info.driver, offloaded=kernels.get("gpu_layers") == -1)
+    backend = loaded.info
+    signature = signature_of(loaded.backend.embedding_rows, backend.vocab_size)
+    kernels = backend.kernels
+    device = profile_fields(backend.properties, describe(backend.properties).driver, offloaded=backend.offloaded == -1)
     return {
         "device": device,
         "model": {"name": loaded.name, "fingerprint": hashlib.sha256(json.dumps(signature).encode()).hexdigest()[:16]},
         "quant": loaded.quant,
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "backend": loaded.backend.name,
+        "dtype": backend.dtype,
+        "backend": backend.name,
         "build": kernels.get("system", ""),  # llama.cpp's CPU features and GPU backends ("" on torch)
         "gpu_layers": kernels.get("gpu_layers", 0),
-        "forward": loaded.forward,  # the lean and transformers forwards differ in step latency
+        "forward": backend.forward,  # the lean and transformers forwards differ in step latency
         "prompt_tokens": prompt_tokens.fingerprint,
     }
 
@@ -254,9 +252,8 @@ def acceptance_record(loaded: LoadedModel, prompt_tokens: PromptTokens, key: dic
 def probe_sizes(loaded: LoadedModel) -> tuple[list[int], bool]:
     """The tree sizes this device's curve is timed at (a GPU's reach further), and whether decoding pads steps (the
     fixed shapes are timed too)."""
-    on_gpu = loaded.device_kind == "cuda" or loaded.kernels.get("gpu_layers", 0) != 0  # llama.cpp offloads
-    sizes = [size for size in (GPU_SIZES if on_gpu else CPU_SIZES) if size <= loaded.backend.max_tree_rows]
-    return sizes, bool(getattr(loaded.backend, "pads_steps", False))
+    sizes = [size for size in (GPU_SIZES if loaded.info.on_gpu else CPU_SIZES) if size <= loaded.info.max_tree_rows]
+    return sizes, loaded.info.pads_steps
 
 
 def fixed_ladder(sizes: list[int]) -> list[int]:
@@ -291,7 +288,7 @@ def chosen_fields(search: TreeAndChains, policy: StepPolicy, lookup: LookupStats
         expected_tokens_per_step=round(best.tokens_per_step, 4),  # the tree alone, without chains
         expected_ms_per_step=round(1000 * (seconds(best.sizes[-1]) if policy.pads else best.seconds_per_step), 3),
         expected_speedup=round(best.tokens_per_step / seconds(best.sizes[-1]) * plain_seconds if policy.pads
-                               else best.tokens_per_second / choice.vanilla_tokens_per_second, 4),
+                               else best.tokens_per_second / choice.plain_tokens_per_second, 4),
         budgets=[{"budget": budget, "tokens_per_step": round(e.tokens_per_step, 4),
                   "ms_per_step": round(1000 * e.seconds_per_step, 3), "tokens_per_second": round(e.tokens_per_second, 3)}
                  for budget, e in sorted(choice.by_budget.items())],

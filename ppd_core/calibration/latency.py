@@ -10,7 +10,7 @@ A probe is timed as decoding meets it, between steps of another shape: each run 
 1-token step, and a size's figure is that pair less half a pair of 1-token steps. llama.cpp rebuilds its compute
 graph (and on CUDA its CUDA graph) whenever the batch's shape changes, a cost a step of one size repeated never
 pays: on an H200 with the default model, a 2-to-8-token step repeated cost 1.4-2.4x a 1-token step, yet decoding with
-the chains that curve chose ran at 0.75x plain on first turns (README, "On a GPU").
+the chains that curve chose ran at 0.75x plain on first turns (benchmarks/README.md, "On an NVIDIA H200").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ppd_core.backends import Decoder
+from ppd_core.backend import Decoder
 from ppd_core.decoding import DecodeState, Speculator, prefill, tree_step
 from ppd_core.drafters.merge import from_tree
 from ppd_core.tree import Tree, TreeFamily, TreeSpec, build_tree
@@ -98,7 +98,7 @@ def measure_latency(
     ``between()`` runs before every timed step: it may lend the model to other work (the chat's answers while a first
     launch calibrates) and returns True if it did; that size's timing then starts over, warm-up included.
     """
-    vocab, max_context = decoder.vocab_size, decoder.max_context
+    vocab, max_context = decoder.info.vocab_size, decoder.info.max_context
     generator = np.random.default_rng(0)
     measured: dict[tuple[int, int], float] = {}  # (context, size) -> ms
     sizes = sorted(set(sizes) | {1})  # every figure is taken against the 1-token step's
@@ -145,21 +145,20 @@ def measure_fixed(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[int, float]:
     """Median milliseconds of a step of R rows repeated (R, R, R, ...), as decoding runs every step when it pads them
-    all to R rows (``Decoder.pad_steps``): ``{R: ms}``, 1 (a plain step repeated) included. Past two rungs in a row
+    all to R rows (``StepRows.pad_to``): ``{R: ms}``, 1 (a plain step repeated) included. Past two rungs in a row
     that cost more than ``ceiling`` plain steps, no larger one can win: not measured (``progress(done, total)`` after
     each rung then counts them done)."""
     generator = np.random.default_rng(1)
-    context = min(context, decoder.max_context - max(ladder) - 4)
-    probe = ProbeContext(decoder, generator.integers(decoder.vocab_size, size=context).tolist(), between)
+    context = min(context, decoder.info.max_context - max(ladder) - 4)
+    probe = ProbeContext(decoder, generator.integers(decoder.info.vocab_size, size=context).tolist(), between)
     probe.ready()
     measured: dict[int, float] = {}
     rungs = sorted(set(ladder) | {1})
     try:
         for rows in rungs:
-            decoder.pad_steps(rows)
             tree = probe_tree(rows, num_prompt_tokens, ensemble_size)
-            guesses = generator.integers(decoder.vocab_size, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))
-            speculator = Speculator(decoder, TreeFamily(f"fixed-{rows}", (tree,)), prompt_table)
+            guesses = generator.integers(decoder.info.vocab_size, size=(max(tree.depth, 1), max(tree.max_rank + 1, 1)))
+            speculator = Speculator(decoder, TreeFamily(f"fixed-{rows}", (tree,)), prompt_table, pad_to=rows)
             measured[rows] = round(step_ms(speculator, probe, tree, guesses, context, warmup, repeats, between), 3)
             over = [r for r in measured if ceiling is not None and r > 1 and measured[r] > ceiling * measured[1]]
             beyond = len(over) >= 2 and sorted(measured)[-2:] == sorted(over)[-2:]
@@ -168,7 +167,6 @@ def measure_fixed(
             if beyond:
                 break
     finally:
-        decoder.pad_steps(None)
         probe.close()
     return measured
 

@@ -4,7 +4,7 @@ them, and the step-cost function each policy prices steps with.
 * ``trees``: each step its own shape, trees of guesses between 1-token steps, each step priced by the curve timed
   in that alternation (``latency.measure_latency``). The CPU's choice: a row costs most of a step there, padding
   only adds rows.
-* ``fixed``: every generation step decoded as exactly ``rows`` rows (``Decoder.pad_steps``), plain steps too, so a
+* ``fixed``: every generation step decoded as exactly ``rows`` rows (``StepRows.pad_to``), plain steps too, so a
   GPU build of llama.cpp replays one CUDA graph; every step costs ``fixed_ms[rows]``, whatever its tree
   (``latency.measure_fixed``). On an H200 a tree step between 1-token steps cost 9-19 ms against 1.9-3.5 ms
   repeated (benchmarks/measurements/h200-steps-repeated-vs-alternating.json).
@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
-KINDS = ("trees", "fixed", "plain")
+StepPolicyKind = Literal["trees", "fixed", "plain"]  # the module's docstring says each
+KINDS: tuple[StepPolicyKind, ...] = ("trees", "fixed", "plain")
 FIXED_LADDER = (2, 4, 8, 12, 16, 24, 32)  # rows a fixed-shape step is timed at (the GPU's ladder is the same)
 
 
 @dataclass(frozen=True)
 class StepPolicy:
-    kind: str = "trees"
+    kind: StepPolicyKind = "trees"
     rows: int = 0  # ``fixed``: the rows every step is decoded as
     fixed_ms: dict[int, float] = field(default_factory=dict)  # rows -> ms of a step of that shape repeated (1: plain)
     rates: dict[str, float] = field(default_factory=dict)  # the expected tokens/s of each policy weighed

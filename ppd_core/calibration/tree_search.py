@@ -1,7 +1,7 @@
 """The hardware-aware dynamic sparse tree: pure math over acceptance probabilities, no model.
 
 ``probs[d][r]`` is the probability that the rank-``r`` guess of prompt token ``d + 1`` is the
-model's token at that depth, given that depths ``1..d`` matched (DESIGN.md section 1). The
+model's token at that depth, given that depths ``1..d`` matched (docs/design.md, "How a step works"). The
 guesses at one depth are mutually exclusive (one token is right), and depths are treated as
 independent, so a candidate path ``(r1, ..., rd)`` is accepted with probability
 ``probs[0][r1] * ... * probs[d-1][rd]``.
@@ -233,11 +233,11 @@ class Choice:
     best: FamilyEstimate
     budget: int
     by_budget: dict[int, FamilyEstimate]  # every budget tried
-    vanilla_tokens_per_second: float
+    plain_tokens_per_second: float
 
     @property
     def expected_speedup(self) -> float:
-        return self.best.tokens_per_second / self.vanilla_tokens_per_second
+        return self.best.tokens_per_second / self.plain_tokens_per_second
 
 
 def choose_family(

@@ -1,10 +1,10 @@
 """What another GGUF type of the same model would decode at on this device: its step curve, measured.
 
 An F16, BF16 or Q8_0 file's step cost climbs with the rows of a step more steeply than a 4-bit type's on a CPU
-(the quantized mat-vec kernels are compute-bound there: README, "Step curves"), so ppd's trees pay more with a
-flatter type. ``other_type_curves`` makes each candidate type in a temporary folder with llama.cpp's quantizer,
-times the same ``measure_latency`` probes on it, and deletes it; ``ppd quantize`` makes the file for good and
-reports what it costs in perplexity.
+(the quantized mat-vec kernels are compute-bound there: docs/gpu.md, "What a GPU would gain, on paper"), so ppd's
+trees pay more with a flatter type. ``other_type_curves`` makes each candidate type in a temporary folder with
+llama.cpp's quantizer, times the same ``measure_latency`` probes on it, and deletes it; ``ppd quantize`` makes the
+file for good and reports what it costs in perplexity.
 """
 
 from __future__ import annotations

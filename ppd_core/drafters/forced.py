@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ppd_core.drafters.base import ChainPolicy, Draft, Guesses, Verified, right_guesses
-from ppd_core.grammar import allowed_prefix
+from ppd_core.sampling.constraint import allowed_prefix
 
 if TYPE_CHECKING:
-    from ppd_core.grammar import Grammar
+    from ppd_core.sampling.constraint import Grammar
 
 WHITESPACE = " \n\t"
 USUAL_SPACE = {",": " ", ":": " "}  # after these, JSON as usually written has a space; elsewhere none

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 from ppd_core.drafters.base import ChainPolicy, Draft, Guesses, Verified, right_guesses
 from ppd_core.drafters.match_classes import MATCH_CLASSES, class_label, match_class  # noqa: F401 - MATCH_CLASSES: lookup's
-from ppd_core.grammar import allowed_prefix
+from ppd_core.sampling.constraint import allowed_prefix
 
 if TYPE_CHECKING:
-    from ppd_core.grammar import Grammar
+    from ppd_core.sampling.constraint import Grammar
 
 MAX_NGRAM = 4  # longest suffix looked up
 MAX_MATCH = 16  # a match is followed back this far at most

@@ -20,7 +20,7 @@ Cost: ``nice -n 19 env PYTHONPATH=$PWD .venv/bin/python benchmarks/scripts/merge
 with other work meanwhile) timed the prompt tokens' proposal and the merge of a 16-node prompt-token tree (3 depths,
 prompt-token rows on its nodes) with a 6-token lookup chain sharing its first node, no grammar, the tree's shape
 cached: 129 us per step, against 13.3 ms for the cheapest llama.cpp step of the default model on 2 threads
-(DESIGN.md's step costs).
+(a step curve not kept in the repository).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ppd_core.drafters.base import Draft
 from ppd_core.tree import Tree, TreeSpec, build_tree, root_only_tree
 
 if TYPE_CHECKING:
-    from ppd_core.grammar import Grammar
+    from ppd_core.sampling.constraint import Grammar
 
 MAX_BUILT = 256  # tree shapes kept
 

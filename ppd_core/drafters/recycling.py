@@ -22,8 +22,8 @@ table 1.231 / 1.382 / 1.489 (a third, three-token table added nothing: 1.231 / 1
 Cost on the host (``python benchmarks/scripts/recycling_cost.py --rows R``, the 2-core AMD EPYC, nothing else
 running, two runs each; a full table, 12 nodes proposed): ``propose`` 0.35-0.57 ms; ``propose`` + ``observe`` of a
 4-row step 1.5-2.4 ms (``top_k_probs`` of the rows 1.0-1.5 ms of it), of an 8-row step 2.6-2.7 ms; against steps of
-38.86 ms at 4 rows and 68.26 ms at 8 for the default model on llama.cpp, 2 threads, on such a CPU (DESIGN.md's step
-curve): 4-6% more per step while recycling is on.
+38.86 ms at 4 rows and 68.26 ms at 8 for the default model on llama.cpp, 2 threads, on such a CPU (a step
+curve timed there, not kept in the repository): 4-6% more per step while recycling is on.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from ppd_core.errors import PpdError
 
 if TYPE_CHECKING:
     from ppd_core.drafters.forced import ForcedText
-    from ppd_core.grammar import Grammar
+    from ppd_core.sampling.constraint import Grammar
 
 
 @dataclass

@@ -8,75 +8,71 @@ A request's unset fields come from the model's recommendation (its GGUF's ``gene
 ``generation_config.json``), else ppd's measured repeat penalty, else llama-server's default for that field.
 llama-server leaves repetition unguarded (``repeat_penalty`` 1.0) and the embedded default model then loops: ppd's
 default is the penalty Ollama and LM Studio apply (1.1 over the last 64 tokens), kept because it was measured to stop
-the loops (``benchmarks/scripts/loop_rate.py``; the README has the figures).
+the loops (``benchmarks/scripts/loop_rate.py``; the figures: docs/sampling.md, "Repetition penalties").
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ppd_core.errors import PpdError
+from ppd_core.sampling.fields import (
+    BY_NAME, FREQUENCY_PENALTY, MIN_P, NAMES, PRESENCE_PENALTY, REPEAT_LAST_N, REPEAT_PENALTY, TEMPERATURE, TOP_K,
+    TOP_P,
+)
+from ppd_core.sampling.fields import FIELDS as SAMPLING_FIELDS
 
 if TYPE_CHECKING:
     import numpy as np
 
 
-ACCEPTANCE_RULES = ("lossless", "typical")
-# The smallest temperature and repeat penalty above 0: logits are divided by them (in float32 for the penalty), and
-# a subnormal one (1e-320) made them infinite: junk answers, and a token the grammar forbids. 0.001 scales a logit
-# of 100 to 1e5, far inside float32.
-MIN_SCALE = 0.001
+Acceptance = Literal["lossless", "typical"]  # how sampled guesses are verified
+ACCEPTANCE_RULES: tuple[Acceptance, ...] = ("lossless", "typical")
 # The one rule for every sampling field, whoever sets it (the API, the command line, the page, a model's
 # recommendation): field -> (whether a value is fine, the rule in words). Values are finite numbers.
-RANGES = {
-    "temperature": (lambda v: v == 0.0 or MIN_SCALE <= v <= 2.0, f"must be 0 (greedy) or between {MIN_SCALE} and 2"),
-    "top_p": (lambda v: 0.0 < v <= 1.0, "must be greater than 0 and at most 1"),
-    "top_k": (lambda v: v >= 0, "must be 0 (off) or positive"),
-    "repeat_penalty": (lambda v: MIN_SCALE <= v <= 100.0, f"must be between {MIN_SCALE} and 100 (1: off)"),
-    "repeat_last_n": (lambda v: v >= -1, "must be -1 (the whole context), 0 (off) or positive"),
-    "presence_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
-    "frequency_penalty": (lambda v: -2.0 <= v <= 2.0, "must be between -2 and 2"),
-}
+RANGES = {field.name: (field.fine, field.rule) for field in SAMPLING_FIELDS}
 
 
 def out_of_range(name: str, value) -> str | None:
     """What is wrong with ``value`` for sampling field ``name`` ("must be ..., got ..."), or None if it is fine."""
-    fine, rule = RANGES[name]
-    try:
-        if math.isfinite(value) and fine(value):
-            return None
-    except (TypeError, OverflowError):  # not a number, or an int too large for a float
-        if isinstance(value, int) and not isinstance(value, bool) and fine(value):
-            return None
-    return f"{rule}, got {value}"
+    return BY_NAME[name].problem(value)
+
+
+class SamplingError(PpdError):
+    """A sampling value its field's rule refuses; ``field`` names the field, ``problem`` says what is wrong."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field.replace('_', '-')} {problem}")
+        self.field, self.problem = field, problem
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0  # nucleus: keep the smallest set of tokens with at least this mass
-    top_k: int = 0  # keep the k most likely tokens; 0: all
-    acceptance: str = "lossless"
+    # the sampling fields (``fields.py`` declares them: ranges, defaults, names); then how guesses are verified
+    temperature: float = TEMPERATURE.default  # 0: greedy
+    top_p: float = TOP_P.default  # nucleus: keep the smallest set of tokens with at least this mass
+    top_k: int = TOP_K.default  # keep the k most likely tokens; 0: all
+    acceptance: Acceptance = "lossless"
     seed: int | None = None  # reproducible sampling
     typical_epsilon: float = 0.09  # typical acceptance: p(candidate) > min(epsilon, alpha * exp(-entropy))
     typical_alpha: float = 0.3
     # llama.cpp's repetition penalties (``ppd_core/sampling/penalties.py``): off at these values
-    repeat_penalty: float = 1.0  # a seen token's logit divided by it (multiplied when <= 0)
-    repeat_last_n: int = 64  # the window: the sequence's last n tokens; -1: the whole context; 0: no penalties
-    presence_penalty: float = 0.0  # taken off a seen token's logit
-    frequency_penalty: float = 0.0  # taken off per time it was seen
+    repeat_penalty: float = REPEAT_PENALTY.default  # a seen token's logit divided by it (multiplied when <= 0)
+    repeat_last_n: int = REPEAT_LAST_N.default  # the window: the sequence's last n tokens; -1: all; 0: no penalties
+    presence_penalty: float = PRESENCE_PENALTY.default  # taken off a seen token's logit
+    frequency_penalty: float = FREQUENCY_PENALTY.default  # taken off per time it was seen
+    min_p: float = MIN_P.default  # keep the tokens at least this fraction as likely as the likeliest; 0: off
 
     def __post_init__(self):
-        for name in RANGES:
-            problem = out_of_range(name, getattr(self, name))
+        for field in SAMPLING_FIELDS:
+            problem = field.problem(getattr(self, field.name))
             if problem:
-                raise PpdError(f"{name.replace('_', '-')} {problem}")
+                raise SamplingError(field.name, problem)
         if self.acceptance not in ACCEPTANCE_RULES:
             raise PpdError(f"unknown acceptance {self.acceptance!r}; choose one of {', '.join(ACCEPTANCE_RULES)}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # a 64-bit seed, as the OpenAI API takes
-            raise PpdError(f"seed must be a 64-bit integer, got {self.seed}")
+            raise SamplingError("seed", f"must be a 64-bit integer, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -95,10 +91,11 @@ class SamplingParams:
 
     def describe(self) -> dict:
         """The settings as reported in JSON output."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "repeat_penalty": self.repeat_penalty, "repeat_last_n": self.repeat_last_n,
-                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                "acceptance": self.acceptance, "distribution_preserving": self.lossless}
+        return {**self.values(), "acceptance": self.acceptance, "distribution_preserving": self.lossless}
+
+    def values(self) -> dict:
+        """{field: value} of every sampling field (``fields.FIELDS``' names and order)."""
+        return {name: getattr(self, name) for name in NAMES}
 
     def generator(self) -> np.random.Generator:
         """NumPy's PCG64, seeded by ``seed`` (negative seeds as their 64-bit pattern), else from the OS."""
@@ -110,10 +107,9 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
-GGUF_SAMPLING = {"temperature": ("general.sampling.temp", float), "top_p": ("general.sampling.top_p", float),
-                 "top_k": ("general.sampling.top_k", int), "repetition_penalty": ("general.sampling.penalty_repeat", float),
-                 "repeat_last_n": ("general.sampling.penalty_last_n", int)}  # llama.cpp's keys for a model's recommendation
-SAMPLED = ("temperature", "top_p", "top_k")  # what a recommendation sets only where it samples (``do_sample``)
+# llama.cpp's keys for a model's recommendation, by ``generation_config.json``'s names
+GGUF_SAMPLING = {field.config_name or field.name: (field.gguf, field.kind) for field in SAMPLING_FIELDS if field.gguf}
+SAMPLED = tuple(field.name for field in SAMPLING_FIELDS if field.sampled)  # set only where it samples (``do_sample``)
 
 
 def gguf_sampling(metadata) -> dict:
@@ -155,10 +151,9 @@ def recommended(generation_config: dict) -> dict:
 
 
 # llama-server's defaults (common/common.h, ``common_params_sampling``) for the fields ppd takes
-LLAMA_SERVER = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "repeat_penalty": 1.0, "repeat_last_n": 64,
-                "presence_penalty": 0.0, "frequency_penalty": 0.0}
+LLAMA_SERVER = {field.name: field.server_default for field in SAMPLING_FIELDS}
 PPD_MEASURED = {"repeat_penalty": 1.1, "repeat_last_n": 64}
-FIELDS = tuple(LLAMA_SERVER)
+FIELDS = NAMES
 FROM_MODEL, FROM_PPD, FROM_SERVER = "the model", "ppd's default (measured)", "llama-server's default"
 
 

@@ -22,7 +22,7 @@ from ppd_core.sampling.logits import HostLogits, StepLogits
 from ppd_core.sampling.penalties import penalize
 
 if TYPE_CHECKING:
-    from ppd_core.grammar import Grammar
+    from ppd_core.sampling.constraint import Grammar
     from ppd_core.sampling.params import SamplingParams
 
 
@@ -33,8 +33,11 @@ def softmax(scaled: np.ndarray) -> np.ndarray:
 
 
 def adjusted_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The distribution sampled from: softmax(logits / T) cut to top-k and top-p, renormalised.
+    """The distribution sampled from: softmax(logits / T) cut to top-k, top-p and min-p, renormalised.
 
+    Min-p is llama.cpp's (``llama_sampler_min_p_apply``), at its place in llama.cpp's sampler chain (after the
+    penalties, top-k and top-p, before the temperature): it keeps the tokens whose logit is at least the top logit +
+    log(min_p), in float32, on the logits before the temperature.
     logits: [..., vocab]; returns float64 probabilities of the same shape.
     """
     scaled = logits.astype(np.float64) / params.temperature
@@ -49,6 +52,11 @@ def adjusted_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         sorted_probs = np.where(before >= params.top_p, 0.0, sorted_probs)  # the top token always stays
         probs = np.zeros_like(probs)
         np.put_along_axis(probs, order, sorted_probs, -1)
+        probs /= probs.sum(-1, keepdims=True)
+    if params.min_p > 0.0:
+        raw = logits.astype(np.float32)  # [..., vocab]: the top token survives top-k and top-p, so it is the top here
+        cut = raw.max(-1, keepdims=True) + np.float32(math.log(np.float32(params.min_p)))  # [..., 1] float32
+        probs = np.where(raw >= cut, probs, 0.0)
         probs /= probs.sum(-1, keepdims=True)
     return probs
 

@@ -1,7 +1,7 @@
 """The teacher's data: the frozen model's own greedy answers to chat prompts, cached on disk.
 
 A greedy answer is, at every cut inside it, the model's own greedy continuation from that
-cut, so one sequence serves as the teacher for every cut (DESIGN.md: training). The teacher
+cut, so one sequence serves as the teacher for every cut. The teacher
 distributions are recomputed from the cached token ids by one forward pass during training:
 exact full-vocabulary targets for the cost of storing token ids only.
 

@@ -6,7 +6,7 @@ is the model's distribution at position c + k, computed by one causal forward ov
 
 The student attaches n x V prompt tokens at each of C cuts and runs them in ONE forward over
 the teacher pass's KV cache. Row (cut i, token k, member j) sees the context up to c_i and
-member j of tokens 1..k at the same cut: the ensemble mask of DESIGN.md.
+member j of tokens 1..k at the same cut: the ensemble mask of docs/design.md, "How a step works".
 
 Training (the loss) and calibration (the acceptance statistics) both read these logits.
 """

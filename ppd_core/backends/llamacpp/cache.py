@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ppd_core.tree import Tree
 
 # rows llama.cpp computes at once (it splits longer batches): a tree's limit. Its compute buffer holds this many
 # rows of logits and its output buffer one row per sequence (each 6.3 MB at 32 for the default's 49k vocabulary):
@@ -41,4 +40,3 @@ class LlamaCache:
     cells: int = 0
     clean: int = 0
     width: int = 1  # sequences 0..width-1 hold every accepted cell
-    pending: tuple[Tree, list[int]] | None = None  # the last tree step's tree and node tokens, until ``keep``

@@ -2,21 +2,20 @@
 
 llama.cpp owns the kernels, threads and devices (CPU, CUDA, Metal); this module owns the tree.
 
-* **A tree in one ``llama_decode``.** The context's KV cache is unified and every token row carries
-  the sequence ids of the leaves below it (``Tree.sequences``), at position cache length + depth.
-  llama.cpp lets a query see the cells holding its first sequence id at positions up to its own:
-  exactly its ancestors. The context's cells belong to every sequence a tree uses.
-* **Bitwise equal to single-token decoding** with flash attention and a Q8_0 KV cache, whose CPU
-  kernel takes the same path for one query and many (the default f16 cache splits a single
-  query's keys across threads, so long contexts round differently).
-* **Rejected rows are parked, never freed.** A freed cell would take the next token ahead of
-  accepted cells and the attention sums would run in another order. Parked cells keep only
-  ``park``, a sequence no query uses. Since no cell is ever freed between rebuilds, llama.cpp
-  places every new cell after all others, so accepted cells stay in position order. When parked
-  cells fill the context, the cells after the first parked one are freed and the accepted tokens
-  re-decoded in order (``LlamaCache.clean`` tracks that prefix).
-* **Prompt-token rows are embeddings**: such a step is an embedding batch whose token rows are
-  the file's own ``token_embd`` rows, de-quantized as llama.cpp does (bitwise the same logits).
+* **A tree in one ``llama_decode``.** The context's KV cache is unified and every token row carries the sequence ids
+  of the leaves below it (``sequences.tree_sequences``), at position cache length + depth. llama.cpp lets a query
+  see the cells holding its first sequence id at positions up to its own: exactly its ancestors. The context's
+  cells belong to every sequence a tree uses.
+* **Bitwise equal to single-token decoding** with flash attention and a Q8_0 KV cache, whose CPU kernel takes the
+  same path for one query and many (the default f16 cache splits a single query's keys across threads, so long
+  contexts round differently).
+* **Rejected rows are parked, never freed.** A freed cell would take the next token ahead of accepted cells and the
+  attention sums would run in another order. Parked cells keep only ``park``, a sequence no query uses. Since no
+  cell is ever freed between rebuilds, llama.cpp places every new cell after all others, so accepted cells stay in
+  position order. When parked cells fill the context, the cells after the first parked one are freed and the
+  accepted tokens re-decoded in order (``LlamaCache.clean`` tracks that prefix).
+* **Prompt-token rows are embeddings**: such a step is an embedding batch whose token rows are the file's own
+  ``token_embd`` rows, de-quantized as llama.cpp does (bitwise the same logits).
 
 One context serves every cache, the resident one's cells at a time (``cache``).
 """
@@ -25,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -32,9 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ppd_core.backend import BackendInfo, StepRows
+from ppd_core.device_memory import read_memory
 from ppd_core.device_policy import cpu_properties, llama_extra_buffers, rows_bitwise
 from ppd_core.faults import fault
-from ppd_core.grammar import Grammar
+from ppd_core.backends.llamacpp.grammar import Grammar
 from ppd_core.backends.llamacpp import compute_thread
 from ppd_core.backends.llamacpp.batch import BATCH_ROWS, Batch
 from ppd_core.backends.llamacpp.cache import (
@@ -42,15 +44,17 @@ from ppd_core.backends.llamacpp.cache import (
 )
 from ppd_core.backends.llamacpp.library import LIVE_MODELS, LlamaCppError, import_llama_cpp, quiet_logs, system_info
 from ppd_core.backends.llamacpp.rows import EmbeddingRows
+from ppd_core.backends.llamacpp.sequences import tree_sequences
+from ppd_core.options import BackendName
 from ppd_core.sampling.logits import HostLogits
-from ppd_core.tree import Tree
 
 log = logging.getLogger(__name__)
 
 class LlamaCppDecoder:
     """``Decoder`` on llama.cpp for a GGUF file."""
 
-    name = forward = "llamacpp"
+    name: BackendName = "llamacpp"
+    forward = "llamacpp"
     # what ``close`` frees, None until made (a constructor that fails anywhere leaves a decoder close() can free;
     # the embedding batch is made on the first step with prompt-token rows)
     model = context = _token_batch = _embedding_batch = _embeddings = None
@@ -73,7 +77,7 @@ class LlamaCppDecoder:
         offload = llama.llama_supports_gpu_offload()
         model_params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
         self.gpu_layers = model_params.n_gpu_layers if offload else 0
-        self.bitwise = rows_bitwise(cpu_properties(), self.name, "gguf", self.gpu_layers)
+        self.bitwise = rows_bitwise(cpu_properties(), self.gpu_layers)
         self.system = system_info(llama)
         model_params.use_extra_bufts = llama_extra_buffers(self.system)
         self._load_model()
@@ -86,8 +90,7 @@ class LlamaCppDecoder:
         self.threads = threads or os.cpu_count() or 1
         self.kv_type = kv_type
         params = self._params = llama.llama_context_default_params()
-        self.row_limit = TREE_ROWS["gpu" if self.gpu_layers else "cpu"]
-        self.step_rows: int | None = None  # every generation step padded to this many rows (``pad_steps``)
+        self.row_limit = TREE_ROWS["gpu" if self.gpu_layers else "cpu"]  # the most rows one step may have
         # sequence ids: one per leaf (a tree has at most as many leaves as rows), the padding, the park, the keep marker
         self.seq_max = self.row_limit + 3
         self.park, self.keep_marker = self.seq_max - 1, self.seq_max - 2  # rejected rows; a path changing hands
@@ -122,6 +125,17 @@ class LlamaCppDecoder:
                 self.bitwise = self.rows_match_single_steps()
         # prompt-token rows go in as embeddings: only where an embedding row is what its token gives the model
         self.accepts_embeddings = self._embeddings.matches_tokens
+        self.info = self.make_info()
+
+    def make_info(self) -> BackendInfo:
+        """What this decoder is, for everything outside decoding (threads are the context's, fixed at load)."""
+        properties = cpu_properties(self.threads)  # llama.cpp offloads by itself: the process's device is the CPU
+        return BackendInfo(
+            name=self.name, forward=self.forward, vocab_size=self.vocab_size, max_context=self.max_context,
+            bitwise=self.bitwise, threads=self.threads, max_tree_rows=self.row_limit,
+            accepts_embeddings=self.accepts_embeddings, tree_note=self.tree_note, pads_steps=True,
+            kernels=self.describe(), dtype="float32", device="cpu", device_kind="cpu", properties=properties,
+            read_memory=functools.partial(read_memory, properties, None), offloaded=self.gpu_layers)
 
     def _load_model(self) -> None:
         self.model = self.llama.llama_model_load_from_file(str(self.gguf_file).encode(), self._model_params)
@@ -193,20 +207,6 @@ class LlamaCppDecoder:
     def set_threads(self, threads: int) -> None:
         """Nothing: llama.cpp's threads are the context's, chosen at load (``threads``)."""
 
-    @property
-    def max_tree_rows(self) -> int:
-        """The most rows one step may have: the padded shape's, else what llama.cpp computes at once."""
-        return self.step_rows or self.row_limit
-
-    def pad_steps(self, rows: int | None) -> None:
-        """Decode every generation step (``tree_logits``; prompt processing apart) as exactly ``rows`` rows, all with
-        logits: the tree's, then padding rows on ``pad_seq`` that no real row sees, freed after the step. On CUDA
-        llama.cpp keeps one graph for one batch shape, so steps of one shape replay it where a tree between 1-token
-        steps re-captured it every time (README, "On a GPU"). None: each step its own shape (the CPU's best)."""
-        if rows is not None and not 1 <= rows <= self.row_limit:
-            raise LlamaCppError(f"a padded step of {rows} rows: llama.cpp computes 1 to {self.row_limit} at once here")
-        self.step_rows = rows
-
     def grammar(self, text: str) -> Grammar:
         """llama.cpp's grammar sampler for GBNF ``text`` on this model's vocabulary, before any token."""
         return Grammar(self.llama, self.vocab, text, vocab_size=self.vocab_size)
@@ -226,41 +226,43 @@ class LlamaCppDecoder:
             cache.clean = len(cache.tokens)
         return logits
 
-    def tree_logits(self, cache: LlamaCache, tree: Tree, node_tokens: np.ndarray, prompt_rows: np.ndarray | None) -> HostLogits:
-        T, start = tree.num_tokens, len(cache.tokens)
-        if T > self.max_tree_rows:
-            raise LlamaCppError(f"a tree of {T} rows exceeds the {self.max_tree_rows} rows llama.cpp computes per step")
-        R = self.step_rows or T  # rows decoded: the tree's, then padding
+    def tree_logits(self, cache: LlamaCache, rows: StepRows) -> HostLogits:
+        """The step's rows in one ``llama_decode``; with ``rows.pad_to`` (R) as exactly R rows, all with logits: the
+        tree's, then padding rows on ``pad_seq`` that no real row sees, freed after the step. On CUDA llama.cpp keeps
+        one graph for one batch shape, so steps of one shape replay it where a tree between 1-token steps re-captured
+        it every time (docs, "On a GPU"). Without it each step is its own shape (the CPU's best)."""
+        T, start = rows.num_rows, len(cache.tokens)
+        R = rows.pad_to or T  # rows decoded: the tree's, then padding
+        if T > self.row_limit or not T <= R <= self.row_limit:
+            raise LlamaCppError(f"a step of {T} rows padded to {R}: llama.cpp computes 1 to {self.row_limit} at once here")
+        sequences, leaves = tree_sequences(rows.parents)
         self._make_resident(cache, R)
-        self._widen(cache, tree.num_leaves)
-        nodes = node_tokens.tolist()
-        positions = (tree.position_offsets + start).astype(np.int32)  # [T]
-        if prompt_rows is None:
+        self._widen(cache, leaves)
+        N, node_tokens = len(rows.tokens), rows.tokens
+        positions = (rows.positions + start).astype(np.int32)  # [T]
+        if rows.embeddings is None:
             batch = self._token_batch
             batch.tokens[:T] = node_tokens
             batch.tokens[T:R] = node_tokens[0]
         else:
             batch = self._embedding_rows_batch()
-            batch.embeddings[: tree.num_nodes] = self._embeddings.rows(nodes)
-            batch.embeddings[tree.num_nodes : T] = prompt_rows
+            batch.embeddings[:N] = self._embeddings.rows(node_tokens.tolist())
+            batch.embeddings[N:T] = rows.embeddings
             batch.embeddings[T:R] = batch.embeddings[0]
         padding = np.arange(start, start + R - T, dtype=np.int32)  # [R - T] on the padding sequence alone
-        batch.fill(np.concatenate([positions, padding]), [*tree.sequences, *[[self.pad_seq]] * (R - T)], outputs=1)
+        batch.fill(np.concatenate([positions, padding]), [*sequences, *[[self.pad_seq]] * (R - T)], outputs=1)
         logits = self._run(batch, R, R)  # [R, vocab]
         if R > T:  # the padding's cells lie after the tree's: freed, the next step's cells take their place in order
             self.llama.llama_memory_seq_rm(self.memory, self.pad_seq, -1, -1)
             logits = HostLogits(logits.values[:T])  # [T, vocab]
         cache.cells += T
-        cache.pending = (tree, nodes)
         return logits
 
-    def keep(self, cache: LlamaCache, start: int, path: Sequence[int]) -> None:
-        tree, nodes = cache.pending
-        cache.pending = None
+    def keep(self, cache: LlamaCache, start: int, path: Sequence[int], rows: StepRows) -> None:
         llama, memory = self.llama, self.memory
         end = start + len(path)
-        if len(path) < tree.num_tokens:  # park the step's other rows
-            last = tree.sequences[path[-1]][0]  # its cells from ``start`` to ``end`` are the accepted path
+        if len(path) < rows.num_rows:  # park the step's other rows
+            last = tree_sequences(rows.parents)[0][path[-1]][0]  # its cells from ``start`` to ``end``: the path
             llama.llama_memory_seq_cp(memory, last, self.keep_marker, start, end)
             for seq in range(cache.width):  # every row holds a leaf's sequence, and leaves <= width
                 llama.llama_memory_seq_cp(memory, seq, self.park, start, -1)
@@ -271,10 +273,10 @@ class LlamaCppDecoder:
         else:  # a chain accepted whole: its rows hold sequence 0 only
             for seq in range(1, cache.width):
                 llama.llama_memory_seq_cp(memory, 0, seq, start, -1)
-        if cache.clean == start == cache.cells - tree.num_tokens:  # no parked cell before the step's rows:
+        if cache.clean == start == cache.cells - rows.num_rows:  # no parked cell before the step's rows:
             # its accepted rows before the first rejected one sit in the cells after the clean prefix
             cache.clean += next((i for i, row in enumerate(path) if row != i), len(path))
-        cache.tokens.extend(nodes[i] for i in path)
+        cache.tokens.extend(int(rows.tokens[i]) for i in path)
 
     def truncate(self, cache: LlamaCache, length: int) -> None:
         if length >= len(cache.tokens):

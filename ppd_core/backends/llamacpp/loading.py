@@ -1,8 +1,8 @@
 """A GGUF file on llama.cpp, end to end: no conversion, no torch, no transformers.
 
-The header (``gguf_info``) is read before anything loads, so a file that is not a GGUF, is truncated, names
+The header (``info.read_gguf_info``) is read before anything loads, so a file that is not a GGUF, is truncated, names
 an architecture llama.cpp does not know, or does not fit in memory with its KV cache is one line. Then
-llama.cpp loads it and answers for the tokenizer, the special tokens and the chat template (``gguf_text``).
+llama.cpp loads it and answers for the tokenizer, the special tokens and the chat template (``text.GgufTokenizer``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ppd_core.backends.llamacpp.library import import_llama_cpp
 from ppd_core.backends.llamacpp.text import GgufTokenizer
 from ppd_core.device_policy import MEMORY_HEADROOM, MIN_CONTEXT
 from ppd_core.faults import fault
-from ppd_core.loaded import LoadedModel, ModelLoadError, end_of_answer_ids
+from ppd_core.loaded import LoadedModel, LoadOptions, ModelLoadError, end_of_answer_ids
 from ppd_core.sampling.params import gguf_sampling
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,18 @@ def context_for_memory(info: GgufInfo, wanted: int, available: int | None = None
         log.warning("context limited to %d of %d tokens: the KV cache of more would not fit in the free memory",
                     context, wanted)
     return context
+
+
+def load_file(path: Path, name: str, options: LoadOptions) -> LoadedModel:
+    """A GGUF file on llama.cpp in its own quantization (``registry.LOADERS``): torch's numerics choices refused or
+    said to be ignored first."""
+    if options.quant not in ("auto", "none"):
+        raise ModelLoadError(f"a GGUF runs in its own quantization on llama.cpp: --quant {options.quant} is for Hugging "
+                             "Face models (or pass --backend torch)")
+    if options.dtype != "auto" or options.forward != "lean":
+        log.warning("--dtype and --forward choose torch numerics; %s runs on llama.cpp (pass --backend torch for them)",
+                    path.name)
+    return load_gguf(path, name, options.device, options.threads, options.gpu_layers)
 
 
 def load_gguf(path: Path, name: str, device: str = "auto", threads: int = 0, gpu_layers: int | None = None) -> LoadedModel:

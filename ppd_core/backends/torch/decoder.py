@@ -8,22 +8,25 @@ argmax per row and the next guesses, not ``[rows, vocab]`` floats.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ppd_core.backend import BackendInfo, StepRows
 from ppd_core.backends.torch import device as torch_device
 from ppd_core.backends.torch.cache import Cache, new_cache
+from ppd_core.backends.torch.masks import TreeMasks
 from ppd_core.errors import PpdError
 from ppd_core.sampling.logits import HostLogits, StepLogits
-from ppd_core.tree import Tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
 
     from ppd_core.backends.torch.lean.model import LeanDecoder
+    from ppd_core.options import BackendName
 
 
 def forward_hidden(
@@ -59,7 +62,7 @@ def logits_of(model: PreTrainedModel | LeanDecoder, hidden: torch.Tensor) -> tor
 class TorchDecoder:
     """``Decoder`` over a ``LeanDecoder`` or a transformers model."""
 
-    name = "torch"
+    name: BackendName = "torch"
     tree_note = None  # a transformers cache holds any tree
     accepts_embeddings = True  # prompt-token rows go in as inputs_embeds
     max_tree_rows = 1 << 16  # one forward of any size (the mask grows with it)
@@ -68,13 +71,27 @@ class TorchDecoder:
     def __init__(self, model: PreTrainedModel | LeanDecoder):
         self.model = model
         weight = model.get_input_embeddings().weight
-        self.device = weight.device
-        self.dtype = weight.dtype
-        self.vocab_size = weight.shape[0]
+        self.device: torch.device = weight.device  # pyright: ignore
+        self.dtype: torch.dtype = weight.dtype  # pyright: ignore
+        self.vocab_size = int(weight.shape[0])
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         # fp32 / bf16 / fp16 matmuls and GPU kernels pick other reduction orders for other row counts: a tree row's
         # logits equal a plain step's up to rounding (greedy output up to near-ties), never bit for bit
         self.bitwise = False
+        self._masks = TreeMasks(self.dtype, self.device)
+        self.info = self.make_info()
+
+    def make_info(self) -> BackendInfo:
+        """What this decoder is now, for everything outside decoding (torch's threads as they are now)."""
+        threads = torch_device.num_threads()
+        properties = torch_device.torch_properties(self.device, threads)
+        return BackendInfo(
+            name=self.name, forward=self.forward, vocab_size=self.vocab_size, max_context=self.max_context,
+            bitwise=self.bitwise, threads=threads, max_tree_rows=self.max_tree_rows,
+            accepts_embeddings=self.accepts_embeddings, tree_note=self.tree_note, pads_steps=self.pads_steps,
+            kernels=self.describe(), dtype=str(self.dtype).removeprefix("torch."), device=str(self.device),
+            device_kind=self.device.type, properties=properties,
+            read_memory=functools.partial(torch_device.memory_of, self.device), policy_dtype=True)
 
     def new_cache(self) -> Cache:
         return new_cache(self.model)
@@ -91,15 +108,16 @@ class TorchDecoder:
         return self._step_logits(logits_of(self.model, hidden[-1:]))  # [1, vocab]
 
     @torch.inference_mode()
-    def tree_logits(self, cache: Cache, tree: Tree, node_tokens: np.ndarray, prompt_rows: np.ndarray | None) -> StepLogits:
+    def tree_logits(self, cache: Cache, rows: StepRows) -> StepLogits:
+        """Every row at once with the tree's additive mask (``rows.pad_to`` ignored: a torch step is its rows)."""
         cached = cache.length
-        tokens = torch.from_numpy(node_tokens).to(self.device)  # [N]
+        tokens = torch.from_numpy(rows.tokens).to(self.device)  # [N]
         embeds = self.model.get_input_embeddings()(tokens)  # [N, hidden]
-        if prompt_rows is not None:
-            rows = torch.from_numpy(prompt_rows).to(self.device, embeds.dtype)  # [T - N, hidden]
-            embeds = torch.cat([embeds, rows])  # [T, hidden]
-        positions = torch.from_numpy(tree.position_offsets).to(self.device) + cached  # [T]
-        mask = additive_mask(tree, cached, embeds.dtype, self.device) if tree.num_tokens > 1 else None
+        if rows.embeddings is not None:
+            prompt = torch.from_numpy(rows.embeddings).to(self.device, embeds.dtype)  # [T - N, hidden]
+            embeds = torch.cat([embeds, prompt])  # [T, hidden]
+        positions = torch.from_numpy(rows.positions).to(self.device) + cached  # [T]
+        mask = self._masks.additive(rows.parents, cached) if rows.num_rows > 1 else None
         # one LM-head call over all rows: on a CPU a matmul of 2..16 rows costs about what one of 2 does
         hidden = forward_hidden(self.model, cache, embeds, positions, mask)  # [T, hidden]
         return self._step_logits(logits_of(self.model, hidden))  # [T, vocab]
@@ -108,7 +126,7 @@ class TorchDecoder:
         """[rows, vocab] float32: NumPy on the CPU (no copy), left on a GPU."""
         return HostLogits(logits.numpy()) if logits.device.type == "cpu" else DeviceLogits(logits)
 
-    def keep(self, cache: Cache, start: int, path: Sequence[int]) -> None:
+    def keep(self, cache: Cache, start: int, path: Sequence[int], rows: StepRows) -> None:
         cache.keep(start, path)
 
     def truncate(self, cache: Cache, length: int) -> None:
@@ -132,11 +150,9 @@ class TorchDecoder:
         return torch_device.num_threads()
 
     def set_threads(self, threads: int) -> None:
-        """torch's CPU threads, for the whole process."""
+        """torch's CPU threads, for the whole process; ``info`` made anew to say so."""
         torch_device.set_threads(threads)
-
-    def pad_steps(self, rows: int | None) -> None:
-        """Nothing: a torch step is as many rows as its tree."""
+        self.info = self.make_info()
 
     def grammar(self, text: str):
         raise PpdError("a grammar or JSON schema needs a GGUF model (llama.cpp's grammar engine)")
@@ -144,18 +160,6 @@ class TorchDecoder:
     def describe(self) -> dict:
         kernels = self.model.kernels if self.forward == "lean" else {"linear": "transformers modules", "compiled": False}
         return {"backend": self.name, "forward": self.forward, **kernels}
-
-
-def additive_mask(tree: Tree, cache_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The tree's float mask [1, 1, T, cache_length + T]: 0 where allowed, the dtype's minimum elsewhere."""
-    key = ("torch", dtype, device)
-    if key not in tree._masks:  # the tree block once per tree, dtype and device
-        block = torch.zeros(tree.num_tokens, tree.num_tokens, dtype=dtype)
-        block.masked_fill_(~torch.from_numpy(tree.attention_mask), torch.finfo(dtype).min)
-        tree._masks[key] = block.to(device)
-    block = tree._masks[key]
-    context = torch.zeros(tree.num_tokens, cache_length, dtype=dtype, device=device)
-    return torch.cat([context, block], dim=1)[None, None]
 
 
 class DeviceLogits:

@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding with llama.cpp's own grammar engine (``llama_sampler_init_grammar``), per tree path.
+"""The llama.cpp wing's grammar engine (``llama_sampler_init_grammar``): grammar-constrained decoding per tree path.
 
 A ``Grammar`` is llama.cpp's grammar sampler in one state: the tokens accepted so far. ``allowed`` masks a logit row
 to the tokens the grammar allows next (others -inf, llama.cpp's own rule: end-of-generation only where the grammar
@@ -21,17 +21,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ppd_core.errors import PpdError
 from ppd_core.grammar_bounds import gbnf_problem
+from ppd_core.sampling.constraint import GrammarError, allowed_prefix  # noqa: F401 - re-exported: the public names
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 CHECK_FIRST = 16  # likeliest tokens tried one by one before the whole row is masked
 OPENING_CHUNK = 1024  # tokens a new grammar is first tried on (the lowest ids: single bytes and characters)
 MAX_MASK_SECONDS = 10.0  # a grammar whose mask of one row would take longer is refused (5,000 alternatives: 180 s)
-
-
-class GrammarError(PpdError):
-    """A grammar or schema llama.cpp cannot use."""
 
 
 def schema_grammar(schema: dict | bool, response_format: bool = False) -> str:
@@ -57,7 +53,8 @@ def json_grammar() -> str:
 
 
 class Grammar:
-    """llama.cpp's grammar sampler after some tokens; ``child`` copies it one token further."""
+    """llama.cpp's grammar sampler after some tokens; ``child`` copies it one token further (``sampling.constraint``'s
+    ``Grammar``)."""
 
     def __init__(self, llama, vocab, text: str | None = None, sampler=None, vocab_size: int = 0):
         self.llama, self.vocab, self.vocab_size = llama, vocab, vocab_size or llama.llama_vocab_n_tokens(vocab)
@@ -170,17 +167,3 @@ class Grammar:
         if not np.isfinite(masked).any():
             raise GrammarError("the grammar allows no token here")
         return int(np.argmax(masked))
-
-
-def allowed_prefix(grammar: Grammar, tokens: Sequence[int]) -> list[int]:
-    """The longest prefix of ``tokens`` the grammar allows from its state, token by token."""
-    state, kept = grammar.clone(), []
-    try:
-        for token in tokens:
-            if not state.allows([token])[0]:
-                break
-            state.accept(token)
-            kept.append(int(token))
-    finally:
-        state.close()
-    return kept
