@@ -7,24 +7,11 @@ modules on use.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 from test_structure import ROOT, find_cycle, imported_names, module_name
 
 MAX_LEVELS = 8
-
-
-def named_modules(path: Path) -> set[str]:
-    """Every module an import in the file names, those under ``if TYPE_CHECKING:`` and inside functions included."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
 
 
 def node(module: str) -> str:
@@ -41,7 +28,7 @@ def layer_graph(package: str, type_only: bool = True) -> dict[str, set[str]]:
             continue
         source = node(name)
         graph.setdefault(source, set())
-        for imported in (named_modules if type_only else imported_names)(path):
+        for imported in imported_names(path, type_checking=type_only):
             parts = imported.split(".")
             targets = {".".join(parts[:i]) for i in range(2, len(parts) + 1)} & modules.keys()
             graph[source].update(node(target) for target in targets if node(target) != source)

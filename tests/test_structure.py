@@ -47,12 +47,12 @@ def type_checking_only(tree: ast.Module) -> set[int]:
     return skipped
 
 
-def imported_names(path: Path) -> set[str]:
+def imported_names(path: Path, type_checking: bool = False) -> set[str]:
     """Every module an ``import`` statement in the file names: ``from a import b`` gives ``a`` and ``a.b``. Imports
-    inside functions count; those under ``if TYPE_CHECKING:`` do not (they never run)."""
+    inside functions count; those under ``if TYPE_CHECKING:`` only with ``type_checking`` (they never run)."""
     names = set()
     tree = ast.parse(path.read_text(), str(path))
-    skipped = type_checking_only(tree)
+    skipped = set() if type_checking else type_checking_only(tree)
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
