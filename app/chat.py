@@ -108,9 +108,16 @@ class Chat:
         """The answer's request, checked by ``engine`` (default: the one loaded now, the only one that may answer it):
         the conversation in the chat template, dropping the oldest turns until prompt + answer fit, with the
         settings' limit, sampling (or ``sampling``), mode (or ``mode``) and JSON schema; and the trimming note."""
+        engine = engine or self.host.engine
+        ids, note = self.trimmed(messages, settings, engine)
+        return self.checked(ids, settings, engine, mode, sampling), note
+
+    @staticmethod
+    def trimmed(messages: list[dict], settings: ChatSettings, engine: Engine) -> tuple[list[int], str]:
+        """The conversation's ids in ``engine``'s chat template, the oldest turns dropped until prompt + answer fit,
+        and the note saying so (not checked yet: ``checked``)."""
         if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
             raise PpdError("the message is empty")
-        engine = engine or self.host.engine
         system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
         limit = engine.max_context
         kept = list(messages)
@@ -119,8 +126,7 @@ class Chat:
             kept = kept[2:] if len(kept) > 2 else kept[1:]  # a user turn and its answer
             ids = engine.chat_ids(system + kept)
         dropped = len(messages) - len(kept)
-        note = f"Trimmed the {dropped} earliest messages to fit the model's {limit}-token context." if dropped else ""
-        return self.checked(ids, settings, engine, mode, sampling), note
+        return ids, f"Trimmed the {dropped} earliest messages to fit the model's {limit}-token context." if dropped else ""
 
     @staticmethod
     def checked(ids: list[int], settings: ChatSettings, engine: Engine, mode: Mode | None = None,
@@ -159,11 +165,12 @@ class Chat:
         partial = messages[-1]["content"]
 
         def made(now: Engine) -> tuple[AnswerRequest, str]:
-            asked, note = self.prepare(messages[:-1], settings, now)
-            ids = list(asked.ids)
+            ids, note = self.trimmed(messages[:-1], settings, now)
             if known is not None and known.engine is now and known.text == partial and known.ids[:len(ids)] == ids:
-                return self.checked(list(known.ids), settings, now), note  # the tokens it was decoded as: greedy goes on
-            return self.checked(ids + now.tokenizer.encode(partial, add_special_tokens=False), settings, now), note
+                ids = list(known.ids)  # the tokens it was decoded as: greedy goes on exactly
+            else:
+                ids += now.tokenizer.encode(partial, add_special_tokens=False)
+            return self.checked(ids, settings, now), note  # checked once, as the request the answer goes on from
 
         engine = self.host.engine
         request, note = made(engine)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ppd_core import ModelSnapshot, PromptTokensInfo
-from ppd_core.device_info import describe, memory_of
+from ppd_core.device_info import describe
 from ppd_core.drafters.lookup import chains_text
 
 

@@ -10,7 +10,7 @@ entries; every drafter then observes what was accepted. Plain decoding is the sa
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 

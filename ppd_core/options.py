@@ -6,9 +6,9 @@ that act on a choice import the same names from here.
 
 from __future__ import annotations
 
-from ppd_core.backend_registry import BackendName, backends  # noqa: F401 - BackendName: the names, for annotations
+from ppd_core.backend_registry import backends
 
-BackendChoice = str  # what the user asks for: "auto" (llama.cpp for a GGUF, else torch) or a ``BackendName``
+BackendChoice = str  # what the user asks for: "auto" (llama.cpp for a GGUF, else torch) or a ``backend_registry.BackendName``
 BACKEND_CHOICES: tuple[BackendChoice, ...] = ("auto", *backends())  # the registry's: a new wing's lines there make it a choice
 QUANT_CHOICES = ("auto", "none", "4bit", "8bit")  # torch: auto = none (the model's own weights); 4bit/8bit: bitsandbytes
 DEVICE_CHOICES = ("auto", "cpu", "cuda")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ppd_core.backend import BackendInfo
     from ppd_core.calibration.profiles import DeviceProfile
     from ppd_core.loaded import LoadedModel
-    from ppd_core.options import BackendName
+    from ppd_core.backend_registry import BackendName
     from ppd_core.plan import DecodePlan
     from ppd_core.drafters.prompt_tokens import PromptTokens
 

@@ -45,7 +45,7 @@ from ppd_core.backends.llamacpp.cache import (
 from ppd_core.backends.llamacpp.library import LIVE_MODELS, LlamaCppError, import_llama_cpp, quiet_logs, system_info
 from ppd_core.backends.llamacpp.rows import EmbeddingRows
 from ppd_core.backends.llamacpp.sequences import tree_sequences
-from ppd_core.options import BackendName
+from ppd_core.backend_registry import BackendName
 from ppd_core.sampling.logits import HostLogits
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,10 @@ from __future__ import annotations
 import ctypes
 import json
 import time
-from collections.abc import Sequence
-
 import numpy as np
 
 from ppd_core.grammar_bounds import gbnf_problem
-from ppd_core.sampling.constraint import GrammarError, allowed_prefix  # noqa: F401 - re-exported: the public names
+from ppd_core.sampling.constraint import GrammarError
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 CHECK_FIRST = 16  # likeliest tokens tried one by one before the whole row is masked

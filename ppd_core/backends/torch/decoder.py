@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel  # type hints only: importing model code costs ~90 MB
 
     from ppd_core.backends.torch.lean.model import LeanDecoder
-    from ppd_core.options import BackendName
+    from ppd_core.backend_registry import BackendName
 
 
 def forward_hidden(
