@@ -8,7 +8,6 @@ CPU cores.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -37,7 +36,6 @@ class AnswerHandlers:
         self.chat = chat
         self.conversations = conversations
         self.page = page
-        self._answers = threading.Lock()  # marks a page answering, one at a time
 
     def answering(self) -> dict:
         """Send and Stop while a page's answer streams (Continue put away)."""
@@ -114,14 +112,6 @@ class AnswerHandlers:
         session.conversation.system_prompt = settings.system_prompt
         return self.chat.answer(messages, settings, stop=lambda: session.stop_requested)
 
-    def _begin_answer(self, session: Session) -> bool:
-        """Mark the page answering; False while its answer streams already (a second send does nothing)."""
-        with self._answers:
-            if session.answering:
-                return False
-            session.answering = True
-            return True
-
     def send(self, message: str, session: Session, *settings) -> Iterator[dict]:
         """Answer ``message``. While the answer streams, Send is off and Stop shown, and another send from the page
         does nothing: its text stays in the box, which is emptied once, when the message is taken."""
@@ -130,7 +120,7 @@ class AnswerHandlers:
             gr.Warning("Please type a message first.")
             yield {page.chat.note: "Please type a message first.", page.session: session}
             return
-        if not self._begin_answer(session):
+        if not session.begin_answer():
             yield {page.session: session}
             return
         try:
@@ -190,7 +180,7 @@ class AnswerHandlers:
         again, for an edit the page made itself)."""
         page = self.page
         shown = {page.chat.chatbot: chat_messages(session.conversation)} if restore else {}
-        if not self._begin_answer(session):
+        if not session.begin_answer():
             yield {**shown, page.session: session}
             return
         try:
@@ -218,10 +208,11 @@ class AnswerHandlers:
 
     def resume(self, session: Session, *settings) -> Iterator[dict]:
         """Continue the last answer, cut at the length limit, where it stopped, in its own bubble (Continue)."""
-        page, conversation = self.page, session.conversation
-        if not self._begin_answer(session):
+        page = self.page
+        if not session.begin_answer():
             yield {page.session: session}
             return
+        conversation = session.conversation  # no other while it answers (``Session.unless_answering``)
         try:
             if not continuable(conversation):
                 gr.Warning(NOTHING_TO_CONTINUE)

@@ -20,6 +20,7 @@ from app.page_text import chat_messages, conversation_choices, exchange, one_lin
 from ppd_core.errors import PpdError
 
 log = logging.getLogger(__name__)
+WAIT = "Wait for the answer to end."
 
 
 class ConversationHandlers:
@@ -132,10 +133,11 @@ class ConversationHandlers:
         """Delete the clicked message with the rest of its exchange (a question with its answer, an answer with its
         question), so the turns still alternate and the model sees what the page shows."""
         index, page = self.selected(session), self.page
-        if session.answering or index is None:
-            line = "Wait for the answer to end." if session.answering else "Click a message in the chat first."
-            return {page.chat.note: line, page.session: session, page.chat.selection: gr.update(visible=False)}
-        self._remove(session, index)
+        with session.unless_answering() as idle:
+            if not idle or index is None:
+                line = WAIT if not idle else "Click a message in the chat first."
+                return {page.chat.note: line, page.session: session, page.chat.selection: gr.update(visible=False)}
+            self._remove(session, index)
         return {page.chat.chatbot: chat_messages(session.conversation), page.chat.note: "", page.session: session,
                 page.chat.selection: gr.update(visible=False), **self.changed(session)}
 
@@ -144,10 +146,11 @@ class ConversationHandlers:
         again."""
         messages, page = session.conversation.messages, self.page
         questions = [i for i, message in enumerate(messages) if message["role"] == "user"]
-        if session.answering or not questions:
-            return {page.chat.chatbot: chat_messages(session.conversation), page.session: session}
-        text = messages[questions[-1]]["content"]
-        self._remove(session, questions[-1])
+        with session.unless_answering() as idle:
+            if not idle or not questions:
+                return {page.chat.chatbot: chat_messages(session.conversation), page.session: session}
+            text = messages[questions[-1]]["content"]
+            self._remove(session, questions[-1])
         return {page.chat.chatbot: chat_messages(session.conversation), page.chat.message: text, page.chat.note: "",
                 page.session: session, **self.changed(session)}
 
@@ -165,10 +168,15 @@ class ConversationHandlers:
         self.host.forget_answers()
 
     def clear(self, session: Session, note: str = "") -> dict:
-        """New chat: a new conversation, with a new id; the old one stays saved (``note``: the line shown)."""
-        session.conversation = Conversation(system_prompt=session.conversation.system_prompt)
-        session.selected = session.deleting = None
+        """New chat: a new conversation, with a new id; the old one stays saved (``note``: the line shown). Refused
+        while the page's answer streams (it goes into the conversation it began in, shown to its end)."""
         page = self.page
+        with session.unless_answering() as idle:
+            if not idle:
+                return {page.session: session, page.chat.chatbot: chat_messages(session.conversation),
+                        page.chat.note: WAIT}
+            session.conversation = Conversation(system_prompt=session.conversation.system_prompt)
+        session.selected = session.deleting = None
         return {page.session: session, page.chat.chatbot: [], page.chat.readout: "", page.chat.note: note,
                 page.history.saved: self.listed(session), page.history.name: "",
                 page.history.confirm: gr.update(visible=False), page.chat.context: self.context(session.conversation),
@@ -177,14 +185,15 @@ class ConversationHandlers:
     def open(self, conversation_id: str, session: Session) -> dict:
         """A saved conversation opened (clicked in the list); one that cannot be opened is a line."""
         page = self.page
-        if not conversation_id or session.answering:
-            note = "Wait for the answer to end." if conversation_id else ""
-            return {page.session: session, page.chat.note: note, page.history.saved: self.listed(session)}
-        try:
-            session.conversation = self.store.load(conversation_id)
-        except (OSError, ValueError) as error:
-            line = f"Could not open that conversation: {one_line(error)}"
-            return {page.session: session, page.chat.note: line, page.history.saved: self.listed(session)}
+        with session.unless_answering() as idle:
+            if not conversation_id or not idle:
+                note = WAIT if conversation_id else ""
+                return {page.session: session, page.chat.note: note, page.history.saved: self.listed(session)}
+            try:
+                session.conversation = self.store.load(conversation_id)
+            except (OSError, ValueError) as error:
+                line = f"Could not open that conversation: {one_line(error)}"
+                return {page.session: session, page.chat.note: line, page.history.saved: self.listed(session)}
         session.selected = session.deleting = None
         conversation = session.conversation
         return {page.session: session, page.chat.chatbot: chat_messages(conversation), page.chat.note: "",
@@ -211,7 +220,7 @@ class ConversationHandlers:
         """Delete: what it would remove, with Delete and Cancel (nothing removed yet)."""
         conversation, page = session.conversation, self.page
         if not conversation.messages or session.answering:
-            line = "Wait for the answer to end." if session.answering else "This chat is empty: nothing to delete."
+            line = WAIT if session.answering else "This chat is empty: nothing to delete."
             return {page.session: session, page.chat.note: line, page.history.confirm: gr.update(visible=False)}
         session.deleting = conversation.id
         count = len(conversation.messages)
@@ -222,13 +231,14 @@ class ConversationHandlers:
     def delete_conversation(self, session: Session) -> dict:
         """Delete confirmed: the open conversation's file goes, and the page opens a new chat."""
         conversation, page = session.conversation, self.page
-        if session.answering or session.deleting != conversation.id:  # it changed since Delete was asked
-            session.deleting = None
-            line = "Wait for the answer to end." if session.answering else ""
-            return {page.session: session, page.chat.note: line, page.history.confirm: gr.update(visible=False)}
-        self.store.delete(conversation.id)
-        self.host.forget_answers()  # the answers the model kept for its guesses go with it
-        return self.clear(session, f"Deleted {quoted(conversation.title)}.")
+        with session.unless_answering() as idle:
+            if not idle or session.deleting != conversation.id:  # it changed since Delete was asked
+                session.deleting = None
+                line = WAIT if not idle else ""
+                return {page.session: session, page.chat.note: line, page.history.confirm: gr.update(visible=False)}
+            self.store.delete(conversation.id)
+            self.host.forget_answers()  # the answers the model kept for its guesses go with it
+            return self.clear(session, f"Deleted {quoted(conversation.title)}.")
 
     def cancel_delete(self, session: Session) -> dict:
         session.deleting = None

@@ -3,6 +3,9 @@ wires them)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -52,6 +55,24 @@ class Session:
     unfinished: Unfinished | None = None  # the last answer, cut at the length limit, as decoded (Continue's ids)
     search: str = ""  # the saved conversations' search box: the list shows those that hold it
     deleting: str | None = None  # the conversation Delete asked about, until confirmed or cancelled
+
+    def begin_answer(self) -> bool:
+        """Mark the page answering; False while its answer streams already (a second send does nothing)."""
+        with _MARKING:
+            if self.answering:
+                return False
+            self.answering = True
+            return True
+
+    @contextmanager
+    def unless_answering(self) -> Iterator[bool]:
+        """True while no answer streams: the body may then change or replace the conversation, and no answer begins
+        before it ends (an answer begun meanwhile would go into the conversation the body replaces)."""
+        with _MARKING:
+            yield not self.answering
+
+
+_MARKING = threading.RLock()  # guards every page's ``answering`` mark (one for all: a Session, gr.State's value, stays copyable)
 
 
 def new_session() -> Session:

@@ -148,6 +148,34 @@ def test_a_stopped_answer_says_so_in_its_bubble_and_after_a_reload(running, monk
     page.context.close()
 
 
+def test_new_chat_pressed_while_an_answer_streams_waits_for_it(running, monkeypatch):
+    """Before: New chat replaced the conversation under a streaming answer (one just sent failed with an IndexError)."""
+    from playwright.sync_api import expect
+
+    _, _, service, store = running
+    slow_down(service, monkeypatch, 0.05)
+    page = open_page(running)
+    page.locator("#clear").click()
+    expect(page.locator("#note")).to_have_text("", timeout=30_000)
+    page.locator("#message textarea").fill(LIGHTHOUSE + " Be brief.")
+    page.locator("#send").click()
+    expect(page.locator("#readout")).to_contain_text("(streaming)", timeout=120_000)
+    page.locator("#clear").click()
+    expect(page.locator("#note")).to_have_text("Wait for the answer to end.", timeout=30_000)
+    page.locator("#stop").click()
+    bot = page.locator("#chat [data-testid='bot']").last
+    expect(bot).to_contain_text("(stopped)", timeout=30_000)
+    users = page.locator("#chat [data-testid='user']")
+    expect(users).to_have_count(1)
+    expect(users.first).to_contain_text("Be brief.")
+    saved = [c for c in store.list() if c.messages and c.messages[0]["content"].endswith("Be brief.")]
+    assert len(saved) == 1 and saved[0].messages[-1].get("stopped") is True and saved[0].messages[-1]["content"]
+    expect(page.locator("#send")).to_be_enabled(timeout=30_000)
+    page.locator("#clear").click()  # answered: a new chat now
+    expect(users).to_have_count(0, timeout=30_000)
+    page.context.close()
+
+
 def test_inline_dollar_maths_is_rendered(running):
     """Before, only ``$$…$$`` was maths: ``$a^2 + b^2 = c^2$`` showed its dollars and carets."""
     from playwright.sync_api import expect
