@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from ppd_core.sampling.fields import NAMES as SAMPLING_FIELDS
 from serve_process import ServeProcess, serving
 from test_api import QUESTION, served  # noqa: F401 - served is a fixture
 
@@ -17,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 SEED = 40
 REQUESTS = 2000
-FIELDS = ("messages", "model", "stream", "stream_options", "temperature", "top_p", "max_tokens", "max_completion_tokens",
-          "stop", "seed", "n", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "tools", "functions",
-          "response_format", "top_k", "repeat_penalty", "repeat_last_n", "acceptance", "user", "metadata")
+FIELDS = ("messages", "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "stop", "seed", "n",
+          "logprobs", "top_logprobs", "tools", "functions", "response_format", "acceptance", "user", "metadata",
+          *SAMPLING_FIELDS)  # every declared sampling field (min_p among them), a new one fuzzed as it is declared
 NUMBERS = (0, 1, -1, 2, 20, 21, 64, 2**31, 2**63, 2**64, 10**30, -(10**30), 1e308, -1e308, 1e-320, 0.5, -0.0, 3.5,
            2.0000001, 100.0, 101, -2, 1e10)
 STRINGS = ("", " ", "hi", "NaN", "nan", "Infinity", "-inf", "1e309", "-1", "3", "0x10", "true", "null", "text",
