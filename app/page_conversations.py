@@ -144,9 +144,10 @@ class ConversationHandlers:
     def undo(self, session: Session) -> dict:
         """The last answer's Undo icon: its exchange removed and the question put back in the box, to change and send
         again."""
-        messages, page = session.conversation.messages, self.page
-        questions = [i for i, message in enumerate(messages) if message["role"] == "user"]
+        page = self.page
         with session.unless_answering() as idle:
+            messages = session.conversation.messages
+            questions = [i for i, message in enumerate(messages) if message["role"] == "user"]
             if not idle or not questions:
                 return {page.chat.chatbot: chat_messages(session.conversation), page.session: session}
             text = messages[questions[-1]]["content"]
