@@ -58,11 +58,9 @@ class Session:
 
     def begin_answer(self) -> bool:
         """Mark the page answering; False while its answer streams already (a second send does nothing)."""
-        with _MARKING:
-            if self.answering:
-                return False
+        with self.unless_answering() as idle:
             self.answering = True
-            return True
+            return idle
 
     @contextmanager
     def unless_answering(self) -> Iterator[bool]:
@@ -72,7 +70,7 @@ class Session:
             yield not self.answering
 
 
-_MARKING = threading.RLock()  # guards every page's ``answering`` mark (one for all: a Session, gr.State's value, stays copyable)
+_MARKING = threading.RLock()  # guards every page's ``answering`` mark (one for all: gr.State's Session stays copyable)
 
 
 def new_session() -> Session:
