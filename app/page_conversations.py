@@ -23,6 +23,12 @@ log = logging.getLogger(__name__)
 WAIT = "Wait for the answer to end."
 
 
+def wait_line() -> str:
+    """``WAIT``, also as a toast: while the answer streams, its updates rewrite the note under the chat."""
+    gr.Warning(WAIT)
+    return WAIT
+
+
 class ConversationHandlers:
     """The events that change which conversation a page shows, or what it holds, without the model answering."""
 
@@ -135,7 +141,7 @@ class ConversationHandlers:
         index, page = self.selected(session), self.page
         with session.unless_answering() as idle:
             if not idle or index is None:
-                line = WAIT if not idle else "Click a message in the chat first."
+                line = wait_line() if not idle else "Click a message in the chat first."
                 return {page.chat.note: line, page.session: session, page.chat.selection: gr.update(visible=False)}
             self._remove(session, index)
         return {page.chat.chatbot: chat_messages(session.conversation), page.chat.note: "", page.session: session,
@@ -175,7 +181,7 @@ class ConversationHandlers:
         with session.unless_answering() as idle:
             if not idle:
                 return {page.session: session, page.chat.chatbot: chat_messages(session.conversation),
-                        page.chat.note: WAIT}
+                        page.chat.note: wait_line()}
             session.conversation = Conversation(system_prompt=session.conversation.system_prompt)
         session.selected = session.deleting = None
         return {page.session: session, page.chat.chatbot: [], page.chat.readout: "", page.chat.note: note,
@@ -188,7 +194,7 @@ class ConversationHandlers:
         page = self.page
         with session.unless_answering() as idle:
             if not conversation_id or not idle:
-                note = WAIT if conversation_id else ""
+                note = wait_line() if conversation_id else ""
                 return {page.session: session, page.chat.note: note, page.history.saved: self.listed(session)}
             try:
                 session.conversation = self.store.load(conversation_id)
@@ -221,7 +227,7 @@ class ConversationHandlers:
         """Delete: what it would remove, with Delete and Cancel (nothing removed yet)."""
         conversation, page = session.conversation, self.page
         if not conversation.messages or session.answering:
-            line = WAIT if session.answering else "This chat is empty: nothing to delete."
+            line = wait_line() if session.answering else "This chat is empty: nothing to delete."
             return {page.session: session, page.chat.note: line, page.history.confirm: gr.update(visible=False)}
         session.deleting = conversation.id
         count = len(conversation.messages)
@@ -235,7 +241,7 @@ class ConversationHandlers:
         with session.unless_answering() as idle:
             if not idle or session.deleting != conversation.id:  # it changed since Delete was asked
                 session.deleting = None
-                line = WAIT if not idle else ""
+                line = wait_line() if not idle else ""
                 return {page.session: session, page.chat.note: line, page.history.confirm: gr.update(visible=False)}
             self.store.delete(conversation.id)
             self.host.forget_answers()  # the answers the model kept for its guesses go with it
