@@ -182,7 +182,7 @@ class Chat:
                 stop: Callable[[], bool] | None, before: str = "") -> Iterator[AnswerUpdate]:
         """The answer's updates; ``make`` makes the request again for another model switched in before its turn;
         ``before``: the answer's text before these ids' end (a continued answer)."""
-        event: GenerationEvent | None = None
+        event: Queued | GenerationEvent | None = None
         reading: Reading | None = None
         notes, asked = [note], [request]  # the trimming note of the request that is answered, and that request
 
@@ -205,7 +205,7 @@ class Chat:
                     update.unfinished = Unfinished(before + event.text, list(asked[0].ids) + event.tokens,
                                                    self.host.engine)
                 yield update
-        if event is None or isinstance(event, Queued):
+        if event is None or isinstance(event, Queued) or reading is None:
             yield AnswerUpdate("", "", "", "Stopped before the answer began.", None, "stopped")
         elif event.stop_reason is None:  # stopped by the user
             yield self._update(event, settings, note, reading, "stopped")
@@ -267,7 +267,7 @@ class Chat:
                 def told(tokens: int) -> None:
                     if progress is not None:
                         progress(COMPARED[mode], tokens, max_new)
-                return generated(engine.answer(replace(request, mode=mode)), told)  # type: ignore[arg-type]
+                return GenerationResult.of(engine.answer(replace(request, mode=mode)), told)
 
             results = {mode: run(mode) for mode in order}
         plain, ppd = results["plain"], results["ppd"]
@@ -280,11 +280,3 @@ class Chat:
 
 COMPARED = {"plain": "plain decoding", "ppd": "PPD"}
 
-
-def generated(events: Iterator[GenerationEvent], step: Callable[[int], object]) -> GenerationResult:
-    """``Engine.generate`` of the stream ``events``, calling ``step(tokens so far)`` after each event."""
-    steps, event = [], None
-    for event in events:
-        steps.append(event.step)
-        step(event.stats.new_tokens)
-    return GenerationResult(event.text, event.tokens, event.stats, event.stop_reason, steps)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import NoReturn, cast
 
@@ -278,7 +278,7 @@ class ModelHost:
 
     def decode(self, request: AnswerRequest, *, stop: Callable[[], bool] | None = None, ticket: int | None = None,
                made_for: Engine | None = None, remake: Callable[[Engine], AnswerRequest] | None = None
-               ) -> Iterator[Queued | GenerationEvent]:
+               ) -> Generator[Queued | GenerationEvent, None, None]:
         """``Queued`` while waiting, then the engine's events answering ``request``; ends right after the event during
         which ``stop()`` turned true. Close it (``contextlib.closing``) when leaving it early.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from ppd_core import decoding
@@ -70,6 +70,19 @@ class GenerationResult:
     stats: GenerationStats
     stop_reason: StopReason
     steps: list[StepStats] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, events: Iterable[GenerationEvent], told: Callable[[int], object] | None = None) -> GenerationResult:
+        """The stream ``events`` run to its end; ``told(tokens so far)`` after each event."""
+        steps: list[StepStats] = []
+        last: GenerationEvent | None = None
+        for last in events:
+            steps.append(last.step)
+            if told is not None:
+                told(last.stats.new_tokens)
+        if last is None or last.stop_reason is None:
+            raise RuntimeError("the answer's stream ended before its last event")
+        return cls(last.text, last.tokens, last.stats, last.stop_reason, steps)
 
 
 class Engine:
@@ -315,8 +328,4 @@ class Engine:
     def generate(self, request: AnswerRequest | Sequence[int], mode: Mode = "ppd", max_new_tokens: int = 256,
                  **options) -> GenerationResult:
         """Run ``stream`` to the end."""
-        steps = []
-        event = None
-        for event in self.stream(request, mode, max_new_tokens, **options):
-            steps.append(event.step)
-        return GenerationResult(event.text, event.tokens, event.stats, event.stop_reason, steps)
+        return GenerationResult.of(self.stream(request, mode, max_new_tokens, **options))
