@@ -235,7 +235,7 @@ def test_a_launching_chat_shows_send_off_and_no_spinners_until_its_model_is_read
 
 
 SPINNERS = '[data-testid="status-tracker"]:not(.hide)'
-SHOWN = f"""() => [...document.querySelectorAll('{SPINNERS}')].map(e => {{
+SPINNERS_NAMED = f"""() => [...document.querySelectorAll('{SPINNERS}')].map(e => {{
     const where = [];
     for (let x = e.parentElement; x && where.length < 4; x = x.parentElement) where.push(x.id || String(x.className).slice(0, 40));
     return e.checkVisibility() + ' ' + String(e.className).slice(0, 50) + ' < ' + where.join(' < ');
@@ -253,4 +253,4 @@ def not_ready(page, send) -> None:
     try:  # none that stays: on a busy machine (the full suite) one showed for a moment once, gone before it was named
         expect(page.locator(SPINNERS)).to_have_count(0, timeout=2_000)
     except AssertionError:
-        raise AssertionError(f"status spinners while the model loads: {page.evaluate(SHOWN)}") from None
+        raise AssertionError(f"status spinners while the model loads: {page.evaluate(SPINNERS_NAMED)}") from None
