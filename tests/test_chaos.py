@@ -1,4 +1,4 @@
-"""Chaos: two bounded rounds of benchmarks/scripts/chaos.py against a real `ppd chat` in Chromium (load, a broken
+"""Chaos: three bounded rounds of benchmarks/scripts/chaos.py against a real `ppd chat` in Chromium (load, a broken
 model and back, a training, kill -9 mid-answer and mid-training, restarts); each ends with every typed message on disk,
 one trainer per work directory, no leaked llama.cpp model, the training resumable and the page answering."""
 
@@ -25,11 +25,11 @@ def load_chaos():
 
 
 @pytest.mark.slow
-def test_two_chaos_rounds_lose_nothing_leak_nothing_and_run_no_training_twice(tmp_path):
+def test_three_chaos_rounds_lose_nothing_leak_nothing_and_run_no_training_twice(tmp_path):
     chaos = load_chaos()
     verdicts = []
     try:
-        chaos.run(2, tmp_path, say=verdicts.append)
+        chaos.run(3, tmp_path, say=verdicts.append)
     except chaos.Broken as broken:
         log = (tmp_path / "chat.log").read_text(errors="replace")[-3000:]
         pytest.fail(f"after {len(verdicts)} rounds held, broken: {broken}\n{log}")
@@ -37,7 +37,7 @@ def test_two_chaos_rounds_lose_nothing_leak_nothing_and_run_no_training_twice(tm
         shutil.rmtree(tmp_path / "cache", ignore_errors=True)
         for model in tmp_path.glob("*.gguf"):
             model.unlink()
-    assert [line.startswith(f"round {number}: ok") for number, line in enumerate(verdicts, 1)] == [True] * 2, verdicts
+    assert [line.startswith(f"round {number}: ok") for number, line in enumerate(verdicts, 1)] == [True] * 3, verdicts
 
 
 def test_training_options_that_do_not_split_are_one_line(monkeypatch, capsys):

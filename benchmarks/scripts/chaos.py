@@ -18,8 +18,7 @@ from the page starts one trainer again, train.log kept), and the page answers.
 The model is loaded without its shipped prompt tokens (``--prompt-tokens none``), so the page offers a training;
 before the first launch a short real calibration (one prompt) saves this device's profile, so the app never
 calibrates in the background. One line per round; the first broken invariant ends the run, named, exit 1.
-tests/test_chaos.py runs two rounds (an odd one and an even one: the trainer killed too); three or more with
-``--rounds``.
+tests/test_chaos.py runs three rounds.
 """
 
 from __future__ import annotations
