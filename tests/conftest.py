@@ -95,20 +95,6 @@ def lookup_only_dir(tmp_path_factory, default_engine):
     return folder
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread(request):
-    """torch's CPU threads at 1 for a test that does not decode the real default model on torch: the tiny models'
-    matrices are too small to split, and two threads made their tests about three times slower on two cores (the
-    count is process-wide; put back afterwards)."""
-    if "default_engine" in request.fixturenames:
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 REAL_MODEL_FIXTURES = {"default_engine", "llama_default", "running_app"}  # tiny_model_dir needs default_engine (its tokenizer)
 
 

@@ -50,8 +50,9 @@ def exact_distribution(model, params: SamplingParams, length: int) -> dict[tuple
     return result
 
 
-def likely_guesses(model, params):
-    """Guess hook: at every depth, the tokens most likely overall after the prompt (often right, often not)."""
+def likely_guesses(model):
+    """Guess hook: at every depth, the tokens most likely overall after the prompt (often right, often not; the same
+    for every sampling setting, so a test makes it once for all its samples)."""
     order = np.argsort(-last_logits(model, [PROMPT])[0], kind="stable")  # [vocab]: by logit, as by any T, top-k, top-p
 
     def hook(produced, guesses):  # guesses: [m, K] int64
@@ -92,11 +93,11 @@ def test_lossless_ppd_sampling_matches_the_models_distribution(settings):
     expected = exact_distribution(model, SamplingParams(**settings), 3)
     counts: dict[tuple, int] = {}
     accepted = 0
-    runs = 3000
+    runs, guesses = 3000, likely_guesses(model)
     for seed in range(runs):
         params = SamplingParams(**settings, seed=seed)
         steps = list(generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, 3, 256, sampling=params),
-                                   Answering(guess_hook=likely_guesses(model, params))))
+                                   Answering(guess_hook=guesses)))
         tokens = tuple(t for s in steps for t in s.tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
         accepted += sum(s.from_guesses for s in steps)
@@ -114,11 +115,11 @@ def test_lossless_sampling_keeps_the_distribution_with_the_tree_sources_on():
     counts: dict[tuple, int] = {}
     accepted: dict[str, int] = {}
     memory: dict = {}  # what the sources keep for the model across answers
-    runs = 3000
+    runs, guesses = 3000, likely_guesses(model)
     for seed in range(runs):
         params = SamplingParams(temperature=1.0, seed=seed)
         drafters = answer_drafters(DraftContext(PROMPT, vocab_size=VOCAB, memory=memory), ("recycling", "suffix"))
-        answering = Answering(drafters=drafters, guess_hook=likely_guesses(model, params))
+        answering = Answering(drafters=drafters, guess_hook=guesses)
         steps = list(generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, 3, 256, sampling=params),
                               answering))
         tokens = tuple(t for s in steps for t in s.tokens)
@@ -146,7 +147,7 @@ def run(model, params, family=None, table=None, new=20):
     family = family or family_from_spec("wide", TREE, 3)
     table = prompt_table() if table is None else table
     steps = generate(Speculator(TorchDecoder(model), family, table), check_answer(PROMPT, new, 256, sampling=params),
-                     Answering(guess_hook=likely_guesses(model, params)))
+                     Answering(guess_hook=likely_guesses(model)))
     return [t for s in steps for t in s.tokens]
 
 
@@ -230,7 +231,7 @@ def test_typical_acceptance_accepts_more_and_is_labelled_lossy():
         totals = []
         for seed in range(40):
             p = SamplingParams(temperature=params.temperature, seed=seed, acceptance=params.acceptance)
-            request, answering = check_answer(PROMPT, 24, 256, sampling=p), Answering(guess_hook=likely_guesses(model, p))
+            request, answering = check_answer(PROMPT, 24, 256, sampling=p), Answering(guess_hook=likely_guesses(model))
             steps = [s for s in generate(Speculator(TorchDecoder(model), family, table), request, answering)
                      if not s.prefill]
             totals += [len(s.tokens) for s in steps]
