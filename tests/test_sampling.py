@@ -225,13 +225,13 @@ def test_typical_acceptance_accepts_more_and_is_labelled_lossy():
     typical = SamplingParams(temperature=0.7, seed=1, acceptance="typical")
     assert lossless.lossless and not typical.lossless
     family = family_from_spec("wide", TREE, 3)
-    table = prompt_table()
+    table, guesses = prompt_table(), likely_guesses(model)
 
     def mean_accepted(params):
         totals = []
         for seed in range(40):
             p = SamplingParams(temperature=params.temperature, seed=seed, acceptance=params.acceptance)
-            request, answering = check_answer(PROMPT, 24, 256, sampling=p), Answering(guess_hook=likely_guesses(model))
+            request, answering = check_answer(PROMPT, 24, 256, sampling=p), Answering(guess_hook=guesses)
             steps = [s for s in generate(Speculator(TorchDecoder(model), family, table), request, answering)
                      if not s.prefill]
             totals += [len(s.tokens) for s in steps]
