@@ -107,5 +107,28 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.nodeid.startswith("tests/test_user_folders.py"))
 
 
+def machine_line() -> str:
+    """The machine the tests ran on, in one line (a CI log says what it timed)."""
+    import os
+
+    import psutil
+
+    from ppd_core.cpu_cores import CGROUP, cpu_quota, usable_cores
+
+    quota = cpu_quota(CGROUP)
+    return (f"ppd tests on {os.cpu_count()} cores ({usable_cores()} usable, CPU quota "
+            f"{'none' if quota is None else f'{quota:g} cores'}), {psutil.virtual_memory().total / 2**30:.0f} GiB")
+
+
+def pytest_sessionstart(session):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(machine_line())
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(machine_line())
+
+
 def pytest_unconfigure(config):
     user_folders.clean_up()

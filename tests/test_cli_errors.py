@@ -285,7 +285,8 @@ def test_generate_modes(capsys):
     assert "invalid choice: 'fast' (choose from 'ppd', 'plain')" in capsys.readouterr().err
 
 
-def test_chat_leaves_a_core_to_the_browser(monkeypatch):
+def test_chat_leaves_a_core_to_the_browser(monkeypatch, tmp_path):
+    monkeypatch.setattr("ppd_core.cpu_cores.CGROUP", tmp_path)  # no CPU quota
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)  # the cores it may use
     monkeypatch.setattr("os.cpu_count", lambda: 8)  # where there is no sched_getaffinity
     assert model_threads(types.SimpleNamespace(command="chat", threads=None)) == 7

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE = "ppd_core"
 API = CORE  # app/ imports ppd_core's public API from the package
 LIGHT = {"ppd_core.options", "ppd_core.errors", "ppd_core.sampling", "ppd_core.sampling.params", "ppd_core.sampling.fields"}  # plain data, read before any heavy import
-DIRECT = {"ppd_core.atomic_files"}  # one helper app/ and ppd_core share, imported where it is used
+DIRECT = {"ppd_core.atomic_files", "ppd_core.cpu_cores"}  # helpers app/ and ppd_core share, imported where used
 TOOLS = {  # modules of what is not the session API (calibration, training, quantizing, diagnostics...): their commands'
     "ppd_core.backends.llamacpp.library", "ppd_core.backends.llamacpp.perplexity", "ppd_core.backends.llamacpp.quantize",
     "ppd_core.calibration.curves", "ppd_core.calibration.prices", "ppd_core.calibration.profiles",

@@ -4,9 +4,9 @@ and argument errors answer without importing torch or model code."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from ppd_core.cpu_cores import usable_cores
 from ppd_core.errors import PpdError
 from ppd_core.options import (
     BACKEND_CHOICES, DEVICE_CHOICES, DTYPE_NAMES, FORWARD_CHOICES, MAX_LOOKUP, QUANT_CHOICES, STATIC_TREE_NAMES,
@@ -124,8 +124,7 @@ def model_threads(args: argparse.Namespace) -> int:
         return args.threads
     if args.command not in ("chat", "calibrate"):
         return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)
 
 
 def write_output(path: Path, text: str) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from app.commands.options import model_threads
+from ppd_core.cpu_cores import usable_cores
 from ppd_core.errors import PpdError
 
 
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if args.type_name.lower() == "list":
         print(" ".join(TYPES))
         return 0
-    threads = model_threads(args) or os.cpu_count() or 1
+    threads = model_threads(args) or usable_cores()
     source = model_path(args.file)
     if source.suffix.lower() != ".gguf":
         raise PpdError(f"{source} is not a .gguf file (ppd quantize takes GGUF files)")

@@ -26,13 +26,13 @@ import contextlib
 import ctypes
 import functools
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ppd_core.backend import BackendInfo, StepRows
+from ppd_core.cpu_cores import usable_cores
 from ppd_core.device_memory import read_memory
 from ppd_core.device_policy import cpu_properties, llama_extra_buffers, rows_bitwise
 from ppd_core.faults import fault
@@ -87,7 +87,7 @@ class LlamaCppDecoder:
         self.hidden = llama.llama_model_n_embd(self.model)
         trained = llama.llama_model_n_ctx_train(self.model)
         self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, trained if trained > 0 else DEFAULT_MAX_CONTEXT)
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or usable_cores()
         self.kv_type = kv_type
         params = self._params = llama.llama_context_default_params()
         self.row_limit = TREE_ROWS["gpu" if self.gpu_layers else "cpu"]  # the most rows one step may have
