@@ -51,3 +51,21 @@ def test_this_process_gets_at_most_its_affinity_and_a_gguf_runs_on_that_many_thr
         assert loaded.info.threads == 1
     finally:
         loaded.backend.close()
+
+
+def test_torch_threads_are_lowered_to_the_usable_cores_never_raised(monkeypatch):
+    import torch
+
+    from ppd_core.backends.torch.device import fit_threads_to_cores
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        monkeypatch.setattr("ppd_core.backends.torch.device.usable_cores", lambda: 2)  # torch counted 4: a 2-CPU quota
+        fit_threads_to_cores()
+        assert torch.get_num_threads() == 2
+        monkeypatch.setattr("ppd_core.backends.torch.device.usable_cores", lambda: 8)
+        fit_threads_to_cores()
+        assert torch.get_num_threads() == 2  # a thread count the user set lower stays
+    finally:
+        torch.set_num_threads(before)

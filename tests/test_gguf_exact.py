@@ -52,7 +52,7 @@ def test_default_model_requantized_greedy_ppd_equals_plain(default_requantized, 
     with the shipped prompt tokens' trees and lookup chains."""
     path = default_requantized(type_name)
     table_file = llama_default.prompt_tokens.source  # the default model's shipped prompt tokens
-    engine = Engine.load(EngineConfig(model=str(path), prompt_tokens=str(table_file), tree="medium", threads=1,
+    engine = Engine.load(EngineConfig(model=str(path), prompt_tokens=str(table_file), tree="medium", threads=2,
                                       auto_calibrate=False))
     try:
         assert engine.prompt_tokens.num_prompt_tokens == 3 and engine.loaded.backend.bitwise

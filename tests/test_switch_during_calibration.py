@@ -76,10 +76,11 @@ def pause_calibration_at(engine: Engine, phase: str, monkeypatch) -> tuple[threa
 
 CASES = [("shifted", "default", phase) for phase in ("lookup", "latency", "tree search")]  # as in the issue
 CASES += [("default", "shifted", phase) for phase in ("lookup", "acceptance", "latency", "tree search")]
+# an answer at every phase; a comparison (plain, then PPD: the same checked request twice) once each way
+ASKED = [("answer", *case) for case in CASES] + [("compare", *CASES[0]), ("compare", *CASES[-1])]
 
 
-@pytest.mark.parametrize(("old", "new", "phase"), CASES)
-@pytest.mark.parametrize("asked", ["answer", "compare"])
+@pytest.mark.parametrize(("asked", "old", "new", "phase"), ASKED, ids=["-".join(case) for case in ASKED])
 def test_an_answer_asked_during_a_switch_behind_a_background_calibration_comes_from_the_new_model(
         shifted_gguf, tmp_path, monkeypatch, old, new, phase, asked):
     monkeypatch.setattr("ppd_core.calibration.profiles.profiles_dir", lambda: tmp_path / "profiles")  # no profile

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from ppd_core.cpu_cores import usable_cores
 from ppd_core.device_memory import MemoryReading, read_memory
 from ppd_core.device_policy import DeviceProperties, cpu_properties, nvml_uuid, parse_version
 
@@ -45,6 +46,14 @@ def num_threads() -> int:
 
 def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
+
+
+def fit_threads_to_cores() -> None:
+    """torch's CPU threads no more than the cores this process may use: torch counts the machine's cores, and in a
+    container given fewer (``--cpus``) its threads wait on each other at every operation."""
+    cores = usable_cores()
+    if torch.get_num_threads() > cores:
+        torch.set_num_threads(cores)
 
 
 def torch_report(device) -> dict:

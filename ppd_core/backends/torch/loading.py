@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoTokenizer, BitsAndBytesConfig, PreTrain
 
 from ppd_core.backends.torch.decoder import TorchDecoder
 from ppd_core.backends.torch.gguf_copy import dequantized_copy, quiet_transformers
-from ppd_core.backends.torch.device import memory_of, torch_properties
+from ppd_core.backends.torch.device import fit_threads_to_cores, memory_of, torch_properties
 from ppd_core.device_policy import (
     MIN_CONTEXT, DeviceProperties, compute_dtype, context_that_fits, kv_bytes_per_token, version_notes,
 )
@@ -194,6 +194,7 @@ def load_hf(folder: Path, name: str, options: LoadOptions) -> LoadedModel:
 
 def load_folder(folder: Path, name: str, numerics: Numerics, gguf_file: Path | None = None) -> LoadedModel:
     """The model in the Hugging Face directory ``folder`` (``gguf_file``: the GGUF it was converted from)."""
+    fit_threads_to_cores()
     target, torch_dtype, resolved = numerics.device, numerics.dtype, numerics.quant
     try:
         config = AutoConfig.from_pretrained(folder)
