@@ -41,7 +41,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument(
         "--threads", type=int, default=None,
-        help="CPU threads for the model (default: one per core; `ppd chat` leaves one core for the browser and server)",
+        help="CPU threads for the model (default: one per core this process may use, within a container's CPU quota; "
+        "`ppd chat` leaves one core for the browser and server)",
     )
     parser.add_argument("--dtype", default="auto", choices=DTYPE_NAMES)
     parser.add_argument(

@@ -22,7 +22,7 @@ def register(commands) -> None:
                           help="the new file (default: NAME.TYPE.gguf in ppd's models folder)")
     quantize.add_argument("--force", action="store_true", help="replace --out if it exists")
     quantize.add_argument("--no-perplexity", action="store_true", help="skip the perplexity before and after")
-    quantize.add_argument("--threads", type=int, default=None, help="CPU threads (default: one per core)")
+    quantize.add_argument("--threads", type=int, default=None, help="CPU threads (default: one per core this process may use)")
 
 
 def run(args: argparse.Namespace) -> int:
