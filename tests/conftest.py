@@ -12,11 +12,11 @@ user_folders.redirect()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from ppd_core.backends.torch.device import fit_threads_to_cores  # noqa: E402
 
 fit_threads_to_cores()  # as ppd's torch wing does on a load: the tests' own torch models too
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 
 def tiny_llama(seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, max_positions: int = 256) -> LlamaForCausalLM:

@@ -45,7 +45,7 @@ def test_this_process_gets_at_most_its_affinity_and_a_gguf_runs_on_that_many_thr
 
     here = usable_cores()
     assert 1 <= here <= (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    monkeypatch.setattr("ppd_core.backends.llamacpp.loading.usable_cores", lambda: 1)  # a one-core container
+    monkeypatch.setattr("ppd_core.backends.llamacpp.decoder.usable_cores", lambda: 1)  # a one-core container
     loaded = load_gguf(default_model_file(), "default", "cpu", 0, 0)
     try:
         assert loaded.info.threads == 1

@@ -16,7 +16,6 @@ from ppd_core.backends.llamacpp.decoder import LlamaCppDecoder
 from ppd_core.backends.llamacpp.info import GgufInfo, available_memory, check_memory, memory_needed, read_gguf_info
 from ppd_core.backends.llamacpp.library import import_llama_cpp
 from ppd_core.backends.llamacpp.text import GgufTokenizer
-from ppd_core.cpu_cores import usable_cores
 from ppd_core.device_policy import MEMORY_HEADROOM, MIN_CONTEXT
 from ppd_core.faults import fault
 from ppd_core.loaded import LoadedModel, LoadOptions, ModelLoadError, end_of_answer_ids
@@ -69,7 +68,7 @@ def load_gguf(path: Path, name: str, device: str = "auto", threads: int = 0, gpu
     if device == "cuda" and not import_llama_cpp().llama_supports_gpu_offload():  # before anything loads
         raise ModelLoadError("--device cuda: this llama-cpp-python build has no GPU support "
                              "(`make setup` on a machine with nvcc and a GPU builds one)")
-    decoder = LlamaCppDecoder(path, threads or usable_cores(), gpu_layers, max_context=context,
+    decoder = LlamaCppDecoder(path, threads, gpu_layers, max_context=context,
                               architecture=info.architecture)
     try:
         fault("load.tokenizer")
